@@ -1,0 +1,265 @@
+// A small C++20 coroutine scheduler over one transport Context (Storm's user-level threads).
+// User code reads like blocking calls (`co_await sched.read(...)`) while many operations are in
+// flight on one thread. Single-threaded: a Scheduler and its tasks belong to the thread running it.
+#pragma once
+
+#include <chrono>
+#include <coroutine>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "farmem/status.h"
+#include "farmem/transport.h"
+
+namespace farmem {
+
+template <typename T = void>
+class Task;
+
+namespace detail {
+
+struct PromiseBase {
+  std::coroutine_handle<> continuation;  // who awaits us (resumed when we finish)
+  std::exception_ptr exception;
+
+  std::suspend_always initial_suspend() noexcept { return {}; }
+  struct FinalAwaiter {
+    bool await_ready() noexcept { return false; }
+    template <typename P>
+    std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) noexcept {
+      auto c = h.promise().continuation;
+      return c ? c : std::noop_coroutine();
+    }
+    void await_resume() noexcept {}
+  };
+  FinalAwaiter final_suspend() noexcept { return {}; }
+  void unhandled_exception() { exception = std::current_exception(); }
+};
+
+template <typename T>
+struct Promise : PromiseBase {
+  std::optional<T> value;
+  Task<T> get_return_object();
+  template <typename U>
+  void return_value(U&& v) {
+    value.emplace(std::forward<U>(v));
+  }
+};
+
+template <>
+struct Promise<void> : PromiseBase {
+  Task<void> get_return_object();
+  void return_void() {}
+};
+
+}  // namespace detail
+
+// A lazily started coroutine returning T. Awaiting it runs it; it is destroyed with the Task.
+template <typename T>
+class [[nodiscard]] Task {
+ public:
+  using promise_type = detail::Promise<T>;
+  using Handle = std::coroutine_handle<promise_type>;
+
+  Task() = default;
+  explicit Task(Handle h) : h_(h) {}
+  Task(Task&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  Task& operator=(Task&& o) noexcept {
+    if (this != &o) {
+      if (h_) h_.destroy();
+      h_ = std::exchange(o.h_, {});
+    }
+    return *this;
+  }
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
+  ~Task() {
+    if (h_) h_.destroy();
+  }
+
+  bool done() const { return !h_ || h_.done(); }
+  Handle handle() const { return h_; }
+
+  bool await_ready() const noexcept { return !h_ || h_.done(); }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
+    h_.promise().continuation = awaiting;
+    return h_;
+  }
+  T await_resume() {
+    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
+    if constexpr (!std::is_void_v<T>) return std::move(*h_.promise().value);
+  }
+
+ private:
+  Handle h_;
+};
+
+namespace detail {
+template <typename T>
+Task<T> Promise<T>::get_return_object() {
+  return Task<T>(std::coroutine_handle<Promise<T>>::from_promise(*this));
+}
+inline Task<void> Promise<void>::get_return_object() {
+  return Task<void>(std::coroutine_handle<Promise<void>>::from_promise(*this));
+}
+}  // namespace detail
+
+// What an RPC returns to the caller: the reply's immediate data and length (bytes are in the
+// caller's reply buffer).
+struct RpcReply {
+  uint32_t imm = 0;
+  uint32_t length = 0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(std::unique_ptr<Context> context) : ctx_(std::move(context)) {}
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  Context& context() { return *ctx_; }
+
+  // An operation posted to the context; co_await yields its Completion. The coroutine is resumed
+  // by run()/block_on() when poll() returns the completion.
+  class OpAwaiter {
+   public:
+    template <typename PostFn>
+    OpAwaiter(Scheduler* s, PostFn&& post) : sched_(s) {
+      post_status_ = post(reinterpret_cast<uint64_t>(this));
+    }
+    bool await_ready() const noexcept { return !post_status_.ok(); }
+    void await_suspend(std::coroutine_handle<> h) noexcept {
+      waiter_ = h;
+      ++sched_->waiting_;
+    }
+    Completion await_resume() {
+      if (!post_status_.ok()) {
+        Completion c;
+        c.status = post_status_;
+        return c;
+      }
+      return std::move(completion_);
+    }
+
+   private:
+    friend class Scheduler;
+    Scheduler* sched_;
+    Status post_status_;
+    Completion completion_;
+    std::coroutine_handle<> waiter_;
+  };
+
+  // Awaitable wrappers returning Status / Result. Buffers must outlive the co_await.
+  Task<Status> read(RemoteRef src, void* dst, size_t len) {
+    Completion c = co_await OpAwaiter(
+        this, [&](uint64_t id) { return ctx_->post_read(src, dst, len, id); });
+    co_return c.status;
+  }
+  Task<Status> write(RemoteRef dst, const void* src, size_t len, bool delivery_complete = false) {
+    Completion c = co_await OpAwaiter(this, [&](uint64_t id) {
+      return ctx_->post_write(dst, src, len, id, delivery_complete);
+    });
+    co_return c.status;
+  }
+  Task<Result<uint64_t>> compare_swap(RemoteRef dst, uint64_t expected, uint64_t desired) {
+    uint64_t old = 0;
+    Completion c = co_await OpAwaiter(this, [&](uint64_t id) {
+      return ctx_->post_compare_swap(dst, expected, desired, &old, id);
+    });
+    if (!c.status.ok()) co_return c.status;
+    co_return old;
+  }
+  Task<Result<uint64_t>> fetch_add(RemoteRef dst, uint64_t add) {
+    uint64_t old = 0;
+    Completion c = co_await OpAwaiter(
+        this, [&](uint64_t id) { return ctx_->post_fetch_add(dst, add, &old, id); });
+    if (!c.status.ok()) co_return c.status;
+    co_return old;
+  }
+  Task<Result<RpcReply>> rpc(PeerId peer, uint32_t imm, std::span<const std::byte> request,
+                             std::span<std::byte> reply) {
+    Completion c = co_await OpAwaiter(
+        this, [&](uint64_t id) { return ctx_->post_rpc(peer, imm, request, reply, id); });
+    if (!c.status.ok()) co_return c.status;
+    co_return RpcReply{c.reply_imm, c.reply_length};
+  }
+
+  // Start `task` now; the scheduler owns it until it finishes. Exceptions escaping a spawned task
+  // terminate the program (tasks report failures through Status).
+  void spawn(Task<void> task) {
+    auto h = task.handle();
+    tasks_.push_back(std::move(task));
+    h.resume();
+    reap();
+  }
+
+  // Drive the context until every spawned task has finished or `timeout` passes (each operation
+  // also has the transport's own timeout, so this only guards against a task that never ends).
+  Status run(std::chrono::milliseconds timeout = std::chrono::hours(24)) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!tasks_.empty()) {
+      if (!poll_once() && std::chrono::steady_clock::now() > deadline)
+        return Status::TimedOut("scheduler: tasks still running at deadline");
+    }
+    return Status::OK();
+  }
+
+  // Run `task` (and anything spawned) until `task` finishes; returns its value.
+  template <typename T>
+  T block_on(Task<T> task) {
+    bool finished = false;
+    std::optional<std::conditional_t<std::is_void_v<T>, int, T>> out;
+    auto wrapper = [](Task<T> t, bool* fin, decltype(out)* o) -> Task<void> {
+      if constexpr (std::is_void_v<T>) {
+        co_await t;
+        o->emplace(0);
+      } else {
+        o->emplace(co_await t);
+      }
+      *fin = true;
+    };
+    spawn(wrapper(std::move(task), &finished, &out));
+    while (!finished) poll_once();
+    if constexpr (!std::is_void_v<T>) return std::move(*out);
+  }
+
+  // Poll completions once and resume their coroutines. Returns true if anything happened.
+  bool poll_once() {
+    Completion batch[32];
+    size_t n = ctx_->poll(std::span<Completion>(batch, 32));
+    for (size_t i = 0; i < n; ++i) {
+      auto* aw = reinterpret_cast<OpAwaiter*>(batch[i].wr_id);
+      aw->completion_ = std::move(batch[i]);
+      --waiting_;
+      aw->waiter_.resume();
+    }
+    if (n) reap();
+    return n > 0;
+  }
+
+  size_t live_tasks() const { return tasks_.size(); }
+
+ private:
+  void reap() {
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (it->done()) {
+        if (it->handle().promise().exception) std::terminate();
+        it = tasks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::unique_ptr<Context> ctx_;
+  std::deque<Task<void>> tasks_;
+  size_t waiting_ = 0;
+};
+
+}  // namespace farmem

@@ -1,0 +1,97 @@
+// Node: one process's presence in a farmem cluster. Owns the transport endpoint, the registry of
+// exported regions, the RPC handler table (opcode -> handler) served by worker threads, and the
+// bootstrap listener through which peers authenticate and learn endpoint names and region keys.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farmem/coro.h"
+#include "farmem/status.h"
+#include "farmem/transport.h"
+
+namespace farmem {
+
+struct NodeConfig {
+  TransportConfig transport;
+  // Bootstrap listener ("host:port" peers connect to). Port 0 = ephemeral.
+  std::string bootstrap_host = "127.0.0.1";
+  uint16_t bootstrap_port = 0;
+  // A human name shown in logs and `farmem stat`.
+  std::string name = "node";
+  // Threads running RPC handlers.
+  int rpc_workers = 1;
+};
+
+// A region this node exports under a name, as peers see it.
+struct RegionInfo {
+  std::string name;
+  RegionKey key = 0;
+  uint64_t length = 0;
+};
+
+// What a bootstrap handshake tells about a peer.
+struct PeerInfo {
+  PeerId id = kInvalidPeer;     // usable with this node's transport/contexts
+  std::string name;             // peer's NodeConfig::name
+  std::string bootstrap_address;
+  std::string transport_address;
+  std::vector<RegionInfo> regions;  // exported at handshake time
+};
+
+// Opcodes below this are reserved for the node itself; layers register theirs at or above it.
+inline constexpr uint16_t kFirstUserOpcode = 64;
+// Node-internal opcode: list this node's exported regions (reply: the bootstrap region list).
+inline constexpr uint16_t kOpListRegions = 1;
+
+// An RPC as a handler sees it.
+struct RpcCall {
+  uint16_t opcode = 0;
+  std::span<const std::byte> request;
+  std::string_view source;
+};
+
+// Fill `reply` (cleared before the call) and return OK, or return an error for the caller.
+using RpcFunction = std::function<Status(const RpcCall& call, std::vector<std::byte>& reply)>;
+
+class Node {
+ public:
+  static Result<std::unique_ptr<Node>> Create(const NodeConfig& config);
+  virtual ~Node() = default;
+
+  // Start transport, progress thread, RPC workers and bootstrap listener.
+  virtual Status start() = 0;
+  // Stop accepting, finish running handlers, stop the transport. Idempotent; also run by ~Node.
+  virtual void stop() = 0;
+
+  virtual const NodeConfig& config() const = 0;
+  // "host:port" of the bootstrap listener (valid after start()).
+  virtual std::string bootstrap_address() const = 0;
+  virtual Transport& transport() = 0;
+
+  // Register and publish memory under `name` (names are unique per node).
+  virtual Result<RegionInfo> export_region(std::string_view name, void* addr, size_t len) = 0;
+  virtual Status unexport_region(std::string_view name) = 0;
+  virtual std::vector<RegionInfo> exported_regions() const = 0;
+
+  // Handlers must be registered before start(). opcode >= kFirstUserOpcode.
+  virtual Status register_rpc(uint16_t opcode, RpcFunction fn) = 0;
+
+  // Bootstrap handshake with the node listening at "host:port": present the cluster token, learn
+  // its transport address and regions, add it as a transport peer.
+  virtual Result<PeerInfo> connect(std::string_view bootstrap_address) = 0;
+
+  // A fresh initiator context for the calling thread wrapped in a coroutine scheduler.
+  virtual Result<std::unique_ptr<Scheduler>> make_scheduler() = 0;
+};
+
+// Encode an RPC immediate from an opcode (the node's framing: low 16 bits opcode).
+inline uint32_t RpcImm(uint16_t opcode) { return opcode; }
+
+}  // namespace farmem

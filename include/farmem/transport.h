@@ -1,0 +1,162 @@
+// The one transport interface every farmem layer talks to (verbs-like semantics).
+// Backends: native batched TCP (src/transport/tcp) and libfabric FI_EP_RDM (src/transport/fabric).
+// See docs/transport.md for the semantics each call guarantees.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "farmem/status.h"
+
+namespace farmem {
+
+// A peer as seen by one Transport: a small dense number handed out by add_peer().
+using PeerId = uint32_t;
+inline constexpr PeerId kInvalidPeer = 0xffffffffu;
+
+// A registered region's key. Random 64-bit values: a region is reachable only by whoever knows its
+// key (the bootstrap handshake hands keys to authenticated peers only).
+using RegionKey = uint64_t;
+
+// A locally registered memory region.
+struct MemoryRegion {
+  RegionKey key = 0;
+  void* addr = nullptr;
+  size_t length = 0;
+};
+
+// A byte inside a peer's registered region. The offset is relative to the region start on every
+// backend; providers that need virtual addresses (FI_MR_VIRT_ADDR) translate internally.
+struct RemoteRef {
+  PeerId peer = kInvalidPeer;
+  RegionKey key = 0;
+  uint64_t offset = 0;
+};
+
+enum class OpType : uint8_t { kRead = 1, kWrite, kCompareSwap, kFetchAdd, kRpc };
+std::string_view OpTypeName(OpType op);
+
+// One finished operation, as returned by Context::poll(). For CAS/FAA the previous value has been
+// stored into the `old_value` pointer given at post time; for RPC the reply bytes are in the reply
+// buffer given at post time, `reply_imm` holds the reply's immediate data and `reply_length` its
+// length (a reply longer than the buffer completes with kResourceExhausted and is dropped).
+struct Completion {
+  uint64_t wr_id = 0;
+  OpType op = OpType::kRead;
+  Status status;
+  uint32_t reply_imm = 0;
+  uint32_t reply_length = 0;
+};
+
+// Target side of an RPC: a message that arrived from a peer, to be answered exactly once (from any
+// thread, immediately or later). Dropping it unanswered replies with an error frame so the caller
+// never waits for its timeout because of a lost handle.
+class IncomingRpc {
+ public:
+  virtual ~IncomingRpc() = default;
+  virtual uint32_t imm() const = 0;
+  virtual std::span<const std::byte> payload() const = 0;
+  // A printable name of the sender (for logs), e.g. "127.0.0.1:40312".
+  virtual std::string_view source() const = 0;
+  virtual Status reply(uint32_t imm, std::span<const std::byte> payload) = 0;
+  // Reply with an error; the caller's completion carries `status` (code and message).
+  virtual Status reply_error(const Status& status) = 0;
+};
+
+// Called on the transport's progress/NIC thread for each arriving RPC. It must not block: hand the
+// message to a worker (the Node does) or answer it at once.
+using RpcHandler = std::function<void(std::unique_ptr<IncomingRpc>)>;
+
+struct TransportConfig {
+  // "tcp": native batched TCP. "fabric": libfabric (see `provider`).
+  std::string backend = "tcp";
+  // libfabric provider: "shm" (same host), "tcp;ofi_rxm" (across hosts), "verbs;ofi_rxm" (RDMA NICs;
+  // untested here, no hardware).
+  std::string provider = "shm";
+  // Address the data path listens on. Native TCP: IP to bind, port 0 = ephemeral.
+  // libfabric tcp: IP/interface to use (pinned so tests stay on loopback).
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 0;
+  // Shared secret every peer must present (native TCP data connections check it; libfabric peers
+  // are checked at the Node's bootstrap handshake).
+  std::string cluster_token = "farmem";
+  // Every operation completes within this time: with its result, or with kTimedOut.
+  std::chrono::milliseconds op_timeout{5000};
+  // Time allowed to connect to a peer.
+  std::chrono::milliseconds connect_timeout{3000};
+  // Largest RPC request or reply payload.
+  uint32_t max_rpc_bytes = 1u << 20;
+  // Spin this long without work before the progress thread blocks (0 = always block, which costs
+  // latency; large = burn a core). Benchmarks raise it.
+  std::chrono::microseconds spin_before_sleep{200};
+};
+
+// A per-thread initiator context (a queue pair plus its completion queue). Not thread-safe: each
+// thread that issues operations owns one. Any number of operations may be in flight at once.
+// Posting never blocks for the network; poll() never blocks at all.
+class Context {
+ public:
+  virtual ~Context() = default;
+
+  // One-sided read of `len` bytes at `src` into `dst` (which must stay valid until completion).
+  virtual Status post_read(const RemoteRef& src, void* dst, size_t len, uint64_t wr_id) = 0;
+  // One-sided write. With `delivery_complete` the completion means the bytes are in the target's
+  // memory; without it, only that the source buffer may be reused.
+  virtual Status post_write(const RemoteRef& dst, const void* src, size_t len, uint64_t wr_id,
+                            bool delivery_complete = false) = 0;
+  // 8-byte atomic compare-and-swap on an 8-byte aligned word; the previous value goes to *old_value.
+  virtual Status post_compare_swap(const RemoteRef& dst, uint64_t expected, uint64_t desired,
+                                   uint64_t* old_value, uint64_t wr_id) = 0;
+  // 8-byte atomic fetch-and-add on an 8-byte aligned word; the previous value goes to *old_value.
+  virtual Status post_fetch_add(const RemoteRef& dst, uint64_t add, uint64_t* old_value,
+                                uint64_t wr_id) = 0;
+  // Send an RPC request to `peer`, carrying `imm` as immediate data; the reply lands in `reply`.
+  virtual Status post_rpc(PeerId peer, uint32_t imm, std::span<const std::byte> request,
+                          std::span<std::byte> reply, uint64_t wr_id) = 0;
+
+  // Move finished operations into `out`; returns how many. Also fails operations whose deadline
+  // passed (kTimedOut) or whose peer went away (kUnavailable).
+  virtual size_t poll(std::span<Completion> out) = 0;
+  // Operations posted and not yet returned by poll().
+  virtual size_t outstanding() const = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Build a backend from config. Nothing runs until start().
+  static Result<std::unique_ptr<Transport>> Create(const TransportConfig& config);
+
+  // "tcp" or "fabric:<provider>".
+  virtual std::string name() const = 0;
+  // Opaque address peers pass to add_peer() (valid after start()).
+  virtual std::string local_address() const = 0;
+
+  // Called for every arriving RPC; set before start().
+  virtual void set_rpc_handler(RpcHandler handler) = 0;
+  // Start the progress/NIC thread and begin accepting peers.
+  virtual Status start() = 0;
+  // Stop serving; pending operations of this transport's contexts fail with kAborted. Idempotent.
+  virtual void stop() = 0;
+
+  // Make [addr, addr+len) reachable by peers that know the returned key.
+  virtual Result<MemoryRegion> register_memory(void* addr, size_t len) = 0;
+  // Peers using the key afterwards get kNotFound. The memory itself is not touched.
+  virtual Status deregister_memory(RegionKey key) = 0;
+
+  // Learn a peer by its local_address(); returns a PeerId valid for every Context of this transport.
+  // Adding the same address twice returns the same id. Connections are made lazily.
+  virtual Result<PeerId> add_peer(std::string_view address) = 0;
+
+  // A new initiator context for the calling thread.
+  virtual Result<std::unique_ptr<Context>> create_context() = 0;
+};
+
+}  // namespace farmem
