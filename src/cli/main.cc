@@ -1,0 +1,2 @@
+// PLACEHOLDER (being written now).
+int main() { return 1; }
