@@ -157,14 +157,13 @@ class Scheduler {
 
   // Awaitable wrappers returning Status / Result. Buffers must outlive the co_await.
   Task<Status> read(RemoteRef src, void* dst, size_t len) {
-    Completion c = co_await OpAwaiter(
-        this, [&](uint64_t id) { return ctx_->post_read(src, dst, len, id); });
+    Completion c =
+        co_await OpAwaiter(this, [&](uint64_t id) { return ctx_->post_read(src, dst, len, id); });
     co_return c.status;
   }
   Task<Status> write(RemoteRef dst, const void* src, size_t len, bool delivery_complete = false) {
-    Completion c = co_await OpAwaiter(this, [&](uint64_t id) {
-      return ctx_->post_write(dst, src, len, id, delivery_complete);
-    });
+    Completion c = co_await OpAwaiter(
+        this, [&](uint64_t id) { return ctx_->post_write(dst, src, len, id, delivery_complete); });
     co_return c.status;
   }
   Task<Result<uint64_t>> compare_swap(RemoteRef dst, uint64_t expected, uint64_t desired) {

@@ -38,8 +38,8 @@ struct RegionInfo {
 
 // What a bootstrap handshake tells about a peer.
 struct PeerInfo {
-  PeerId id = kInvalidPeer;     // usable with this node's transport/contexts
-  std::string name;             // peer's NodeConfig::name
+  PeerId id = kInvalidPeer;  // usable with this node's transport/contexts
+  std::string name;          // peer's NodeConfig::name
   std::string bootstrap_address;
   std::string transport_address;
   std::vector<RegionInfo> regions;  // exported at handshake time
@@ -92,6 +92,8 @@ class Node {
 };
 
 // Encode an RPC immediate from an opcode (the node's framing: low 16 bits opcode).
-inline uint32_t RpcImm(uint16_t opcode) { return opcode; }
+inline uint32_t RpcImm(uint16_t opcode) {
+  return opcode;
+}
 
 }  // namespace farmem

@@ -96,17 +96,16 @@ class [[nodiscard]] Result {
 }  // namespace farmem
 
 // Propagate a non-OK Status from an expression.
-#define FARMEM_RETURN_IF_ERROR(expr)         \
-  do {                                       \
-    ::farmem::Status _st = (expr);           \
-    if (!_st.ok()) return _st;               \
+#define FARMEM_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::farmem::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 #define FARMEM_CONCAT_INNER(a, b) a##b
 #define FARMEM_CONCAT(a, b) FARMEM_CONCAT_INNER(a, b)
 // `FARMEM_ASSIGN_OR_RETURN(auto x, MakeX());`
-#define FARMEM_ASSIGN_OR_RETURN(lhs, expr)                              \
-  auto FARMEM_CONCAT(_res_, __LINE__) = (expr);                         \
-  if (!FARMEM_CONCAT(_res_, __LINE__).ok())                             \
-    return FARMEM_CONCAT(_res_, __LINE__).status();                     \
+#define FARMEM_ASSIGN_OR_RETURN(lhs, expr)                                                  \
+  auto FARMEM_CONCAT(_res_, __LINE__) = (expr);                                             \
+  if (!FARMEM_CONCAT(_res_, __LINE__).ok()) return FARMEM_CONCAT(_res_, __LINE__).status(); \
   lhs = std::move(FARMEM_CONCAT(_res_, __LINE__)).value()

@@ -76,8 +76,8 @@ using RpcHandler = std::function<void(std::unique_ptr<IncomingRpc>)>;
 struct TransportConfig {
   // "tcp": native batched TCP. "fabric": libfabric (see `provider`).
   std::string backend = "tcp";
-  // libfabric provider: "shm" (same host), "tcp;ofi_rxm" (across hosts), "verbs;ofi_rxm" (RDMA NICs;
-  // untested here, no hardware).
+  // libfabric provider: "shm" (same host), "tcp;ofi_rxm" (across hosts), "verbs;ofi_rxm" (RDMA
+  // NICs; untested here, no hardware).
   std::string provider = "shm";
   // Address the data path listens on. Native TCP: IP to bind, port 0 = ephemeral.
   // libfabric tcp: IP/interface to use (pinned so tests stay on loopback).
@@ -110,7 +110,8 @@ class Context {
   // memory; without it, only that the source buffer may be reused.
   virtual Status post_write(const RemoteRef& dst, const void* src, size_t len, uint64_t wr_id,
                             bool delivery_complete = false) = 0;
-  // 8-byte atomic compare-and-swap on an 8-byte aligned word; the previous value goes to *old_value.
+  // 8-byte atomic compare-and-swap on an 8-byte aligned word; the previous value goes to
+  // *old_value.
   virtual Status post_compare_swap(const RemoteRef& dst, uint64_t expected, uint64_t desired,
                                    uint64_t* old_value, uint64_t wr_id) = 0;
   // 8-byte atomic fetch-and-add on an 8-byte aligned word; the previous value goes to *old_value.
@@ -151,8 +152,8 @@ class Transport {
   // Peers using the key afterwards get kNotFound. The memory itself is not touched.
   virtual Status deregister_memory(RegionKey key) = 0;
 
-  // Learn a peer by its local_address(); returns a PeerId valid for every Context of this transport.
-  // Adding the same address twice returns the same id. Connections are made lazily.
+  // Learn a peer by its local_address(); returns a PeerId valid for every Context of this
+  // transport. Adding the same address twice returns the same id. Connections are made lazily.
   virtual Result<PeerId> add_peer(std::string_view address) = 0;
 
   // A new initiator context for the calling thread.

@@ -7,18 +7,30 @@ namespace farmem {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kOutOfRange: return "OutOfRange";
-    case Code::kPermissionDenied: return "PermissionDenied";
-    case Code::kTimedOut: return "TimedOut";
-    case Code::kUnavailable: return "Unavailable";
-    case Code::kResourceExhausted: return "ResourceExhausted";
-    case Code::kProtocol: return "Protocol";
-    case Code::kIoError: return "IoError";
-    case Code::kAborted: return "Aborted";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kOutOfRange:
+      return "OutOfRange";
+    case Code::kPermissionDenied:
+      return "PermissionDenied";
+    case Code::kTimedOut:
+      return "TimedOut";
+    case Code::kUnavailable:
+      return "Unavailable";
+    case Code::kResourceExhausted:
+      return "ResourceExhausted";
+    case Code::kProtocol:
+      return "Protocol";
+    case Code::kIoError:
+      return "IoError";
+    case Code::kAborted:
+      return "Aborted";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

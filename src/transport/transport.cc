@@ -8,11 +8,16 @@ namespace farmem {
 
 std::string_view OpTypeName(OpType op) {
   switch (op) {
-    case OpType::kRead: return "read";
-    case OpType::kWrite: return "write";
-    case OpType::kCompareSwap: return "cas";
-    case OpType::kFetchAdd: return "faa";
-    case OpType::kRpc: return "rpc";
+    case OpType::kRead:
+      return "read";
+    case OpType::kWrite:
+      return "write";
+    case OpType::kCompareSwap:
+      return "cas";
+    case OpType::kFetchAdd:
+      return "faa";
+    case OpType::kRpc:
+      return "rpc";
   }
   return "unknown";
 }
