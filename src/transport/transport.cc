@@ -6,22 +6,6 @@
 
 namespace farmem {
 
-std::string_view OpTypeName(OpType op) {
-  switch (op) {
-    case OpType::kRead:
-      return "read";
-    case OpType::kWrite:
-      return "write";
-    case OpType::kCompareSwap:
-      return "cas";
-    case OpType::kFetchAdd:
-      return "faa";
-    case OpType::kRpc:
-      return "rpc";
-  }
-  return "unknown";
-}
-
 Result<std::unique_ptr<Transport>> Transport::Create(const TransportConfig& config) {
   if (config.backend == "tcp") return CreateTcpTransport(config);
   if (config.backend == "fabric") return CreateFabricTransport(config);

@@ -1,6 +1,8 @@
-// Native batched TCP backend: see tcp_transport.cc and docs/wire-format.md.
+// Native batched TCP backend: a NIC thread per transport serves one-sided frames from registered
+// memory; contexts batch requests per connection. See tcp_transport.cc and docs/wire-format.md.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "farmem/transport.h"
@@ -8,5 +10,27 @@
 namespace farmem {
 
 Result<std::unique_ptr<Transport>> CreateTcpTransport(const TransportConfig& config);
+
+// Counters of one initiator Context (for tests and benchmarks; read from the owning thread).
+struct TcpContextStats {
+  uint64_t frames_posted = 0;    // request frames appended to send buffers
+  uint64_t send_calls = 0;       // send() syscalls that flushed send buffers
+  uint64_t recv_calls = 0;       // recv() syscalls that returned bytes
+  uint64_t frames_received = 0;  // response frames decoded
+  uint64_t stale_responses = 0;  // responses for ops that had already completed (discarded)
+  uint64_t connects = 0;         // connections opened
+};
+
+// Counters of a transport's NIC thread (relaxed snapshots; safe from any thread).
+struct TcpTransportStats {
+  uint64_t connections_accepted = 0;
+  uint64_t frames_served = 0;    // request frames handled (hello included)
+  uint64_t send_calls = 0;       // send() syscalls on target connections
+  uint64_t protocol_errors = 0;  // connections closed for malformed frames or a wrong token
+};
+
+// Both return InvalidArgument when the object is not from the TCP backend.
+Result<TcpContextStats> GetTcpContextStats(const Context& context);
+Result<TcpTransportStats> GetTcpTransportStats(const Transport& transport);
 
 }  // namespace farmem
