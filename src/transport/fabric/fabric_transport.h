@@ -1,7 +1,11 @@
-// libfabric FI_EP_RDM backend (providers shm, tcp;ofi_rxm, verbs;ofi_rxm): see fabric_transport.cc.
+// libfabric FI_EP_RDM backend (providers shm, tcp;ofi_rxm, verbs;ofi_rxm): see fabric_transport.cc
+// and docs/fabric.md. Besides the factory, this header exposes a few hooks the backend's own tests
+// use to reach code paths the local providers would not take by themselves.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "farmem/transport.h"
 
@@ -9,4 +13,27 @@ namespace farmem {
 
 Result<std::unique_ptr<Transport>> CreateFabricTransport(const TransportConfig& config);
 
+namespace fabric {
+
+// Knobs for tests only; production code uses CreateFabricTransport.
+struct FabricOptions {
+  // Behave as if the provider required FI_MR_LOCAL (register every local buffer and pass its
+  // descriptor). Always legal, so it exercises the verbs-style path on shm / tcp.
+  bool force_mr_local = false;
+};
+Result<std::unique_ptr<Transport>> CreateFabricTransportWithOptions(const TransportConfig& config,
+                                                                    const FabricOptions& options);
+
+// Counters of one fabric Context (zeros for contexts of other backends).
+struct ContextStats {
+  uint64_t lookups_sent = 0;  // internal key-lookup RPCs sent
+  uint64_t cache_hits = 0;    // operations that found their (peer, key) in the lookup cache
+  uint64_t eagain_retries = 0;
+};
+ContextStats GetContextStats(const Context& context);
+
+// The mr_mode handling chosen for a fabric transport, e.g. "VIRT_ADDR" ("" for other backends).
+std::string MrPlanOf(const Transport& transport);
+
+}  // namespace fabric
 }  // namespace farmem
