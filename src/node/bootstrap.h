@@ -1,0 +1,109 @@
+// Bootstrap handshake of a Node: message bodies (JSON after the header of bootstrap_wire.h), the
+// client side (one blocking handshake with a deadline) and the listener that answers peers.
+// The Node decides what to answer (token check, region list); this file only moves bytes safely.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "farmem/node.h"
+#include "farmem/status.h"
+
+namespace farmem::node {
+
+// Limits on decoded fields; anything larger is a protocol error (the peer is broken or hostile).
+inline constexpr size_t kMaxFieldBytes = 4096;
+inline constexpr size_t kMaxRegionsListed = 16384;
+
+struct HelloMsg {
+  std::string token;
+  std::string name;
+  std::string transport_address;
+  std::string backend;  // Transport::name() of the sender, e.g. "tcp" or "fabric:shm"
+};
+
+struct WelcomeMsg {
+  std::string name;
+  std::string transport_address;
+  std::string backend;
+  std::vector<RegionInfo> regions;
+};
+
+std::string EncodeHello(const HelloMsg& msg);
+Result<HelloMsg> DecodeHello(std::string_view body);
+std::string EncodeWelcome(const WelcomeMsg& msg);
+Result<WelcomeMsg> DecodeWelcome(std::string_view body);
+// An error frame body carrying `status` (code and message).
+std::string EncodeError(const Status& status);
+// The status an error frame carries (never OK: a malformed body yields a Protocol error).
+Status DecodeError(std::string_view body);
+
+// The kOpListRegions reply: {"regions":[{"name","key","length"}...]} (same shape as in WELCOME).
+std::vector<std::byte> EncodeRegionList(const std::vector<RegionInfo>& regions);
+Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> body);
+
+// "host:port" -> (host, port). IPv6 literals go in brackets: "[::1]:7000".
+Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view address);
+
+// Client side: connect, send HELLO, read WELCOME. The whole exchange finishes within `timeout`.
+// Errors: Unavailable (refused/unreachable), TimedOut, Protocol (malformed answer), or the status
+// the server put in its error frame (e.g. PermissionDenied for a wrong cluster token).
+Result<WelcomeMsg> Handshake(std::string_view host, uint16_t port, const HelloMsg& hello,
+                             std::chrono::milliseconds timeout);
+
+// The listener: one thread multiplexing the listening socket and in-progress handshakes with
+// poll(), so a silent or slow peer never blocks others and Stop() returns promptly.
+class BootstrapServer {
+ public:
+  // Decides the answer to a well-formed HELLO (runs on the server thread; must not block long).
+  // An error status is sent back as an error frame.
+  using HelloFn = std::function<Result<WelcomeMsg>(const HelloMsg& hello, std::string_view peer)>;
+
+  struct Stats {
+    uint64_t accepted = 0;
+    uint64_t welcomed = 0;
+    uint64_t rejected = 0;   // HELLO answered with an error (token, backend, version)
+    uint64_t malformed = 0;  // bad magic/type/length/JSON, or peer closed mid-frame
+    uint64_t timed_out = 0;  // peer did not finish its HELLO in time
+  };
+
+  // `handshake_timeout` bounds how long one peer may take to send its HELLO and read the answer.
+  BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout);
+  ~BootstrapServer();
+  BootstrapServer(const BootstrapServer&) = delete;
+  BootstrapServer& operator=(const BootstrapServer&) = delete;
+
+  // Bind host:port (port 0 = ephemeral) and start the thread.
+  Status Start(const std::string& host, uint16_t port);
+  // Close the listener and every open handshake; idempotent.
+  void Stop();
+  // "host:port" actually bound (valid after Start()).
+  std::string address() const;
+  Stats stats() const;
+
+ private:
+  struct Conn;
+  void Loop();
+
+  HelloFn on_hello_;
+  std::chrono::milliseconds handshake_timeout_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: Stop() wakes poll() at once
+  std::string address_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::atomic<uint64_t> accepted_{0}, welcomed_{0}, rejected_{0}, malformed_{0}, timed_out_{0};
+};
+
+}  // namespace farmem::node

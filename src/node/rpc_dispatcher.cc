@@ -1,0 +1,164 @@
+// RPC worker pool of a Node (see rpc_dispatcher.h). The progress thread only locks a mutex to
+// enqueue; handlers run on workers, each reusing one reply vector across calls.
+#include "node/rpc_dispatcher.h"
+
+#include <exception>
+#include <string>
+
+#include "common/log.h"
+
+namespace farmem::node {
+
+RpcDispatcher::RpcDispatcher(size_t queue_capacity, uint32_t max_reply_bytes)
+    : capacity_(queue_capacity), max_reply_bytes_(max_reply_bytes) {}
+
+RpcDispatcher::~RpcDispatcher() {
+  Stop();
+}
+
+Status RpcDispatcher::Register(uint16_t opcode, RpcFunction fn) {
+  if (!fn) return Status::InvalidArgument("empty RPC handler for opcode " + std::to_string(opcode));
+  std::lock_guard lock(mu_);
+  if (started_ || stopping_) {
+    return Status::InvalidArgument("RPC handlers must be registered before the node starts");
+  }
+  if (!handlers_.emplace(opcode, std::move(fn)).second) {
+    return Status::InvalidArgument("opcode " + std::to_string(opcode) + " already registered");
+  }
+  return Status::OK();
+}
+
+Status RpcDispatcher::Start(int workers) {
+  if (workers < 1) return Status::InvalidArgument("rpc_workers must be at least 1");
+  std::lock_guard lock(mu_);
+  if (stopping_) return Status::Unavailable("RPC dispatcher stopped");
+  if (started_) return Status::OK();
+  started_ = true;
+  workers_.reserve(static_cast<size_t>(workers));
+  for (int i = 0; i < workers; ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      // Workers already running keep serving; Stop() joins them.
+      return Status::ResourceExhausted(std::string("cannot start RPC worker: ") + e.what());
+    }
+  }
+  return Status::OK();
+}
+
+void RpcDispatcher::Submit(std::unique_ptr<IncomingRpc> rpc) {
+  if (!rpc) return;
+  Status reject;
+  {
+    std::lock_guard lock(mu_);
+    if (!started_ || stopping_) {
+      reject = Status::Unavailable("node is not serving RPCs (stopped or not started)");
+    } else if (queue_.size() >= capacity_) {
+      queue_full_++;
+      reject = Status::ResourceExhausted("RPC queue full (" + std::to_string(capacity_) +
+                                         " waiting); retry later");
+    } else {
+      queue_.push_back(std::move(rpc));
+    }
+  }
+  if (!reject.ok()) {
+    Status s = rpc->reply_error(reject);
+    if (!s.ok()) FARMEM_LOG_DEBUG("rpc: could not send rejection: {}", s.ToString());
+    return;
+  }
+  cv_.notify_one();
+}
+
+void RpcDispatcher::Stop() {
+  std::lock_guard stop_lock(stop_mu_);
+  std::deque<std::unique_ptr<IncomingRpc>> left;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    left.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  workers_.clear();
+  for (auto& rpc : left) {
+    Status s = rpc->reply_error(Status::Unavailable("node stopping"));
+    if (!s.ok()) FARMEM_LOG_DEBUG("rpc: could not fail queued RPC: {}", s.ToString());
+  }
+}
+
+RpcDispatcher::Stats RpcDispatcher::stats() const {
+  Stats s;
+  s.served = served_.load();
+  s.queue_full = queue_full_.load();
+  s.unknown_opcode = unknown_opcode_.load();
+  s.handler_errors = handler_errors_.load();
+  s.exceptions = exceptions_.load();
+  return s;
+}
+
+void RpcDispatcher::WorkerLoop() {
+  std::vector<std::byte> reply;
+  for (;;) {
+    std::unique_ptr<IncomingRpc> rpc;
+    {
+      std::unique_lock lock(mu_);
+      // Timed wait only as a safety net; Submit()/Stop() notify.
+      while (queue_.empty() && !stopping_) cv_.wait_for(lock, std::chrono::seconds(1));
+      if (stopping_) return;  // queued RPCs are failed by Stop()
+      rpc = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Handle(*rpc, reply);
+  }
+}
+
+void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
+  const uint16_t opcode = static_cast<uint16_t>(rpc.imm() & 0xffffu);
+  auto it = handlers_.find(opcode);
+  Status st;
+  if (it == handlers_.end()) {
+    unknown_opcode_++;
+    st = Status::NotFound("no handler for opcode " + std::to_string(opcode));
+  } else {
+    reply.clear();
+    RpcCall call;
+    call.opcode = opcode;
+    call.request = rpc.payload();
+    call.source = rpc.source();
+    try {
+      st = it->second(call, reply);
+      if (!st.ok()) handler_errors_++;
+    } catch (const std::exception& e) {
+      exceptions_++;
+      st = Status::Internal("RPC handler for opcode " + std::to_string(opcode) +
+                            " threw: " + e.what());
+    } catch (...) {
+      exceptions_++;
+      st = Status::Internal("RPC handler for opcode " + std::to_string(opcode) +
+                            " threw a non-standard exception");
+    }
+    if (!st.ok() && st.code() == Code::kInternal) {
+      FARMEM_LOG_WARN("rpc: opcode {} from {}: {}", opcode, rpc.source(), st.ToString());
+    }
+    if (st.ok() && reply.size() > max_reply_bytes_) {
+      st = Status::ResourceExhausted("reply of " + std::to_string(reply.size()) +
+                                     " bytes exceeds max_rpc_bytes " +
+                                     std::to_string(max_reply_bytes_));
+    }
+  }
+  Status sent = st.ok() ? rpc.reply(RpcImm(opcode), reply) : rpc.reply_error(st);
+  if (!sent.ok()) {
+    FARMEM_LOG_DEBUG("rpc: answer to opcode {} from {} not sent: {}", opcode, rpc.source(),
+                     sent.ToString());
+  }
+  served_++;
+  // A handler that once produced a huge reply should not pin that memory forever.
+  if (reply.capacity() > (1u << 20) && reply.size() < (1u << 16)) {
+    reply.clear();
+    reply.shrink_to_fit();
+  }
+}
+
+}  // namespace farmem::node

@@ -1,0 +1,70 @@
+// RPC dispatch of a Node: the transport's progress thread hands each arriving RPC to Submit()
+// (never blocks), a bounded queue buffers it, and worker threads run the registered handler and
+// answer. The handler table is frozen at Start(), so workers read it without locking.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "farmem/node.h"
+#include "farmem/status.h"
+#include "farmem/transport.h"
+
+namespace farmem::node {
+
+class RpcDispatcher {
+ public:
+  struct Stats {
+    uint64_t served = 0;      // handler ran and its reply (or error) was handed to the transport
+    uint64_t queue_full = 0;  // rejected with ResourceExhausted
+    uint64_t unknown_opcode = 0;  // rejected with NotFound
+    uint64_t handler_errors = 0;  // handler returned a non-OK status
+    uint64_t exceptions = 0;      // handler threw (answered with Internal)
+  };
+
+  // `queue_capacity` RPCs may wait for a worker; `max_reply_bytes` is the transport's limit.
+  RpcDispatcher(size_t queue_capacity, uint32_t max_reply_bytes);
+  ~RpcDispatcher();
+  RpcDispatcher(const RpcDispatcher&) = delete;
+  RpcDispatcher& operator=(const RpcDispatcher&) = delete;
+
+  // Only before Start(); replaces nothing (a second registration of an opcode is an error).
+  Status Register(uint16_t opcode, RpcFunction fn);
+  Status Start(int workers);
+  // Non-blocking; answers at once with an error when the queue is full or dispatch is stopped.
+  void Submit(std::unique_ptr<IncomingRpc> rpc);
+  // Lets running handlers finish, joins the workers and fails still-queued RPCs with Unavailable.
+  // Idempotent.
+  void Stop();
+
+  Stats stats() const;
+
+ private:
+  void WorkerLoop();
+  void Handle(IncomingRpc& rpc, std::vector<std::byte>& reply);
+
+  const size_t capacity_;
+  const uint32_t max_reply_bytes_;
+  std::unordered_map<uint16_t, RpcFunction> handlers_;  // frozen once started_
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<IncomingRpc>> queue_;
+  bool started_ = false;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+  std::mutex stop_mu_;  // serializes Stop() callers
+
+  std::atomic<uint64_t> served_{0}, queue_full_{0}, unknown_opcode_{0}, handler_errors_{0},
+      exceptions_{0};
+};
+
+}  // namespace farmem::node

@@ -1,0 +1,240 @@
+// Tests of the RPC dispatcher with in-memory IncomingRpc fakes: opcode routing, error and exception
+// replies, queue-full rejection, and what happens to queued RPCs at Stop(). No transport needed.
+// End-to-end RPCs over a real transport are in node_test.cc.
+#include "node/rpc_dispatcher.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "transport/testing/watchdog.h"
+
+namespace farmem::node {
+namespace {
+
+using farmem::testing::ScopedWatchdog;
+using namespace std::chrono_literals;
+
+// Where a fake RPC's answer lands; waited on with a deadline.
+struct Outcome {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  int answers = 0;
+  Status error;  // OK for a normal reply
+  uint32_t imm = 0;
+  std::string payload;
+
+  bool Wait(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return done; });
+  }
+};
+
+class FakeRpc : public IncomingRpc {
+ public:
+  FakeRpc(uint32_t imm, std::string payload, std::shared_ptr<Outcome> out)
+      : imm_(imm), payload_(std::move(payload)), out_(std::move(out)) {}
+  ~FakeRpc() override {
+    if (!answered_) (void)reply_error(Status::Aborted("dropped unanswered"));
+  }
+  uint32_t imm() const override { return imm_; }
+  std::span<const std::byte> payload() const override {
+    return {reinterpret_cast<const std::byte*>(payload_.data()), payload_.size()};
+  }
+  std::string_view source() const override { return "fake"; }
+  Status reply(uint32_t imm, std::span<const std::byte> payload) override {
+    return Finish(Status::OK(), imm,
+                  std::string(reinterpret_cast<const char*>(payload.data()), payload.size()));
+  }
+  Status reply_error(const Status& status) override { return Finish(status, 0, ""); }
+
+ private:
+  Status Finish(const Status& err, uint32_t imm, std::string payload) {
+    answered_ = true;
+    std::lock_guard lock(out_->mu);
+    out_->answers++;
+    if (!out_->done) {
+      out_->error = err;
+      out_->imm = imm;
+      out_->payload = std::move(payload);
+      out_->done = true;
+    }
+    out_->cv.notify_all();
+    return Status::OK();
+  }
+
+  uint32_t imm_;
+  std::string payload_;
+  std::shared_ptr<Outcome> out_;
+  bool answered_ = false;
+};
+
+std::shared_ptr<Outcome> Call(RpcDispatcher& d, uint32_t imm, std::string payload) {
+  auto out = std::make_shared<Outcome>();
+  d.Submit(std::make_unique<FakeRpc>(imm, std::move(payload), out));
+  return out;
+}
+
+Status Echo(const RpcCall& call, std::vector<std::byte>& reply) {
+  reply.assign(call.request.begin(), call.request.end());
+  return Status::OK();
+}
+
+TEST(RpcDispatcher, RoutesByLowSixteenBitsAndEchoes) {
+  ScopedWatchdog wd("RoutesByLowSixteenBitsAndEchoes", 30s);
+  RpcDispatcher d(16, 1 << 20);
+  ASSERT_TRUE(d.Register(64, Echo).ok());
+  ASSERT_TRUE(d.Start(2).ok());
+  auto out = Call(d, 0xabcd0000u | 64u, "hello");  // high bits belong to the caller's framing
+  ASSERT_TRUE(out->Wait(5s));
+  EXPECT_TRUE(out->error.ok()) << out->error.ToString();
+  EXPECT_EQ(out->payload, "hello");
+  EXPECT_EQ(out->imm, 64u);
+  EXPECT_EQ(out->answers, 1);
+}
+
+TEST(RpcDispatcher, ReplyVectorIsClearedBetweenCalls) {
+  ScopedWatchdog wd("ReplyVectorIsClearedBetweenCalls", 30s);
+  RpcDispatcher d(16, 1 << 20);
+  ASSERT_TRUE(d.Register(70, [](const RpcCall&, std::vector<std::byte>& reply) {
+                 EXPECT_TRUE(reply.empty());
+                 reply.push_back(std::byte{'z'});
+                 return Status::OK();
+               }).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto out = Call(d, 70, "");
+    ASSERT_TRUE(out->Wait(5s));
+    EXPECT_EQ(out->payload, "z");
+  }
+}
+
+TEST(RpcDispatcher, UnknownOpcodeErrorAndException) {
+  ScopedWatchdog wd("UnknownOpcodeErrorAndException", 30s);
+  RpcDispatcher d(16, 1 << 20);
+  ASSERT_TRUE(d.Register(65, [](const RpcCall&, std::vector<std::byte>&) {
+                 return Status::OutOfRange("index 7 past end");
+               }).ok());
+  ASSERT_TRUE(d.Register(66, [](const RpcCall&, std::vector<std::byte>&) -> Status {
+                 throw std::runtime_error("kaboom");
+               }).ok());
+  ASSERT_TRUE(
+      d.Register(67, [](const RpcCall&, std::vector<std::byte>&) -> Status { throw 5; }).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+
+  auto unknown = Call(d, 99, "");
+  ASSERT_TRUE(unknown->Wait(5s));
+  EXPECT_EQ(unknown->error.code(), Code::kNotFound);
+  EXPECT_EQ(unknown->error.message(), "no handler for opcode 99");
+
+  auto err = Call(d, 65, "");
+  ASSERT_TRUE(err->Wait(5s));
+  EXPECT_EQ(err->error.code(), Code::kOutOfRange);
+  EXPECT_EQ(err->error.message(), "index 7 past end");
+
+  auto thrown = Call(d, 66, "");
+  ASSERT_TRUE(thrown->Wait(5s));
+  EXPECT_EQ(thrown->error.code(), Code::kInternal);
+  EXPECT_NE(thrown->error.message().find("kaboom"), std::string_view::npos);
+
+  auto odd = Call(d, 67, "");
+  ASSERT_TRUE(odd->Wait(5s));
+  EXPECT_EQ(odd->error.code(), Code::kInternal);
+
+  auto st = d.stats();
+  EXPECT_EQ(st.unknown_opcode, 1u);
+  EXPECT_EQ(st.handler_errors, 1u);
+  EXPECT_EQ(st.exceptions, 2u);
+}
+
+TEST(RpcDispatcher, OversizedReplyIsResourceExhausted) {
+  ScopedWatchdog wd("OversizedReplyIsResourceExhausted", 30s);
+  RpcDispatcher d(16, 8);
+  ASSERT_TRUE(d.Register(64, Echo).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+  auto out = Call(d, 64, "more than eight bytes");
+  ASSERT_TRUE(out->Wait(5s));
+  EXPECT_EQ(out->error.code(), Code::kResourceExhausted);
+}
+
+// Blocks the single worker inside a handler until released, so the queue can be filled.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false;
+  bool open = false;
+};
+
+TEST(RpcDispatcher, QueueFullIsRejectedAndStopFailsQueued) {
+  ScopedWatchdog wd("QueueFullIsRejectedAndStopFailsQueued", 30s);
+  auto gate = std::make_shared<Gate>();
+  RpcDispatcher d(2, 1 << 20);
+  ASSERT_TRUE(d.Register(64, [gate](const RpcCall&, std::vector<std::byte>& reply) {
+                 std::unique_lock lock(gate->mu);
+                 gate->entered = true;
+                 gate->cv.notify_all();
+                 gate->cv.wait_for(lock, 10s, [&] { return gate->open; });
+                 reply.push_back(std::byte{1});
+                 return Status::OK();
+               }).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+  auto running = Call(d, 64, "");
+  {
+    std::unique_lock lock(gate->mu);
+    ASSERT_TRUE(gate->cv.wait_for(lock, 5s, [&] { return gate->entered; }));
+  }
+  auto q1 = Call(d, 64, "");
+  auto q2 = Call(d, 64, "");
+  auto full = Call(d, 64, "");
+  ASSERT_TRUE(full->Wait(5s));
+  EXPECT_EQ(full->error.code(), Code::kResourceExhausted);
+  EXPECT_EQ(d.stats().queue_full, 1u);
+
+  // Stop lets the running handler finish and answer normally; queued RPCs fail.
+  std::thread opener([gate] {
+    std::this_thread::sleep_for(50ms);
+    std::lock_guard lock(gate->mu);
+    gate->open = true;
+    gate->cv.notify_all();
+  });
+  d.Stop();
+  opener.join();
+  ASSERT_TRUE(running->Wait(5s));
+  EXPECT_TRUE(running->error.ok()) << running->error.ToString();
+  ASSERT_TRUE(q1->Wait(5s));
+  ASSERT_TRUE(q2->Wait(5s));
+  EXPECT_EQ(q1->error.code(), Code::kUnavailable);
+  EXPECT_EQ(q2->error.code(), Code::kUnavailable);
+
+  auto late = Call(d, 64, "");
+  ASSERT_TRUE(late->Wait(5s));
+  EXPECT_EQ(late->error.code(), Code::kUnavailable);
+  d.Stop();  // idempotent
+}
+
+TEST(RpcDispatcher, RegistrationRules) {
+  RpcDispatcher d(4, 1 << 20);
+  EXPECT_EQ(d.Register(64, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(d.Register(64, Echo).ok());
+  EXPECT_EQ(d.Register(64, Echo).code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.Start(0).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(d.Start(1).ok());
+  EXPECT_EQ(d.Register(65, Echo).code(), Code::kInvalidArgument);
+}
+
+TEST(RpcDispatcher, SubmitBeforeStartIsUnavailable) {
+  ScopedWatchdog wd("SubmitBeforeStartIsUnavailable", 30s);
+  RpcDispatcher d(4, 1 << 20);
+  auto out = Call(d, 64, "");
+  ASSERT_TRUE(out->Wait(5s));
+  EXPECT_EQ(out->error.code(), Code::kUnavailable);
+}
+
+}  // namespace
+}  // namespace farmem::node
