@@ -1,0 +1,104 @@
+// `farmem stat ADDR [--json]`: fetch a farmemd's STAT document and print it as a table (or raw
+// JSON). The formatter tolerates missing keys so older/newer servers still print.
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "common/log.h"
+#include "farmem/client.h"
+
+namespace farmem::cli {
+namespace {
+
+uint64_t U(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return (it != j.end() && it->is_number_unsigned()) ? it->get<uint64_t>() : 0;
+}
+
+std::string S(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return (it != j.end() && it->is_string()) ? it->get<std::string>() : "?";
+}
+
+}  // namespace
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (v >= 1024 && unit < 3) {
+    v /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", v, kUnits[unit]);
+}
+
+std::string FormatStatTable(const nlohmann::json& s, const std::string& address) {
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& mem = s.contains("memory") && s["memory"].is_object() ? s["memory"] : empty;
+  const nlohmann::json& tr =
+      s.contains("transport") && s["transport"].is_object() ? s["transport"] : empty;
+  double uptime = s.contains("uptime_seconds") && s["uptime_seconds"].is_number()
+                      ? s["uptime_seconds"].get<double>()
+                      : 0.0;
+  std::string out;
+  out += fmt::format("farmemd '{}' at {}  (transport {} {}, up {:.1f} s)\n", S(s, "node"), address,
+                     S(tr, "name"), S(tr, "address"), uptime);
+  out += fmt::format("memory: budget {}, {} of {} pools created ({} mapped)\n",
+                     FormatBytes(U(mem, "budget_bytes")), U(mem, "pools"), U(mem, "max_pools"),
+                     FormatBytes(U(mem, "mapped_bytes")));
+  out += fmt::format("        allocated {} in {} allocation(s), free {}\n",
+                     FormatBytes(U(mem, "allocated_bytes")), U(mem, "allocations"),
+                     FormatBytes(U(mem, "free_bytes")));
+  if (s.contains("pools") && s["pools"].is_array() && !s["pools"].empty()) {
+    out += fmt::format("\n{:<10} {:>10} {:>12} {:>12} {:>8} {:>12} {:>10}\n", "POOL", "SIZE",
+                       "ALLOCATED", "FREE", "ALLOCS", "LARGEST FREE", "FREE RANGES");
+    for (const auto& p : s["pools"]) {
+      if (!p.is_object()) continue;
+      out += fmt::format("{:<10} {:>10} {:>12} {:>12} {:>8} {:>12} {:>10}\n", S(p, "name"),
+                         FormatBytes(U(p, "bytes")), FormatBytes(U(p, "allocated_bytes")),
+                         FormatBytes(U(p, "free_bytes")), U(p, "allocations"),
+                         FormatBytes(U(p, "largest_free")), U(p, "free_ranges"));
+    }
+    if (s.value("pools_truncated", false)) out += "(more pools not listed)\n";
+  }
+  if (s.contains("rpc") && s["rpc"].is_object()) {
+    out += fmt::format("\n{:<10} {:>7} {:>10} {:>10}\n", "RPC", "OPCODE", "CALLS", "ERRORS");
+    for (const auto& [op, c] : s["rpc"].items()) {
+      if (!c.is_object()) continue;
+      out += fmt::format("{:<10} {:>7} {:>10} {:>10}\n", op, U(c, "opcode"), U(c, "calls"),
+                         U(c, "errors"));
+    }
+  }
+  return out;
+}
+
+int RunStat(const StatOptions& options) {
+  InitLogging();
+  auto node = MakeClientNode(options.client, "farmem-stat");
+  if (!node.ok()) {
+    std::fprintf(stderr, "farmem stat: error: %s\n", node.status().ToString().c_str());
+    return 1;
+  }
+  auto client = RawClient::Connect(**node, options.address);
+  if (!client.ok()) {
+    std::fprintf(stderr, "farmem stat: error: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  Result<nlohmann::json> st = (*client)->stat();
+  if (!st.ok()) {
+    std::fprintf(stderr, "farmem stat: error: %s\n", st.status().ToString().c_str());
+    return 1;
+  }
+  if (options.json) {
+    std::printf("%s\n", st->dump(2).c_str());
+  } else {
+    std::fputs(FormatStatTable(*st, options.address).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace farmem::cli
