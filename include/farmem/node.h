@@ -47,6 +47,14 @@ struct PeerInfo {
 
 // Opcodes below this are reserved for the node itself; layers register theirs at or above it.
 inline constexpr uint16_t kFirstUserOpcode = 64;
+// Opcode ranges, one per layer, so layers never collide (each layer defines its opcodes as
+// base + n inside its range, in its own protocol header).
+inline constexpr uint16_t kServerOpcodeBase = 64;    // farmemd raw allocator: 64..79
+inline constexpr uint16_t kObjectsOpcodeBase = 80;   // CoRM objects: 80..111
+inline constexpr uint16_t kTieredOpcodeBase = 112;   // TeRM tiering: 112..127
+inline constexpr uint16_t kTxOpcodeBase = 128;       // Storm transactions: 128..159
+inline constexpr uint16_t kChannelOpcodeBase = 160;  // LOCO channels: 160..191
+inline constexpr uint16_t kRegionsOpcodeBase = 192;  // remote regions: 192..223
 // Node-internal opcode: list this node's exported regions (reply: the bootstrap region list).
 inline constexpr uint16_t kOpListRegions = 1;
 
@@ -90,6 +98,9 @@ class Node {
   // A fresh initiator context for the calling thread wrapped in a coroutine scheduler.
   virtual Result<std::unique_ptr<Scheduler>> make_scheduler() = 0;
 };
+
+// Decode the reply of a kOpListRegions RPC (a peer's current region list).
+Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> reply);
 
 // Encode an RPC immediate from an opcode (the node's framing: low 16 bits opcode).
 inline uint32_t RpcImm(uint16_t opcode) {

@@ -295,4 +295,8 @@ Result<std::unique_ptr<Node>> Node::Create(const NodeConfig& config) {
   return std::unique_ptr<Node>(std::make_unique<NodeImpl>(config, std::move(transport)));
 }
 
+Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> reply) {
+  return node::DecodeRegionList(reply);
+}
+
 }  // namespace farmem

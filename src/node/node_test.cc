@@ -184,7 +184,7 @@ TEST_P(NodePair, ListRegionsSeesRegionsExportedAfterHandshake) {
   std::vector<std::byte> reply(64 * 1024);
   auto r = sched->block_on(sched->rpc(peer.id, RpcImm(kOpListRegions), {}, reply));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto regions = node::DecodeRegionList(std::span<const std::byte>(reply.data(), r->length));
+  auto regions = farmem::DecodeRegionList(std::span<const std::byte>(reply.data(), r->length));
   ASSERT_TRUE(regions.ok()) << regions.status().ToString();
   ASSERT_EQ(regions->size(), 2u);
   bool found = false;

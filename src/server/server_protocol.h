@@ -18,11 +18,11 @@ namespace farmem::server_proto {
 
 static_assert(std::endian::native == std::endian::little, "farmem wire format is little-endian");
 
-// The memory server owns opcodes [kFirstUserOpcode, kFirstUserOpcode + 16).
-inline constexpr uint16_t kOpAllocRaw = kFirstUserOpcode + 0;
-inline constexpr uint16_t kOpFreeRaw = kFirstUserOpcode + 1;
-inline constexpr uint16_t kOpStat = kFirstUserOpcode + 2;
-inline constexpr uint16_t kLastServerOpcode = kFirstUserOpcode + 15;
+// The memory server owns opcodes [kServerOpcodeBase, kServerOpcodeBase + 16) (see node.h).
+inline constexpr uint16_t kOpAllocRaw = kServerOpcodeBase + 0;
+inline constexpr uint16_t kOpFreeRaw = kServerOpcodeBase + 1;
+inline constexpr uint16_t kOpStat = kServerOpcodeBase + 2;
+inline constexpr uint16_t kLastServerOpcode = kServerOpcodeBase + 15;
 
 // ALLOC_RAW: reserve `length` bytes (rounded up to 64) in some pool.
 struct AllocRawRequest {
