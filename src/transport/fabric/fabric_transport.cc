@@ -59,6 +59,19 @@ constexpr int kIdleWaitMs = 1;
 // delay).
 constexpr auto kIdleSleep = std::chrono::microseconds(50);
 constexpr auto kLookupRetryDelay = std::chrono::milliseconds(2);
+// Sends that keep failing with -FI_EAGAIN are retried less and less often: a live peer's
+// connection or the endpoint's tx credits come back within microseconds, but ofi_rxm 1.17 answers
+// every send to a dead peer with -FI_EAGAIN forever (each call starts another connect that is
+// refused). Retries are per destination, so such a peer never holds up sends to other peers.
+constexpr auto kMaxRetryBackoff = std::chrono::milliseconds(2);
+// The main progress thread keeps spinning while a queued send is due within this.
+constexpr auto kSendRetrySpin = std::chrono::microseconds(100);
+
+// When to retry a destination blocked since `blocked_since`: after an eighth of the time it has
+// been blocked, at most kMaxRetryBackoff.
+Clock::time_point NextRetry(Clock::time_point blocked_since, Clock::time_point now) {
+  return now + std::min<Clock::duration>((now - blocked_since) / 8, kMaxRetryBackoff);
+}
 
 Code CodeForFiError(int err) {
   switch (err) {
@@ -144,6 +157,7 @@ struct SendBuf : FiCtx {
   std::vector<std::byte> data;
   fid_mr* mr = nullptr;
   fi_addr_t dest = FI_ADDR_UNSPEC;
+  Clock::time_point expires;  // a queued send not accepted by the provider by then is dropped
 };
 
 void CloseFid(fid_t fid) {
@@ -156,7 +170,9 @@ void CloseFid(fid_t fid) {
 // Endpoints are not closed at once but retired for kGrace: libfabric 1.17 shm crashes (SIGSEGV in
 // fi_cq_read) when an endpoint of the SAME process is closed while a peer endpoint still has
 // traffic in flight with it (large-message protocol state, late replies). Retired endpoints are
-// closed by a later Retire() once the grace period passed; at exit they are simply left open.
+// closed by a later Retire() once the grace period passed, or as soon as no transport or context
+// of this process is alive any more (nothing can then still talk to them; this releases every
+// fd and shm file when the last transport is destroyed); at exit they are simply left open.
 constexpr auto kGrace = std::chrono::milliseconds(250);
 struct Grave {
   Clock::time_point when;
@@ -164,25 +180,55 @@ struct Grave {
   std::vector<std::shared_ptr<void>> keep;  // buffers the provider may touch until then
   std::shared_ptr<void> owner;              // keeps the domain open until the fids are closed
 };
-void Retire(Grave grave) {
-  static std::mutex* mu = new std::mutex;  // leaked on purpose: nothing to run at exit
-  static auto* graves = new std::deque<Grave>;
-  std::vector<Grave> due;
-  {
-    std::lock_guard lock(*mu);
-    const auto now = Clock::now();
-    while (!graves->empty() && now - graves->front().when > kGrace) {
-      due.push_back(std::move(graves->front()));
-      graves->pop_front();
-    }
-    grave.when = now;
-    graves->push_back(std::move(grave));
-  }
+struct Graveyard {
+  std::mutex mu;
+  std::deque<Grave> graves;
+  size_t live = 0;  // FabricTransport + FabricContext objects alive in this process
+};
+Graveyard& Yard() {
+  static auto* yard = new Graveyard;  // leaked on purpose: nothing to run at exit
+  return *yard;
+}
+void Bury(std::vector<Grave>& due) {
   for (Grave& g : due) {
     for (fid_t f : g.fids) CloseFid(f);
     g.keep.clear();
     g.owner.reset();  // may destroy a Core, which may Retire() again (lock not held)
   }
+}
+void Retire(Grave grave) {
+  Graveyard& y = Yard();
+  std::vector<Grave> due;
+  {
+    std::lock_guard lock(y.mu);
+    const auto now = Clock::now();
+    while (!y.graves.empty() && now - y.graves.front().when > kGrace) {
+      due.push_back(std::move(y.graves.front()));
+      y.graves.pop_front();
+    }
+    grave.when = now;
+    y.graves.push_back(std::move(grave));
+  }
+  Bury(due);
+}
+// Called by every FabricTransport/FabricContext constructor and, after its own Retire(), by its
+// destructor. When the last one goes, all graves are closed at once.
+void AddLiveUser() {
+  Graveyard& y = Yard();
+  std::lock_guard lock(y.mu);
+  y.live++;
+}
+void DropLiveUser() {
+  Graveyard& y = Yard();
+  std::vector<Grave> due;
+  {
+    std::lock_guard lock(y.mu);
+    if (y.live > 0) y.live--;
+    if (y.live != 0) return;
+    due.assign(std::make_move_iterator(y.graves.begin()), std::make_move_iterator(y.graves.end()));
+    y.graves.clear();
+  }
+  Bury(due);
 }
 template <typename T>
 std::shared_ptr<void> Keep(T&& value) {
@@ -278,7 +324,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void HandleMainCompletion(FiCtx* ctx, size_t len, const Status& error);
   void HandleMainMessage(std::span<const std::byte> bytes);
   Result<fi_addr_t> ResolveMainAddr(std::span<const std::byte> name);
-  void DrainSendQueue();
+  // Retries queued sends whose destination is due; drops expired ones. Returns when the next
+  // retry is due (time_point::max() when nothing is queued).
+  Clock::time_point DrainSendQueues();
   SendBuf* TakeSendBuf();
   void ReleaseSendBuf(SendBuf* sb);
 
@@ -304,7 +352,14 @@ class Core : public std::enable_shared_from_this<Core> {
 
   std::mutex send_mu_;
   bool main_closed_ = false;
-  std::deque<SendBuf*> send_queue_;
+  // Sends the provider refused with -FI_EAGAIN, per destination (post order kept per
+  // destination only, so one unreachable requester cannot block replies to the others).
+  struct DestQueue {
+    std::deque<SendBuf*> bufs;
+    Clock::time_point blocked_since;  // last time a send to this destination was accepted
+    Clock::time_point next_try;
+  };
+  std::unordered_map<fi_addr_t, DestQueue> send_queues_;  // only destinations with queued sends
   std::vector<std::unique_ptr<SendBuf>> send_all_;
   std::vector<SendBuf*> send_free_;
   bool wait_cq_ = false;  // main CQ has a wait object (fi_cq_sread usable)
@@ -429,9 +484,9 @@ Status Core::Open() {
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_MSG;
   // shm targets are woken by our doorbell. Blocking in fi_cq_sread (tcp: epoll over its sockets)
-  // would wake non-shm targets on one-sided requests too, but with tcp;ofi_rxm 1.17 the progress
-  // thread then sometimes stops serving new peers after a peer died (conformance test
-  // ServesOtherPeersAfterOneDies, ~1 run in 3), so it is opt-in: FARMEM_FABRIC_CQ_WAIT=1.
+  // also wakes non-shm targets on one-sided requests; it is opt-in (FARMEM_FABRIC_CQ_WAIT=1)
+  // until its latency is measured. (Its old failure after a peer died was the reply queue's
+  // head-of-line blocking, fixed by per-destination queues; see docs/fabric.md.)
   const char* cq_wait = getenv("FARMEM_FABRIC_CQ_WAIT");
   if (!is_shm && cq_wait != nullptr && std::string_view(cq_wait) == "1") {
     cq_attr.wait_obj = FI_WAIT_UNSPEC;
@@ -736,7 +791,8 @@ Status Core::SendMain(fi_addr_t dest, MsgType type, uint32_t imm, uint64_t seq,
     }
     sb->mr = *mr;
   }
-  if (send_queue_.empty()) {
+  auto it = send_queues_.find(dest);
+  if (it == send_queues_.end()) {
     const ssize_t r = fi_send(ep_, sb->data.data(), sb->data.size(),
                               sb->mr ? fi_mr_desc(sb->mr) : nullptr, dest, static_cast<FiCtx*>(sb));
     if (r == 0) return Status::OK();
@@ -744,26 +800,61 @@ Status Core::SendMain(fi_addr_t dest, MsgType type, uint32_t imm, uint64_t seq,
       ReleaseSendBuf(sb);
       return FiStatus("fi_send(reply)", r);
     }
+    const auto now = Clock::now();
+    it = send_queues_.try_emplace(dest).first;
+    it->second.blocked_since = now;
+    it->second.next_try = now;
   }
-  send_queue_.push_back(sb);
+  // The requester gives up after its op_timeout; a reply the provider has not taken by then
+  // (peer gone) is useless, and dropping it stops ofi_rxm's reconnect attempts.
+  sb->expires = Clock::now() + config_.op_timeout;
+  it->second.bufs.push_back(sb);
   Wake();
   return Status::OK();
 }
 
-void Core::DrainSendQueue() {
+Clock::time_point Core::DrainSendQueues() {
   std::lock_guard lock(send_mu_);
-  while (!send_queue_.empty() && !main_closed_) {
-    SendBuf* sb = send_queue_.front();
-    const ssize_t r =
-        fi_send(ep_, sb->data.data(), sb->data.size(), sb->mr ? fi_mr_desc(sb->mr) : nullptr,
-                sb->dest, static_cast<FiCtx*>(sb));
-    if (r == -FI_EAGAIN) return;
-    send_queue_.pop_front();
-    if (r != 0) {
-      FARMEM_LOG_WARN("fabric: dropping reply: {}", fi_strerror(static_cast<int>(-r)));
-      ReleaseSendBuf(sb);
+  auto next = Clock::time_point::max();
+  if (main_closed_) return next;
+  const auto now = Clock::now();
+  for (auto it = send_queues_.begin(); it != send_queues_.end();) {
+    DestQueue& q = it->second;
+    size_t expired = 0;
+    while (!q.bufs.empty() && q.bufs.front()->expires <= now) {
+      ReleaseSendBuf(q.bufs.front());
+      q.bufs.pop_front();
+      ++expired;
     }
+    if (expired != 0) {
+      FARMEM_LOG_WARN(
+          "fabric: dropped {} message(s) to a requester the provider could not reach for {} ms",
+          expired, config_.op_timeout.count());
+    }
+    if (!q.bufs.empty() && q.next_try <= now) {
+      while (!q.bufs.empty()) {
+        SendBuf* sb = q.bufs.front();
+        const ssize_t r =
+            fi_send(ep_, sb->data.data(), sb->data.size(), sb->mr ? fi_mr_desc(sb->mr) : nullptr,
+                    sb->dest, static_cast<FiCtx*>(sb));
+        if (r == -FI_EAGAIN) break;
+        q.bufs.pop_front();
+        q.blocked_since = now;
+        if (r != 0) {
+          FARMEM_LOG_WARN("fabric: dropping reply: {}", fi_strerror(static_cast<int>(-r)));
+          ReleaseSendBuf(sb);
+        }
+      }
+      if (!q.bufs.empty()) q.next_try = NextRetry(q.blocked_since, now);
+    }
+    if (q.bufs.empty()) {
+      it = send_queues_.erase(it);
+      continue;
+    }
+    next = std::min(next, q.next_try);
+    ++it;
   }
+  return next;
 }
 
 Result<fi_addr_t> Core::ResolveMainAddr(std::span<const std::byte> name) {
@@ -924,9 +1015,11 @@ void Core::ProgressLoop(std::atomic<bool>& stop) {
     bool queued;
     {
       std::lock_guard lock(send_mu_);
-      queued = !send_queue_.empty();
+      queued = !send_queues_.empty();
     }
-    if (queued) DrainSendQueue();
+    // Stay awake only while a queued send is due soon; a backed-off destination (peer gone)
+    // is retried after the usual idle wait, which is shorter than kMaxRetryBackoff anyway.
+    if (queued) queued = DrainSendQueues() <= Clock::now() + kSendRetrySpin;
     if (!repost_.empty()) {
       std::vector<RecvBuf*> again;
       again.swap(repost_);
@@ -945,7 +1038,7 @@ void Core::ProgressLoop(std::atomic<bool>& stop) {
         armed = false;
       }
       // On an oversubscribed machine the initiator may share our core: let it run.
-      if (!queued) sched_yield();
+      sched_yield();
       continue;
     }
     if (db != nullptr) {
@@ -1001,7 +1094,7 @@ void Core::Shutdown() {
   grave.keep.push_back(Keep(std::move(send_all_)));
   recv_bufs_.clear();
   send_all_.clear();
-  send_queue_.clear();
+  send_queues_.clear();
   send_free_.clear();
   grave.owner = weak_from_this().lock();
   if (grave.owner) {
@@ -1074,7 +1167,7 @@ struct KeyEntry {
 
 class FabricContext : public Context {
  public:
-  explicit FabricContext(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit FabricContext(std::shared_ptr<Core> core) : core_(std::move(core)) { AddLiveUser(); }
   ~FabricContext() override;
 
   Status Open();
@@ -1112,6 +1205,7 @@ class FabricContext : public Context {
   void HandleCompletion(FiCtx* ctx, size_t len, int err, const Status& error);
   void HandleMessage(std::span<const std::byte> bytes);
   void RetryQueued();
+  void RetryPeer(PeerId peer, Clock::time_point now);
   void RunDelayedLookups();
   void ExpireDeadlines();
   void AbortAll();
@@ -1131,6 +1225,11 @@ class FabricContext : public Context {
   struct PeerSlot {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     std::atomic<uint32_t>* doorbell = nullptr;
+    // Ops the provider refused with -FI_EAGAIN, in post order. Per peer, so ops to a dead peer
+    // (rxm: -FI_EAGAIN forever) never hold up ops to other peers.
+    std::deque<Op*> retry;
+    Clock::time_point blocked_since;  // last time an op to this peer was accepted
+    Clock::time_point next_try;
   };
   std::vector<PeerSlot> peers_;
   std::vector<std::unique_ptr<Op[]>> chunks_;
@@ -1138,7 +1237,7 @@ class FabricContext : public Context {
   std::vector<Op*> free_ops_;
   Op* head_ = nullptr;  // in-flight list
   Op* tail_ = nullptr;
-  std::deque<Op*> retry_;
+  std::vector<PeerId> retry_peers_;  // peers with a non-empty retry queue
   std::unordered_map<PeerKey, KeyEntry, PeerKeyHash> cache_;
   PeerKey last_pk_{kInvalidPeer, 0};
   KeyEntry* last_entry_ = nullptr;
@@ -1173,6 +1272,7 @@ FabricContext::~FabricContext() {
   grave.owner = core_;
   if (info_ != nullptr) fi_freeinfo(info_);
   Retire(std::move(grave));
+  DropLiveUser();
 }
 
 Status FabricContext::Open() {
@@ -1487,10 +1587,14 @@ ssize_t FabricContext::CallProvider(Op* op) {
 }
 
 void FabricContext::Submit(Op* op) {
-  if (!retry_.empty()) {
-    // Keep post order behind ops already waiting for provider resources.
+  if (op->peer >= peers_.size()) {  // NewOp resolved the peer, so this cannot happen
+    Finish(op, Status::Internal("fabric: op for an unresolved peer"));
+    return;
+  }
+  if (!peers_[op->peer].retry.empty()) {
+    // Keep post order behind ops to the same peer already waiting for provider resources.
     op->refs++;
-    retry_.push_back(op);
+    peers_[op->peer].retry.push_back(op);
     return;
   }
   const ssize_t r = CallProvider(op);
@@ -1502,26 +1606,64 @@ void FabricContext::Submit(Op* op) {
   if (r == -FI_EAGAIN) {
     stats_.eagain_retries++;
     op->refs++;
-    retry_.push_back(op);
+    PeerSlot& slot = peers_[op->peer];
+    slot.blocked_since = slot.next_try = Clock::now();
+    slot.retry.push_back(op);
+    retry_peers_.push_back(op->peer);
     return;
   }
   Finish(op, FiStatus("posting " + std::string(OpTypeName(op->type)), r));
 }
 
 void FabricContext::RetryQueued() {
-  while (!retry_.empty()) {
-    Op* op = retry_.front();
-    if (op->user_done) {  // timed out or aborted while queued
-      retry_.pop_front();
+  const auto now = Clock::now();
+  for (size_t i = 0; i < retry_peers_.size();) {
+    const PeerId peer = retry_peers_[i];
+    RetryPeer(peer, now);
+    if (peers_[peer].retry.empty()) {
+      retry_peers_[i] = retry_peers_.back();
+      retry_peers_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void FabricContext::RetryPeer(PeerId peer, Clock::time_point now) {
+  // Nothing below adds peers, so peers_ is not resized while `q` is in use.
+  std::deque<Op*>& q = peers_[peer].retry;
+  while (!q.empty() && q.front()->user_done) {  // timed out or aborted while queued
+    Op* op = q.front();
+    q.pop_front();
+    Unref(op);
+  }
+  if (q.empty() || now < peers_[peer].next_try) return;
+  while (!q.empty()) {
+    Op* op = q.front();
+    if (op->user_done) {
+      q.pop_front();
       Unref(op);
       continue;
+    }
+    if (op->dest != peers_[peer].addr) {
+      // A connection error replaced the peer's AV entry while the op was queued.
+      auto dest = PeerAddr(peer);
+      if (!dest.ok()) {
+        q.pop_front();
+        op->refs--;
+        Finish(op, dest.status());
+        continue;
+      }
+      op->dest = *dest;
     }
     const ssize_t r = CallProvider(op);
     if (r == -FI_EAGAIN) {
       stats_.eagain_retries++;
+      peers_[peer].next_try = NextRetry(peers_[peer].blocked_since, now);
       return;
     }
-    retry_.pop_front();
+    q.pop_front();
+    peers_[peer].blocked_since = now;
     if (r == 0) {  // the queue's reference becomes the provider's
       AfterPost(op);
       continue;
@@ -1827,7 +1969,7 @@ size_t FabricContext::poll(std::span<Completion> out) {
         again.swap(repost_);
         for (RecvBuf* rb : again) (void)PostRecv(rb);
       }
-      if (!retry_.empty()) RetryQueued();
+      if (!retry_peers_.empty()) RetryQueued();
       if (!delayed_lookups_.empty()) RunDelayedLookups();
       ExpireDeadlines();
     }
@@ -1916,8 +2058,11 @@ Status FabricContext::post_rpc(PeerId peer, uint32_t imm, std::span<const std::b
 // ---------------------------------------------------------------------------------------------
 class FabricTransport : public Transport {
  public:
-  explicit FabricTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  ~FabricTransport() override { stop(); }
+  explicit FabricTransport(std::shared_ptr<Core> core) : core_(std::move(core)) { AddLiveUser(); }
+  ~FabricTransport() override {
+    stop();
+    DropLiveUser();
+  }
 
   std::string name() const override { return "fabric:" + core_->config().provider; }
   std::string local_address() const override { return core_->address(); }
