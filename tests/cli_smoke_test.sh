@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Smoke test of the shipped binaries on 127.0.0.1: farmemd starts and reports ready, `farmem stat`
+# (table and --json), `farmem demo --connect`, a wrong token and an unreachable address fail with a
+# message, and SIGTERM stops farmemd cleanly. Usage: cli_smoke_test.sh FARMEM FARMEMD (from ctest).
+set -euo pipefail
+
+FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
+FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
+TOKEN="smoke-token-$$"
+WORK="$(mktemp -d -t farmem-smoke.XXXXXX)"
+SERVER_PID=""
+
+log() { echo "cli_smoke: $*"; }
+fail() {
+  echo "cli_smoke: FAIL: $*" >&2
+  for f in "$WORK"/*.out "$WORK"/*.err; do
+    [[ -s "$f" ]] || continue
+    echo "----- $(basename "$f") -----" >&2
+    tail -n 40 "$f" >&2
+  done
+  exit 1
+}
+
+cleanup() {
+  local rc=$?
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[[ -x "$FARMEM" ]] || fail "farmem binary not found or not executable: $FARMEM"
+[[ -x "$FARMEMD" ]] || fail "farmemd binary not found or not executable: $FARMEMD"
+
+# Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
+wait_ready() {
+  local file=$1 secs=$2 pid=$3 line
+  for _ in $(seq $((secs * 10))); do
+    line="$(grep -m1 '^farmemd ready: ' "$file" 2>/dev/null || true)"
+    if [[ -n "$line" ]]; then echo "$line"; return 0; fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# Waits up to $2 seconds for background process $1 to exit; sets EXIT_CODE (124 on timeout).
+wait_exit() {
+  local pid=$1 secs=$2
+  for _ in $(seq $((secs * 10))); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      EXIT_CODE=0
+      wait "$pid" || EXIT_CODE=$?
+      return 0
+    fi
+    sleep 0.1
+  done
+  EXIT_CODE=124
+}
+
+# A port nothing listens on: bind an ephemeral one and close it again.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# --- start the daemon -----------------------------------------------------------------------------
+# Port 0: the daemon binds an ephemeral port and its ready line tells which, so parallel test runs
+# never collide.
+log "starting farmemd"
+"$FARMEMD" --listen 127.0.0.1:0 --backend tcp --data-host 127.0.0.1 --data-port 0 \
+  --memory-mib 64 --pool-mib 16 --token "$TOKEN" --name smoke --workers 1 \
+  >"$WORK/farmemd.out" 2>"$WORK/farmemd.err" </dev/null &
+SERVER_PID=$!
+ready="$(wait_ready "$WORK/farmemd.out" 20 "$SERVER_PID")" || fail "farmemd did not print its ready line within 20s"
+log "$ready"
+ADDR="$(sed -n 's/.*bootstrap=\([^ ]*\).*/\1/p' <<<"$ready")"
+[[ "$ADDR" =~ ^127\.0\.0\.1:[1-9][0-9]*$ ]] || fail "cannot parse bootstrap address from: $ready"
+grep -q ' transport=' <<<"$ready" || fail "ready line lacks transport=: $ready"
+grep -q ' address=' <<<"$ready" || fail "ready line lacks address=: $ready"
+
+# --- farmem stat ----------------------------------------------------------------------------------
+log "farmem stat $ADDR"
+timeout 20 "$FARMEM" stat "$ADDR" --token "$TOKEN" >"$WORK/stat.out" 2>"$WORK/stat.err" </dev/null ||
+  fail "farmem stat exited $?"
+[[ -s "$WORK/stat.out" ]] || fail "farmem stat printed nothing"
+grep -q 'smoke' "$WORK/stat.out" || fail "farmem stat does not show the node name 'smoke'"
+cat "$WORK/stat.out"
+
+log "farmem stat $ADDR --json"
+timeout 20 "$FARMEM" stat "$ADDR" --json --token "$TOKEN" >"$WORK/stat_json.out" 2>"$WORK/stat_json.err" </dev/null ||
+  fail "farmem stat --json exited $?"
+python3 -m json.tool "$WORK/stat_json.out" >/dev/null 2>"$WORK/json_tool.err" ||
+  fail "farmem stat --json output is not valid JSON"
+grep -q '"smoke"' "$WORK/stat_json.out" || fail "farmem stat --json does not contain the node name"
+
+# --- farmem demo against the daemon ---------------------------------------------------------------
+log "farmem demo --connect $ADDR"
+timeout 60 "$FARMEM" demo --connect "$ADDR" --token "$TOKEN" >"$WORK/demo.out" 2>"$WORK/demo.err" </dev/null ||
+  fail "farmem demo --connect exited $?"
+grep -q "node 'smoke'" "$WORK/demo.out" || fail "the demo output never shows the daemon answering STAT"
+grep -q '^demo passed' "$WORK/demo.out" || fail "farmem demo printed no 'demo passed' line"
+tail -n 2 "$WORK/demo.out"
+
+# --- failures are reported, not hung on ------------------------------------------------------------
+log "wrong token must be refused"
+rc=0
+timeout 20 "$FARMEM" stat "$ADDR" --token "not-$TOKEN" >"$WORK/badtoken.out" 2>"$WORK/badtoken.err" </dev/null || rc=$?
+((rc != 0)) || fail "farmem stat with a wrong token exited 0"
+((rc != 124)) || fail "farmem stat with a wrong token hung (killed after 20s)"
+grep -Eiq 'token|permission|denied|auth' "$WORK/badtoken.out" "$WORK/badtoken.err" ||
+  fail "wrong-token error does not say why (no token/permission/denied in output)"
+log "  refused (exit $rc): $(grep -h -m1 -i 'error' "$WORK/badtoken.err" "$WORK/badtoken.out" || true)"
+
+log "unreachable address must fail"
+port="$(free_port)"
+rc=0
+timeout 20 "$FARMEM" stat "127.0.0.1:$port" --token "$TOKEN" >"$WORK/unreach.out" 2>"$WORK/unreach.err" </dev/null || rc=$?
+((rc != 0)) || fail "farmem stat of a closed port exited 0"
+((rc != 124)) || fail "farmem stat of a closed port hung (killed after 20s)"
+[[ -s "$WORK/unreach.err" || -s "$WORK/unreach.out" ]] || fail "farmem stat of a closed port printed no error"
+log "  failed (exit $rc): $(grep -h -m1 -i 'error' "$WORK/unreach.err" "$WORK/unreach.out" || true)"
+
+# The daemon must have survived all of the above.
+kill -0 "$SERVER_PID" 2>/dev/null || fail "farmemd died during the test"
+
+# --- clean shutdown -------------------------------------------------------------------------------
+log "SIGTERM farmemd"
+kill -TERM "$SERVER_PID"
+wait_exit "$SERVER_PID" 20
+((EXIT_CODE != 124)) || fail "farmemd did not exit within 20s of SIGTERM"
+SERVER_PID=""
+((EXIT_CODE == 0)) || fail "farmemd exited $EXIT_CODE after SIGTERM (want 0)"
+
+log "PASS"
