@@ -1,0 +1,111 @@
+// CoRM compaction: per-class fragmentation ratio and triggers (threshold, allocation failure, on
+// demand), block collection from every worker, and the merge of two blocks (ID-collision check,
+// copy with compaction bits and re-laid versions, mmap remap, metadata merge, hole punch).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "farmem/status.h"
+#include "server/corm/thread_allocator.h"
+
+namespace farmem::corm {
+
+struct CompactionOptions {
+  // A class is compacted by RunOnce() when its fragmentation ratio exceeds its threshold.
+  double default_threshold = 0.3;
+  std::vector<double> class_thresholds;  // per class override (empty or one entry per class)
+  // Blocks above this occupancy (live / capacity) are not collected.
+  double max_candidate_occupancy = 0.9;
+  uint32_t max_merges_per_round = 64;       // bound on blocks compacted per round (pause length)
+  uint32_t max_attempts_per_source = 8;     // partner blocks tried per source block
+  std::chrono::milliseconds interval{100};  // leader thread period
+  std::chrono::milliseconds lock_timeout{100};  // a busy block is skipped this round
+  bool compact_on_alloc_failure = true;
+};
+
+struct CompactionStats {
+  uint64_t rounds = 0;
+  uint64_t compactions = 0;   // successful block merges
+  uint64_t blocks_freed = 0;  // physical blocks released by merges
+  uint64_t bytes_moved = 0;   // slot bytes copied into destination blocks
+  uint64_t objects_copied = 0;
+  uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
+  uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
+  uint64_t skipped_busy = 0;       // merge attempts skipped on a lock timeout
+};
+
+// What the merge predicate looks at in a block (also used by tests on real blocks).
+struct BlockSnapshot {
+  ClassMode mode = ClassMode::kIds;
+  uint32_t capacity = 0;
+  std::vector<uint8_t> occupied;  // per slot
+  std::vector<uint16_t> ids;      // IDs of live objects (kIds)
+  uint32_t live() const;
+};
+
+// Thread-safe; one round runs at a time (rounds from the leader thread, on-demand calls and the
+// allocation-failure hook serialise on an internal mutex taken before any Store lock).
+// The Compactor must be destroyed before the Store and while no Alloc is running (it removes its
+// allocation-failure hook in the destructor).
+class Compactor {
+ public:
+  Compactor(Store& store, CompactionOptions options);
+  ~Compactor();
+  Compactor(const Compactor&) = delete;
+  Compactor& operator=(const Compactor&) = delete;
+
+  double FragmentationRatio(uint32_t size_class) { return store_.Stats(size_class).fragmentation; }
+  double Threshold(uint32_t size_class) const;
+
+  // One compaction round for a class: collect low-occupancy blocks from every worker, merge
+  // least-occupied first. Returns the number of merges.
+  Result<uint32_t> CompactClass(uint32_t size_class);
+  // On demand ("farmem compact"): one round for every class.
+  Result<uint32_t> CompactAll();
+  // Classes above their threshold only (what the leader thread runs).
+  Result<uint32_t> RunOnce();
+
+  // Leader thread running RunOnce() every interval; Stop() joins it (also in the destructor).
+  Status Start();
+  void Stop();
+
+  CompactionStats stats() const;
+
+  // The merge predicate: b1 + b2 <= capacity, and no ID collision (kIds) or no occupied-offset
+  // overlap (kOffsetOnly).
+  static bool CanMerge(const BlockSnapshot& src, const BlockSnapshot& dst);
+  // Snapshot of the block that virtual block `vblock` maps to (tests, diagnostics).
+  Result<BlockSnapshot> Snapshot(uint32_t vblock);
+
+ private:
+  struct Candidate {
+    detail::Block* block;
+    uint64_t generation;
+    uint32_t live;
+  };
+  std::vector<Candidate> Collect(uint32_t size_class);
+  // Merges src into dst. false when the blocks changed, collide or are busy.
+  Result<bool> TryMerge(const Candidate& src, const Candidate& dst);
+  Result<bool> MergeLocked(detail::Block& src, detail::Block& dst);
+  Result<uint32_t> CompactClassLocked(uint32_t size_class);
+
+  Store& store_;
+  const CompactionOptions options_;
+  std::mutex round_mu_;  // one round at a time
+
+  mutable std::mutex stats_mu_;
+  CompactionStats stats_;
+
+  std::mutex thread_mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread leader_;
+};
+
+}  // namespace farmem::corm
