@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -143,6 +144,7 @@ class PeerProcess {
       int st = 0;
       while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
       }
+      RemoveShmOf(pid_);
       pid_ = -1;
     }
     if (channel_.fd() >= 0) {
@@ -152,6 +154,16 @@ class PeerProcess {
   }
 
  private:
+  // libfabric's shm provider names its segments "/dev/shm/<pid>:..." and unlinks them at exit; a
+  // SIGKILLed peer cannot, so the test that killed it removes them (else every run leaks 16 MiB+).
+  static void RemoveShmOf(pid_t pid) {
+    const std::string prefix = std::to_string(pid) + ":";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (e.path().filename().string().starts_with(prefix)) std::filesystem::remove(e.path(), ec);
+    }
+  }
+
   pid_t pid_ = -1;
   PeerChannel channel_;
 };
