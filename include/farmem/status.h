@@ -24,6 +24,7 @@ enum class Code : uint8_t {
   kIoError,            // OS call failed
   kAborted,            // operation cancelled (shutdown)
   kInternal,           // a bug: an invariant did not hold
+  kMoved,              // the object is no longer at the pointer's address: correct it, retry
 };
 
 std::string_view CodeName(Code code);
@@ -49,6 +50,7 @@ class [[nodiscard]] Status {
   static Status FromErrno(std::string_view what, int err);
   static Status Aborted(std::string_view m) { return Status(Code::kAborted, m); }
   static Status Internal(std::string_view m) { return Status(Code::kInternal, m); }
+  static Status Moved(std::string_view m) { return Status(Code::kMoved, m); }
 
   bool ok() const { return state_ == nullptr; }
   Code code() const { return state_ ? state_->code : Code::kOk; }

@@ -31,6 +31,8 @@ std::string_view CodeName(Code code) {
       return "Aborted";
     case Code::kInternal:
       return "Internal";
+    case Code::kMoved:
+      return "Moved";
   }
   return "Unknown";
 }

@@ -1731,7 +1731,7 @@ void FabricContext::HandleMessage(std::span<const std::byte> bytes) {
   if (m.header.status_code != 0) {
     const uint32_t c = m.header.status_code;
     const Code code =
-        c <= static_cast<uint32_t>(Code::kInternal) ? static_cast<Code>(c) : Code::kProtocol;
+        c <= static_cast<uint32_t>(Code::kMoved) ? static_cast<Code>(c) : Code::kProtocol;
     error = Status(
         code, std::string_view(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
   }

@@ -1,0 +1,168 @@
+// farmem objects (CoRM): a remote object store whose memory farmemd compacts while clients keep
+// reading objects one-sidedly. 128-bit pointers, RPC alloc/free/read/write, one-sided
+// direct_read with consistency checks, scan_read and pointer correction. See docs/objects.md.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "farmem/coro.h"
+#include "farmem/node.h"
+#include "farmem/status.h"
+
+namespace farmem {
+
+// A pointer to a remote object (128 bits, trivially copyable, safe to store anywhere).
+// `offset` addresses the object's slot inside the server's object region: its home virtual block
+// plus the last known offset inside that block. Compaction may move the object inside its block
+// (never out of it, as far as the pointer is concerned): the client then corrects `offset` in
+// place. The region key is not in the pointer: `server` indexes the client's server table, which
+// holds the key learned at connect time.
+struct Ptr {
+  uint64_t offset = 0;       // slot offset inside the server's object region
+  uint16_t id = 0;           // object ID (0 in offset-only size classes)
+  uint16_t size_class = 0;   // server's size class index
+  uint16_t server = 0;       // index into ObjectClient's server table
+  uint8_t version_hint = 0;  // version seen by the last successful read or write
+  uint8_t flags = 0;         // kPtrValid when the pointer came from alloc()
+
+  static constexpr uint8_t kPtrValid = 1;
+  bool valid() const { return (flags & kPtrValid) != 0; }
+  bool operator==(const Ptr&) const = default;
+};
+static_assert(sizeof(Ptr) == 16, "Ptr is a 128-bit pointer");
+
+// How a pointer whose object moved is corrected.
+enum class Correction : uint8_t {
+  kAskOwner = 0,  // RPC: the server looks the ID up in the block's metadata
+  kScan = 1,      // one-sided read of the whole home block, find the slot with the ID
+};
+
+// How the server picks the worker (thread allocator) that serves an allocation.
+enum class WorkerSelection : uint8_t { kByConnection = 0, kRandom = 1 };
+
+struct ObjectClientOptions {
+  // Pointer correction used by read_any() (and direct_read() callers that ask for a fix).
+  Correction correction = Correction::kScan;
+  // direct_read retries a torn or locked copy with exponential backoff for at most this long.
+  std::chrono::milliseconds retry_budget{2000};
+  std::chrono::microseconds max_backoff{256};
+};
+
+// What the server tells a client at connect time (OBJ_INFO).
+struct ObjectServerInfo {
+  std::string name;            // node name
+  RegionKey region_key = 0;    // key of the object region
+  uint64_t region_length = 0;  // bytes
+  uint32_t block_size = 0;     // bytes
+  uint32_t id_bits = 0;        // 0, 8, 12 or 16
+  bool hybrid = false;
+  struct SizeClass {
+    uint32_t slot_size = 0;         // bytes, a multiple of 8
+    uint32_t payload_capacity = 0;  // largest object of the class
+    uint32_t id_mask = 0;           // 0: offset-only class (objects never move)
+  };
+  std::vector<SizeClass> classes;
+  uint32_t max_object_size() const { return classes.empty() ? 0 : classes.back().payload_capacity; }
+};
+
+// Counters of one client (all servers, all schedulers).
+struct ObjectClientStats {
+  uint64_t direct_reads = 0;  // direct_read calls
+  uint64_t direct_ok = 0;     // ... that returned data from their first location
+  uint64_t torn_retries = 0;  // copies rejected as torn (mixed versions)
+  uint64_t locked_retries = 0;
+  uint64_t moved = 0;        // ID mismatch or freed slot seen at the pointer's address
+  uint64_t scans = 0;        // scan_read block reads
+  uint64_t corrections = 0;  // pointers corrected in place
+  uint64_t rpc_reads = 0;
+};
+
+struct CompactResult {
+  uint32_t merges = 0;   // blocks merged away in this round
+  nlohmann::json stats;  // server's compaction counters after the round
+};
+
+// Client of one or more farmemd object stores. Thread-safe: any number of threads may call it,
+// each with its own Scheduler (coroutine versions) or through the blocking versions, which share
+// one internal scheduler (one call at a time).
+class ObjectClient {
+ public:
+  static constexpr uint16_t kAnyServer = 0xffff;
+
+  // Bootstrap handshake with each farmemd at "host:port" (token check) and OBJ_INFO. `node` must
+  // be started and outlive the client.
+  static Result<std::unique_ptr<ObjectClient>> Connect(Node& node,
+                                                       std::span<const std::string> servers,
+                                                       ObjectClientOptions options = {});
+  ~ObjectClient();
+  ObjectClient(const ObjectClient&) = delete;
+  ObjectClient& operator=(const ObjectClient&) = delete;
+
+  size_t server_count() const { return servers_.size(); }
+  const ObjectServerInfo& server_info(uint16_t server) const;
+  const ObjectClientOptions& options() const { return options_; }
+  ObjectClientStats stats() const;
+
+  // ---- Coroutine API: many calls may be in flight on one scheduler --------------------------
+  // Allocates a zero-filled object of `size` bytes (1..max_object_size) on `server`
+  // (kAnyServer: round robin).
+  Task<Result<Ptr>> alloc(Scheduler& sched, size_t size, uint16_t server = kAnyServer);
+  // Frees the object; `p` is invalidated. Freeing twice is NotFound.
+  Task<Status> free(Scheduler& sched, Ptr& p);
+  // RPC read: copies min(out.size(), object capacity) bytes; corrects p. Returns bytes copied.
+  Task<Result<size_t>> read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
+  // RPC write: replaces the object's bytes (data.size() <= capacity; the rest becomes zero).
+  Task<Status> write(Scheduler& sched, Ptr& p, std::span<const std::byte> data);
+  // One-sided read of the slot at p; verifies the ID, lock/compaction bits and every version
+  // byte, retrying torn or locked copies with backoff. Returns Code::kMoved when the slot holds
+  // another object or none (p is left unchanged: correct it with scan_read or read_any).
+  Task<Result<size_t>> direct_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
+  // Reads the whole home block one-sidedly, finds the object by ID, corrects p, returns its bytes.
+  Task<Result<size_t>> scan_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
+  // direct_read, then on kMoved correct the pointer (options().correction) and read again.
+  Task<Result<size_t>> read_any(Scheduler& sched, Ptr& p, std::span<std::byte> out);
+  // Declares p's old address dead so the server can reuse its virtual block; p is re-homed.
+  Task<Status> release_ptr(Scheduler& sched, Ptr& p);
+  // Pointer correction by RPC (ask the owning thread) without reading the object.
+  Task<Status> locate(Scheduler& sched, Ptr& p);
+  // Admin: one compaction round on `server` (all classes, or only `size_class`).
+  Task<Result<CompactResult>> compact(Scheduler& sched, uint16_t server,
+                                      std::optional<uint16_t> size_class = std::nullopt);
+  // The server's STAT document (includes the "objects" section).
+  Task<Result<nlohmann::json>> stat(Scheduler& sched, uint16_t server);
+
+  // ---- Blocking versions (same semantics) ---------------------------------------------------
+  Result<Ptr> alloc(size_t size, uint16_t server = kAnyServer);
+  Status free(Ptr& p);
+  Result<size_t> read(Ptr& p, std::span<std::byte> out);
+  Status write(Ptr& p, std::span<const std::byte> data);
+  Result<size_t> direct_read(Ptr& p, std::span<std::byte> out);
+  Result<size_t> scan_read(Ptr& p, std::span<std::byte> out);
+  Result<size_t> read_any(Ptr& p, std::span<std::byte> out);
+  Status release_ptr(Ptr& p);
+  Status locate(Ptr& p);
+  Result<CompactResult> compact(uint16_t server, std::optional<uint16_t> size_class = {});
+  Result<nlohmann::json> stat(uint16_t server);
+
+  struct Impl;
+
+ private:
+  ObjectClient(Node& node, ObjectClientOptions options);
+
+  Node& node_;
+  ObjectClientOptions options_;
+  std::vector<ObjectServerInfo> servers_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace farmem
