@@ -1,0 +1,731 @@
+// ObjectClient: the client side of farmem objects (CoRM). RPCs (alloc/free/read/write/locate/
+// release/compact/stat) use object_wire.h; direct_read and scan_read copy slots or whole blocks
+// one-sidedly and run the server's own layout code (corm::CheckSlot, DecodePayload,
+// ScanBlockImage) on the copy, so client and server can never disagree about the slot format.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "farmem/objects.h"
+#include "objects/object_client_internal.h"
+#include "objects/object_wire.h"
+#include "server/corm/object_layout.h"
+#include "server/corm/thread_allocator.h"
+#include "server/server_protocol.h"
+
+// Coroutine flavours of FARMEM_RETURN_IF_ERROR (a coroutine cannot `return`).
+#define FARMEM_CO_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    ::farmem::Status _st = (expr);      \
+    if (!_st.ok()) co_return _st;       \
+  } while (0)
+
+namespace farmem {
+
+namespace wire = object_wire;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%#" PRIx64, v);
+  return buf;
+}
+
+// "object id 0x1a2b (class 3) at offset 0x5040 on server 0": the prefix of every error about p.
+std::string Describe(const Ptr& p) {
+  return "object id " + Hex(p.id) + " (class " + std::to_string(p.size_class) + ") at offset " +
+         Hex(p.offset) + " on server " + std::to_string(p.server);
+}
+
+template <typename T>
+std::vector<std::byte> Encode(const T& msg) {
+  return server_proto::Encode(msg);
+}
+
+// Exponential backoff for torn/locked copies. Sleeps the calling thread: other coroutines of the
+// same scheduler wait too, but their completions are queued, not lost, and the sleep is bounded
+// by max_backoff (256 µs by default) — a torn or locked slot is a short transient.
+class Backoff {
+ public:
+  Backoff(std::chrono::milliseconds budget, std::chrono::microseconds max)
+      : deadline_(Clock::now() + budget), max_(std::max(max, std::chrono::microseconds(1))) {}
+  // False once the budget is spent (caller gives up); else sleeps and returns true.
+  bool Wait() {
+    const auto now = Clock::now();
+    if (now >= deadline_) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
+    std::this_thread::sleep_for(std::min(cur_, left));
+    cur_ = std::min(cur_ * 2, max_);
+    return true;
+  }
+
+ private:
+  Clock::time_point deadline_;
+  std::chrono::microseconds max_;
+  std::chrono::microseconds cur_{1};
+};
+
+uint16_t IdMaskOf(const ObjectServerInfo& info, uint16_t size_class) {
+  return static_cast<uint16_t>(info.classes[size_class].id_mask);
+}
+
+}  // namespace
+
+// ---- Pure helpers (object_client_internal.h) -------------------------------------------------
+
+namespace objects_internal {
+
+Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply,
+                                         std::string_view server) {
+  const std::string who = "OBJ_INFO reply of " + std::string(server) + ": ";
+  if (reply.size() < sizeof(wire::InfoReply)) {
+    return Status::Protocol(who + std::to_string(reply.size()) + " bytes, expected at least " +
+                            std::to_string(sizeof(wire::InfoReply)));
+  }
+  wire::InfoReply head;
+  std::memcpy(&head, reply.data(), sizeof(head));
+  const size_t want = sizeof(wire::InfoReply) + size_t{head.num_classes} * sizeof(wire::WireClass);
+  if (reply.size() != want) {
+    return Status::Protocol(who + std::to_string(reply.size()) + " bytes for " +
+                            std::to_string(head.num_classes) + " size classes, expected " +
+                            std::to_string(want));
+  }
+  if (head.block_size < 4096 || head.block_size > (1u << 20) ||
+      (head.block_size & (head.block_size - 1)) != 0) {
+    return Status::Protocol(who + "block size " + std::to_string(head.block_size) +
+                            " is not a power of two in 4 KiB..1 MiB");
+  }
+  if (head.id_bits != 0 && head.id_bits != 8 && head.id_bits != 12 && head.id_bits != 16) {
+    return Status::Protocol(who + "id_bits " + std::to_string(head.id_bits) +
+                            " is not 0, 8, 12 or 16");
+  }
+  if (head.hybrid > 1) return Status::Protocol(who + "hybrid flag is not 0/1");
+  if (head.num_classes == 0) return Status::Protocol(who + "no size classes");
+  if (head.region_length < head.block_size) {
+    return Status::Protocol(who + "object region of " + std::to_string(head.region_length) +
+                            " bytes is smaller than one block");
+  }
+  ObjectServerInfo info;
+  info.region_key = head.region_key;
+  info.region_length = head.region_length;
+  info.block_size = head.block_size;
+  info.id_bits = head.id_bits;
+  info.hybrid = head.hybrid != 0;
+  const uint32_t full_mask = head.id_bits == 0 ? 0 : (1u << head.id_bits) - 1;
+  const std::byte* at = reply.data() + sizeof(wire::InfoReply);
+  for (uint16_t c = 0; c < head.num_classes; ++c) {
+    wire::WireClass wc;
+    std::memcpy(&wc, at + size_t{c} * sizeof(wc), sizeof(wc));
+    const std::string cls = who + "class " + std::to_string(c) + ": ";
+    if (wc.slot_size < 16 || wc.slot_size % corm::kSlotAlign != 0 ||
+        wc.slot_size > head.block_size) {
+      return Status::Protocol(cls + "slot size " + std::to_string(wc.slot_size) +
+                              " is not a multiple of 8 in 16..block size");
+    }
+    if (!info.classes.empty() && wc.slot_size <= info.classes.back().slot_size) {
+      return Status::Protocol(cls + "slot sizes are not ascending");
+    }
+    // The client decodes slots with its own copy of the layout code: a different capacity means
+    // a different layout, and every one-sided read would decode garbage.
+    if (wc.payload_capacity != corm::PayloadCapacity(wc.slot_size)) {
+      return Status::Protocol(cls + "payload capacity " + std::to_string(wc.payload_capacity) +
+                              " differs from this client's slot layout (" +
+                              std::to_string(corm::PayloadCapacity(wc.slot_size)) +
+                              "): incompatible farmem versions");
+    }
+    if (wc.id_mask != 0 && wc.id_mask != full_mask) {
+      return Status::Protocol(cls + "id mask " + Hex(wc.id_mask) + " does not match id_bits " +
+                              std::to_string(head.id_bits));
+    }
+    info.classes.push_back({wc.slot_size, wc.payload_capacity, wc.id_mask});
+  }
+  return info;
+}
+
+Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_view op) {
+  const std::string who = std::string(op) + ": ";
+  if (!p.valid()) {
+    return Status::InvalidArgument(who + "invalid pointer (not from alloc(), or already freed)");
+  }
+  if (p.size_class >= info.classes.size()) {
+    return Status::InvalidArgument(who + "size class " + std::to_string(p.size_class) +
+                                   " does not exist (server has " +
+                                   std::to_string(info.classes.size()) + ")");
+  }
+  const auto& c = info.classes[p.size_class];
+  if (p.offset % corm::kSlotAlign != 0 || p.offset >= info.region_length ||
+      info.region_length - p.offset < c.slot_size) {
+    return Status::InvalidArgument(who + "offset " + Hex(p.offset) +
+                                   " is not an 8-aligned slot inside the " +
+                                   std::to_string(info.region_length) + "-byte object region");
+  }
+  const uint64_t in_block = p.offset % info.block_size;
+  if (in_block % c.slot_size != 0 || in_block + c.slot_size > info.block_size) {
+    return Status::InvalidArgument(
+        who + "offset " + Hex(p.offset) + " is not on a slot boundary of class " +
+        std::to_string(p.size_class) + " (slot size " + std::to_string(c.slot_size) + ")");
+  }
+  if ((p.id & ~c.id_mask) != 0) {
+    return Status::InvalidArgument(who + "object ID " + Hex(p.id) + " does not fit class " +
+                                   std::to_string(p.size_class) + " (ID mask " + Hex(c.id_mask) +
+                                   ")");
+  }
+  return Status::OK();
+}
+
+}  // namespace objects_internal
+
+// ---- Impl ------------------------------------------------------------------------------------
+
+struct ObjectClient::Impl {
+  struct Server {
+    PeerId peer = kInvalidPeer;
+    std::string address;
+  };
+  std::vector<Server> servers;  // parallel to ObjectClient::servers_
+  std::atomic<uint32_t> round_robin{0};
+  uint32_t max_rpc_bytes = 0;
+
+  struct Counters {
+    std::atomic<uint64_t> direct_reads{0}, direct_ok{0}, torn_retries{0}, locked_retries{0},
+        moved{0}, scans{0}, corrections{0}, rpc_reads{0};
+  } counters;
+
+  std::mutex mu;  // guards sched (blocking calls, one at a time)
+  std::unique_ptr<Scheduler> sched;
+
+  static void Inc(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+
+  Result<Scheduler*> Blocking() {
+    if (!sched) {
+      auto made = node->make_scheduler();
+      if (!made.ok()) return made.status().WithContext("ObjectClient scheduler");
+      sched = std::move(*made);
+    }
+    return sched.get();
+  }
+
+  Node* node = nullptr;
+};
+
+namespace {
+
+// Runs `make(sched)` on the client's internal scheduler under its mutex.
+template <typename Fn>
+auto RunBlocking(ObjectClient::Impl& impl, Fn&& make) {
+  using R = decltype(std::declval<Scheduler&>().block_on(make(std::declval<Scheduler&>())));
+  std::lock_guard lock(impl.mu);
+  Result<Scheduler*> s = impl.Blocking();
+  if (!s.ok()) return R(s.status());
+  return (*s)->block_on(make(**s));
+}
+
+}  // namespace
+
+ObjectClient::ObjectClient(Node& node, ObjectClientOptions options)
+    : node_(node), options_(options), impl_(std::make_unique<Impl>()) {
+  impl_->node = &node;
+  impl_->max_rpc_bytes = node.config().transport.max_rpc_bytes;
+}
+
+ObjectClient::~ObjectClient() = default;
+
+Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
+                                                            std::span<const std::string> servers,
+                                                            ObjectClientOptions options) {
+  if (servers.empty()) return Status::InvalidArgument("ObjectClient: no servers given");
+  if (servers.size() >= kAnyServer) {
+    return Status::InvalidArgument("ObjectClient: at most " + std::to_string(kAnyServer - 1) +
+                                   " servers");
+  }
+  if (options.retry_budget.count() < 0 || options.max_backoff.count() < 0) {
+    return Status::InvalidArgument("ObjectClient: retry_budget and max_backoff must be >= 0");
+  }
+  if (options.correction != Correction::kScan && options.correction != Correction::kAskOwner) {
+    return Status::InvalidArgument("ObjectClient: unknown correction mode");
+  }
+  std::unique_ptr<ObjectClient> client(new ObjectClient(node, options));
+  Impl& impl = *client->impl_;
+  std::lock_guard lock(impl.mu);
+  FARMEM_ASSIGN_OR_RETURN(Scheduler * sched, impl.Blocking());
+  std::vector<std::byte> reply(impl.max_rpc_bytes);
+  for (const std::string& address : servers) {
+    const std::string ctx = "connecting to farmemd objects at " + address;
+    Result<PeerInfo> peer = node.connect(address);
+    if (!peer.ok()) return peer.status().WithContext(ctx);
+    Result<RpcReply> r =
+        sched->block_on(sched->rpc(peer->id, RpcImm(wire::kOpInfo), {}, std::span(reply)));
+    if (!r.ok()) return r.status().WithContext(ctx + ": OBJ_INFO");
+    if (r->length > reply.size()) return Status::Protocol(ctx + ": OBJ_INFO reply overflow");
+    Result<ObjectServerInfo> info =
+        objects_internal::DecodeInfoReply(std::span(reply.data(), r->length), address);
+    if (!info.ok()) return info.status();
+    info->name = peer->name;
+    // The handshake's region list (if it names the object region) must agree with OBJ_INFO:
+    // a mismatch means we would read some other region one-sidedly.
+    for (const RegionInfo& region : peer->regions) {
+      if (region.name != "objects") continue;
+      if (region.key != info->region_key || region.length != info->region_length) {
+        return Status::Protocol(ctx + ": region 'objects' from the handshake (key " +
+                                Hex(region.key) + ", " + std::to_string(region.length) +
+                                " bytes) disagrees with OBJ_INFO (key " + Hex(info->region_key) +
+                                ", " + std::to_string(info->region_length) + " bytes)");
+      }
+    }
+    client->servers_.push_back(std::move(*info));
+    impl.servers.push_back({peer->id, address});
+  }
+  return client;
+}
+
+const ObjectServerInfo& ObjectClient::server_info(uint16_t server) const {
+  static const ObjectServerInfo kNone;
+  return server < servers_.size() ? servers_[server] : kNone;
+}
+
+ObjectClientStats ObjectClient::stats() const {
+  const auto& c = impl_->counters;
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  ObjectClientStats s;
+  s.direct_reads = ld(c.direct_reads);
+  s.direct_ok = ld(c.direct_ok);
+  s.torn_retries = ld(c.torn_retries);
+  s.locked_retries = ld(c.locked_retries);
+  s.moved = ld(c.moved);
+  s.scans = ld(c.scans);
+  s.corrections = ld(c.corrections);
+  s.rpc_reads = ld(c.rpc_reads);
+  return s;
+}
+
+// ---- Validation helpers (members: they need servers_ / impl_) ---------------------------------
+
+namespace {
+
+Status CheckServerIndex(size_t count, uint16_t server, std::string_view op) {
+  if (server >= count) {
+    return Status::InvalidArgument(std::string(op) + ": server index " + std::to_string(server) +
+                                   " unknown (client has " + std::to_string(count) + ")");
+  }
+  return Status::OK();
+}
+
+// A pointer the server sent back: it must have a valid shape, or we refuse it (Protocol).
+Result<Ptr> FromWire(const ObjectServerInfo& info, const wire::WirePtr& w, uint16_t server,
+                     std::string_view op) {
+  Ptr p;
+  p.offset = w.offset;
+  p.id = w.id;
+  p.size_class = w.size_class;
+  p.server = server;
+  p.version_hint = w.version_hint;
+  p.flags = Ptr::kPtrValid;
+  Status st = objects_internal::CheckPtrShape(info, p, op);
+  if (!st.ok()) {
+    return Status::Protocol(std::string(op) + ": server replied with a malformed pointer (" +
+                            std::string(st.message()) + ")");
+  }
+  return p;
+}
+
+// Applies a server's corrected pointer for the same object to p.
+Status ApplyReplyPtr(const ObjectServerInfo& info, const wire::WirePtr& w, Ptr& p,
+                     std::string_view op, std::atomic<uint64_t>& corrections) {
+  Result<Ptr> q = FromWire(info, w, p.server, op);
+  if (!q.ok()) return q.status();
+  if (q->id != p.id || q->size_class != p.size_class) {
+    return Status::Protocol(std::string(op) + ": server replied for another object (id " +
+                            Hex(q->id) + " class " + std::to_string(q->size_class) + ") than " +
+                            Describe(p));
+  }
+  if (q->offset != p.offset) corrections.fetch_add(1, std::memory_order_relaxed);
+  p = *q;
+  return Status::OK();
+}
+
+Status CheckEmptyOrPtrReply(const RpcReply& r, size_t want, std::string_view op) {
+  if (r.length != want) {
+    return Status::Protocol(std::string(op) + " reply has " + std::to_string(r.length) +
+                            " bytes, expected " + std::to_string(want));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+// ---- RPC operations ----------------------------------------------------------------------------
+
+Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t server) {
+  if (server == kAnyServer) {
+    server = static_cast<uint16_t>(impl_->round_robin.fetch_add(1, std::memory_order_relaxed) %
+                                   servers_.size());
+  }
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), server, "alloc"));
+  const ObjectServerInfo& info = servers_[server];
+  if (size == 0 || size > info.max_object_size()) {
+    co_return Status::InvalidArgument("alloc: size " + std::to_string(size) + " out of range 1.." +
+                                      std::to_string(info.max_object_size()) + " of server " +
+                                      std::to_string(server));
+  }
+  const auto request = Encode(wire::AllocRequest{size});
+  std::byte reply[sizeof(wire::PtrReply)];
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[server].peer, RpcImm(wire::kOpAlloc),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("alloc " + std::to_string(size) + " bytes");
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "alloc"));
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply, sizeof(msg));
+  Result<Ptr> p = FromWire(info, msg.ptr, server, "alloc");
+  if (!p.ok()) co_return p.status();
+  if (info.classes[p->size_class].payload_capacity < size) {
+    co_return Status::Protocol("alloc: server gave class " + std::to_string(p->size_class) +
+                               " (capacity " +
+                               std::to_string(info.classes[p->size_class].payload_capacity) +
+                               ") for " + std::to_string(size) + " bytes");
+  }
+  co_return *p;
+}
+
+Task<Status> ObjectClient::free(Scheduler& sched, Ptr& p) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "free"));
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(servers_[p.server], p, "free"));
+  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
+  std::byte reply[1];
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpFree),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("free " + Describe(p));
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, 0, "free"));
+  p.flags = static_cast<uint8_t>(p.flags & ~Ptr::kPtrValid);
+  co_return Status::OK();
+}
+
+Task<Result<size_t>> ObjectClient::read(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "read"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "read"));
+  Impl::Inc(impl_->counters.rpc_reads);
+  const size_t cap = info.classes[p.size_class].payload_capacity;
+  const auto max_bytes = static_cast<uint32_t>(std::min(out.size(), cap));
+  const auto request = Encode(wire::ReadRequest{wire::ToWire(p), max_bytes, 0});
+  std::vector<std::byte> reply(sizeof(wire::PtrReply) + max_bytes);
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpRead),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("read " + Describe(p));
+  if (r->length < sizeof(wire::PtrReply) || r->length > reply.size()) {
+    co_return Status::Protocol("read reply has " + std::to_string(r->length) + " bytes, expected " +
+                               std::to_string(sizeof(wire::PtrReply)) + ".." +
+                               std::to_string(reply.size()));
+  }
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply.data(), sizeof(msg));
+  FARMEM_CO_RETURN_IF_ERROR(ApplyReplyPtr(info, msg.ptr, p, "read", impl_->counters.corrections));
+  const size_t n = r->length - sizeof(wire::PtrReply);
+  std::memcpy(out.data(), reply.data() + sizeof(wire::PtrReply), n);
+  co_return n;
+}
+
+Task<Status> ObjectClient::write(Scheduler& sched, Ptr& p, std::span<const std::byte> data) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "write"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "write"));
+  const size_t cap = info.classes[p.size_class].payload_capacity;
+  if (data.size() > cap) {
+    co_return Status::InvalidArgument("write: " + std::to_string(data.size()) +
+                                      " bytes do not fit " + Describe(p) + " (capacity " +
+                                      std::to_string(cap) + ")");
+  }
+  if (sizeof(wire::PtrRequest) + data.size() > impl_->max_rpc_bytes) {
+    co_return Status::InvalidArgument("write: " + std::to_string(data.size()) +
+                                      " bytes exceed the transport's RPC limit of " +
+                                      std::to_string(impl_->max_rpc_bytes) + " bytes");
+  }
+  // One buffer sized up front (vector::insert after Encode trips a GCC 12 -Warray-bounds).
+  std::vector<std::byte> request(sizeof(wire::PtrRequest) + data.size());
+  const wire::PtrRequest head{wire::ToWire(p)};
+  std::memcpy(request.data(), &head, sizeof(head));
+  if (!data.empty()) std::memcpy(request.data() + sizeof(head), data.data(), data.size());
+  std::byte reply[sizeof(wire::PtrReply)];
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpWrite),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("write " + Describe(p));
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "write"));
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply, sizeof(msg));
+  co_return ApplyReplyPtr(info, msg.ptr, p, "write", impl_->counters.corrections);
+}
+
+// LOCATE and RELEASE share everything but the opcode and whether the offset may leave the block.
+Task<Status> ObjectClient::locate(Scheduler& sched, Ptr& p) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "locate"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "locate"));
+  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
+  std::byte reply[sizeof(wire::PtrReply)];
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpLocate),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("locate " + Describe(p));
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "locate"));
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply, sizeof(msg));
+  // Objects move only inside their home block as far as the pointer is concerned.
+  if (msg.ptr.offset / info.block_size != p.offset / info.block_size) {
+    co_return Status::Protocol("locate: server moved " + Describe(p) + " to another block (" +
+                               Hex(msg.ptr.offset) + ")");
+  }
+  co_return ApplyReplyPtr(info, msg.ptr, p, "locate", impl_->counters.corrections);
+}
+
+Task<Status> ObjectClient::release_ptr(Scheduler& sched, Ptr& p) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "release_ptr"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "release_ptr"));
+  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
+  std::byte reply[sizeof(wire::PtrReply)];
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpRelease),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("release_ptr " + Describe(p));
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "release_ptr"));
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply, sizeof(msg));
+  Result<Ptr> q = FromWire(info, msg.ptr, p.server, "release_ptr");
+  if (!q.ok()) co_return q.status();
+  if (q->id != p.id || q->size_class != p.size_class) {
+    co_return Status::Protocol("release_ptr: server re-homed another object (id " + Hex(q->id) +
+                               " class " + std::to_string(q->size_class) + ") than " + Describe(p));
+  }
+  // A re-homed pointer is a new name for the object, not a correction: not counted.
+  p = *q;
+  co_return Status::OK();
+}
+
+Task<Result<CompactResult>> ObjectClient::compact(Scheduler& sched, uint16_t server,
+                                                  std::optional<uint16_t> size_class) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), server, "compact"));
+  if (size_class && *size_class >= servers_[server].classes.size()) {
+    co_return Status::InvalidArgument("compact: size class " + std::to_string(*size_class) +
+                                      " does not exist (server has " +
+                                      std::to_string(servers_[server].classes.size()) + ")");
+  }
+  const auto request =
+      Encode(wire::CompactRequest{size_class.value_or(wire::kAllClasses), {0, 0, 0}});
+  std::vector<std::byte> reply(impl_->max_rpc_bytes);
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[server].peer, RpcImm(wire::kOpCompact),
+                                          request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("compact on server " + std::to_string(server));
+  if (r->length > reply.size()) co_return Status::Protocol("compact reply longer than its buffer");
+  const char* text = reinterpret_cast<const char*>(reply.data());
+  nlohmann::json j = nlohmann::json::parse(text, text + r->length, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("merges") ||
+      !j["merges"].is_number_unsigned()) {
+    co_return Status::Protocol("compact reply is not JSON with an unsigned \"merges\"");
+  }
+  CompactResult out;
+  out.merges = j["merges"].get<uint32_t>();
+  if (j.contains("compaction")) out.stats = j["compaction"];
+  co_return out;
+}
+
+Task<Result<nlohmann::json>> ObjectClient::stat(Scheduler& sched, uint16_t server) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), server, "stat"));
+  std::vector<std::byte> reply(impl_->max_rpc_bytes);
+  Result<RpcReply> r = co_await sched.rpc(impl_->servers[server].peer,
+                                          RpcImm(server_proto::kOpStat), {}, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext("STAT of server " + std::to_string(server));
+  if (r->length > reply.size()) co_return Status::Protocol("STAT reply longer than its buffer");
+  const char* text = reinterpret_cast<const char*>(reply.data());
+  nlohmann::json j = nlohmann::json::parse(text, text + r->length, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) co_return Status::Protocol("STAT reply is not JSON");
+  co_return j;
+}
+
+// ---- One-sided reads -------------------------------------------------------------------------
+//
+// Slot addresses: WirePtr.offset is relative to the object region, whose base is block-aligned
+// (at least 4 KiB), so offset ≡ address (mod 64) and the offset can stand in for the absolute
+// address in every layout function (they only use it modulo 64). The header's home block index
+// is offset / block_size for the same reason.
+
+Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "direct_read"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "direct_read"));
+  auto& c = impl_->counters;
+  Impl::Inc(c.direct_reads);
+  const uint32_t slot = info.classes[p.size_class].slot_size;
+  const uint16_t mask = IdMaskOf(info, p.size_class);
+  const auto home = static_cast<uint32_t>(p.offset / info.block_size);
+  const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, p.offset};
+  std::vector<uint8_t> copy(slot);
+  Backoff backoff(options_.retry_budget, options_.max_backoff);
+  uint64_t retries = 0;
+  for (;;) {
+    Status st = co_await sched.read(ref, copy.data(), slot);
+    if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p));
+    corm::SlotCheck check = corm::CheckSlot(copy, p.offset, p.id, mask);
+    uint64_t word;
+    std::memcpy(&word, copy.data(), sizeof(word));
+    const corm::Header h = corm::Header::Unpack(word);
+    // A slot that passes the ID check but names another home is some other object (e.g. our
+    // pointer is stale after release_ptr, or a forged one): treat it like an ID mismatch.
+    if (check == corm::SlotCheck::kOk && h.home_block != home) check = corm::SlotCheck::kMoved;
+    switch (check) {
+      case corm::SlotCheck::kOk: {
+        p.version_hint = h.version;
+        Impl::Inc(c.direct_ok);
+        co_return corm::DecodePayload(
+            copy, p.offset, std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+      }
+      case corm::SlotCheck::kTorn:
+      case corm::SlotCheck::kLocked:
+        Impl::Inc(check == corm::SlotCheck::kTorn ? c.torn_retries : c.locked_retries);
+        ++retries;
+        if (!backoff.Wait()) {
+          co_return Status::TimedOut("direct_read " + Describe(p) + ": slot stayed " +
+                                     std::string(corm::SlotCheckName(check)) +
+                                     " for the whole retry budget of " +
+                                     std::to_string(options_.retry_budget.count()) + " ms (" +
+                                     std::to_string(retries) + " retries)");
+        }
+        continue;
+      case corm::SlotCheck::kMoved:
+      case corm::SlotCheck::kFreed:
+        if (mask == 0) {
+          // Offset-only classes never move: an empty or foreign slot means the object is gone.
+          co_return Status::NotFound("direct_read " + Describe(p) +
+                                     ": the object was freed (offset-only class)");
+        }
+        Impl::Inc(c.moved);
+        co_return Status::Moved(
+            "direct_read " + Describe(p) + ": the slot " +
+            (check == corm::SlotCheck::kFreed ? "is free" : "holds another object") +
+            " (moved by compaction, or freed): correct the pointer");
+    }
+  }
+}
+
+Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
+  FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "scan_read"));
+  const ObjectServerInfo& info = servers_[p.server];
+  FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "scan_read"));
+  auto& c = impl_->counters;
+  const uint32_t slot = info.classes[p.size_class].slot_size;
+  const uint16_t mask = IdMaskOf(info, p.size_class);
+  const uint64_t block_off = p.offset - p.offset % info.block_size;
+  const auto home = static_cast<uint32_t>(block_off / info.block_size);
+  const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, block_off};
+  std::vector<uint8_t> image(info.block_size);
+  Backoff backoff(options_.retry_budget, options_.max_backoff);
+  uint64_t retries = 0;
+  for (;;) {
+    Impl::Inc(c.scans);
+    Status st = co_await sched.read(ref, image.data(), image.size());
+    if (!st.ok()) co_return st.WithContext("scan_read " + Describe(p));
+    // Offset-only classes have no IDs to search by, and their objects never move.
+    const int64_t found = mask == 0 ? static_cast<int64_t>(p.offset - block_off)
+                                    : corm::ScanBlockImage(image, slot, p.id, mask);
+    if (found < 0) {
+      co_return Status::NotFound("scan_read " + Describe(p) +
+                                 ": no slot of its home block holds the ID: the object was freed");
+    }
+    const uint64_t addr = block_off + static_cast<uint64_t>(found);
+    std::span<const uint8_t> copy(image.data() + found, slot);
+    corm::SlotCheck check = corm::CheckSlot(copy, addr, p.id, mask);
+    uint64_t word;
+    std::memcpy(&word, copy.data(), sizeof(word));
+    const corm::Header h = corm::Header::Unpack(word);
+    if (check == corm::SlotCheck::kOk && h.home_block != home) check = corm::SlotCheck::kMoved;
+    switch (check) {
+      case corm::SlotCheck::kOk: {
+        if (addr != p.offset) {
+          p.offset = addr;
+          Impl::Inc(c.corrections);
+        }
+        p.version_hint = h.version;
+        co_return corm::DecodePayload(
+            copy, addr, std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+      }
+      case corm::SlotCheck::kTorn:
+      case corm::SlotCheck::kLocked:
+        Impl::Inc(check == corm::SlotCheck::kTorn ? c.torn_retries : c.locked_retries);
+        ++retries;
+        if (!backoff.Wait()) {
+          co_return Status::TimedOut("scan_read " + Describe(p) + ": slot stayed " +
+                                     std::string(corm::SlotCheckName(check)) +
+                                     " for the whole retry budget of " +
+                                     std::to_string(options_.retry_budget.count()) + " ms (" +
+                                     std::to_string(retries) + " retries)");
+        }
+        continue;
+      case corm::SlotCheck::kMoved:
+      case corm::SlotCheck::kFreed:
+        co_return Status::NotFound(
+            "scan_read " + Describe(p) + ": the object was freed (its slot is " +
+            std::string(corm::SlotCheckName(check)) +
+            (h.allocated && h.home_block != home ? ", homed elsewhere" : "") + ")");
+    }
+  }
+}
+
+Task<Result<size_t>> ObjectClient::read_any(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
+  Result<size_t> r = co_await direct_read(sched, p, out);
+  if (r.ok() || r.status().code() != Code::kMoved) co_return r;
+  if (options_.correction == Correction::kScan) co_return co_await scan_read(sched, p, out);
+  // Ask the owner, then read at the corrected address. The object may move again between the
+  // two (another compaction round): repeat within the retry budget.
+  Backoff backoff(options_.retry_budget, options_.max_backoff);
+  for (;;) {
+    FARMEM_CO_RETURN_IF_ERROR(co_await locate(sched, p));
+    r = co_await direct_read(sched, p, out);
+    if (r.ok() || r.status().code() != Code::kMoved) co_return r;
+    if (!backoff.Wait()) {
+      co_return Status::TimedOut("read_any " + Describe(p) +
+                                 ": the object kept moving for the whole retry budget");
+    }
+  }
+}
+
+// ---- Blocking versions -----------------------------------------------------------------------
+
+Result<Ptr> ObjectClient::alloc(size_t size, uint16_t server) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return alloc(s, size, server); });
+}
+Status ObjectClient::free(Ptr& p) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return free(s, p); });
+}
+Result<size_t> ObjectClient::read(Ptr& p, std::span<std::byte> out) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return read(s, p, out); });
+}
+Status ObjectClient::write(Ptr& p, std::span<const std::byte> data) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return write(s, p, data); });
+}
+Result<size_t> ObjectClient::direct_read(Ptr& p, std::span<std::byte> out) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return direct_read(s, p, out); });
+}
+Result<size_t> ObjectClient::scan_read(Ptr& p, std::span<std::byte> out) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return scan_read(s, p, out); });
+}
+Result<size_t> ObjectClient::read_any(Ptr& p, std::span<std::byte> out) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return read_any(s, p, out); });
+}
+Status ObjectClient::release_ptr(Ptr& p) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return release_ptr(s, p); });
+}
+Status ObjectClient::locate(Ptr& p) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return locate(s, p); });
+}
+Result<CompactResult> ObjectClient::compact(uint16_t server, std::optional<uint16_t> size_class) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return compact(s, server, size_class); });
+}
+Result<nlohmann::json> ObjectClient::stat(uint16_t server) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return stat(s, server); });
+}
+
+}  // namespace farmem
