@@ -1,0 +1,42 @@
+// Redis baseline of `farmem bench objects-throughput`: a redis-server started on a free loopback
+// port (no persistence), loaded with N keys of 32 B values, then GETs from T client threads with
+// K pipelined requests each (hiredis), measured like the object reads of the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "farmem/status.h"
+#include "target_process.h"
+#include "zipf.h"
+
+namespace farmem::bench {
+
+// Absolute path of redis-server found on PATH, or "" when it is not installed.
+std::string FindRedisServer();
+
+// Child role: starts `redis_server` (its own child, killed with this process) on a free
+// 127.0.0.1 port with `--save "" --appendonly no`, waits until it answers PING, reports the port
+// (2 bytes), and stops it when the parent stops this target.
+TargetRole RedisServerRole(std::string redis_server);
+
+// The key of object `index` ("obj:<index>").
+std::string RedisKey(uint64_t index);
+
+// SETs `count` keys whose values are FillObjectValue(index) of `value_size` bytes, `pipeline`
+// commands per round trip, printing progress every 10 %.
+Status RedisLoad(uint16_t port, uint64_t count, size_t value_size, int pipeline);
+
+struct RedisGetResult {
+  uint64_t ops = 0;  // GETs that completed inside the measurement window
+  double seconds = 0;
+};
+
+// `clients` threads, each with its own connection keeping `inflight` GETs pipelined, keys drawn
+// uniformly (zipf == nullptr) or from `zipf` over `count` keys. Every reply is checked (a string
+// of `value_size` bytes naming the key's index). Warm-up, then `seconds` measured.
+Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_size,
+                                    const ZipfGenerator* zipf, int clients, int inflight,
+                                    double warmup_s, double seconds);
+
+}  // namespace farmem::bench
