@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "objects_throughput_cli.h"
 #include "raw_bench.h"
 #include "server/serve.h"
 
@@ -69,6 +70,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   raw->add_option("--json", bench_opts.json_path, "JSON result file (\"\" = none)")
       ->capture_default_str();
+  farmem::ObjectsThroughputOptions objects_tp_opts;
+  CLI::App* objects_tp = farmem::AddObjectsThroughputBenchCommand(*bench, objects_tp_opts);
+  farmem::ObjectsCompactionOptions objects_cp_opts;
+  CLI::App* objects_cp = farmem::AddObjectsCompactionBenchCommand(*bench, objects_cp_opts);
 
   try {
     app.parse(argc, argv);
@@ -93,6 +98,8 @@ int main(int argc, char** argv) {
     if (!inflight.empty()) bench_opts.inflight = inflight;
     return farmem::RunRawBench(bench_opts);
   }
+  if (objects_tp->parsed()) return farmem::RunObjectsThroughputBench(objects_tp_opts);
+  if (objects_cp->parsed()) return farmem::RunObjectsCompactionBench(objects_cp_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }

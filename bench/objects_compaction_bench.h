@@ -1,0 +1,28 @@
+// `farmem bench objects-compaction`: read throughput per 100 ms while farmemd compacts a heap
+// whose objects were 75 % freed, for both pointer-correction strategies (scan, ask the owner);
+// reports the dip during compaction and the recovery after it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace farmem {
+
+struct ObjectsCompactionOptions {
+  std::string backend = "tcp";  // "tcp" | "fabric:<provider>"
+  uint64_t objects = 0;         // 0 = 1 M (100 k with --quick)
+  size_t size = 32;
+  double free_fraction = 0.75;  // objects freed (at random, fixed seed) before the reader starts
+  double seconds = 0;           // whole timeline; 0 = 8 s (4 s with --quick)
+  double compact_at = 0;        // when compaction is triggered; 0 = 2 s (1 s with --quick)
+  int inflight = 8;             // reads the reader thread keeps in flight
+  int bucket_ms = 100;
+  bool quick = false;
+  std::string json_path = "objects_compaction.json";
+};
+
+// Runs both strategies, prints the timeline summaries and targets, writes JSON. Exit code: 0 ran
+// (targets may MISS), 1 failed, 2 bad options.
+int RunObjectsCompactionBench(ObjectsCompactionOptions options);
+
+}  // namespace farmem

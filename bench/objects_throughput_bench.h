@@ -1,0 +1,28 @@
+// `farmem bench objects-throughput`: read throughput of 32 B objects from a farmemd child process,
+// direct_read (one-sided, checked) vs read (RPC) vs a raw transport read of the same slot bytes,
+// uniform and Zipf(0.99) keys, 1-8 client threads; plus Redis GETs of 32 B values in the same run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace farmem {
+
+struct ObjectsThroughputOptions {
+  std::string backend = "tcp";  // "tcp" | "fabric:<provider>"
+  uint64_t objects = 1000000;   // objects loaded (and Redis keys)
+  size_t size = 32;             // object / value bytes
+  std::vector<int> clients{1, 2, 4, 8};
+  int inflight = 8;      // reads each client thread keeps in flight (K)
+  double seconds = 1.0;  // measured time per case (after a warm-up)
+  bool redis = true;     // also measure redis-server GETs (skipped with a note if missing)
+  bool quick = false;    // 100 k objects, 0.3 s per case, 1 and 8 clients
+  std::string json_path = "objects_throughput.json";
+};
+
+// Runs the benchmark, prints each case, the targets (PASS/MISS with ratios) and writes JSON.
+// Returns a process exit code: 0 ran (targets may still MISS), 1 failed, 2 bad options.
+int RunObjectsThroughputBench(ObjectsThroughputOptions options);
+
+}  // namespace farmem

@@ -1,0 +1,72 @@
+// CLI11 wiring of `farmem bench objects-throughput` and `farmem bench objects-compaction`, kept
+// here so src/cli/main.cc only adds a line per command (header-only: CLI11 is used by main.cc).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "objects_compaction_bench.h"
+#include "objects_throughput_bench.h"
+
+namespace farmem {
+
+inline CLI::App* AddObjectsThroughputBenchCommand(CLI::App& bench, ObjectsThroughputOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
+      "objects-throughput",
+      "32 B object reads: direct_read vs RPC read vs raw transport read, uniform/Zipf, 1-8 "
+      "clients, and Redis GETs in the same run");
+  o.objects = 0;  // 0 = default (1 M, or 100 k with --quick); see the option texts
+  o.seconds = 0;
+  o.clients.clear();
+  cmd->add_option("--backend", o.backend, "tcp | fabric:<provider>")->capture_default_str();
+  cmd->add_option("--objects", o.objects, "objects loaded (default 1000000; --quick: 100000)")
+      ->check(CLI::Range(uint64_t{2}, uint64_t{64} << 20));
+  cmd->add_option("--size", o.size, "object / value size in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 4000));
+  cmd->add_option("--clients", o.clients,
+                  "client thread counts, repeatable or comma separated (default 1,2,4,8; "
+                  "--quick: 1,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--inflight", o.inflight, "reads in flight per client thread (K)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--seconds", o.seconds, "measured time per case (default 1; --quick: 0.3)")
+      ->check(CLI::Range(0.01, 600.0));
+  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 20 s)");
+  cmd->add_flag("!--no-redis", o.redis, "skip the Redis baseline");
+  cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
+  return cmd;
+}
+
+inline CLI::App* AddObjectsCompactionBenchCommand(CLI::App& bench, ObjectsCompactionOptions& o) {
+  CLI::App* cmd = bench.add_subcommand(
+      "objects-compaction",
+      "read throughput per 100 ms while a 75 %-freed heap is compacted, scan and ask-owner "
+      "correction");
+  cmd->add_option("--backend", o.backend, "tcp | fabric:<provider>")->capture_default_str();
+  cmd->add_option("--objects", o.objects, "objects loaded (default 1000000; --quick: 100000)")
+      ->check(CLI::Range(uint64_t{100}, uint64_t{64} << 20));
+  cmd->add_option("--size", o.size, "object size in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 4000));
+  cmd->add_option("--free-fraction", o.free_fraction, "fraction of objects freed at random")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  cmd->add_option("--seconds", o.seconds, "timeline length per strategy (default 8; --quick: 4)")
+      ->check(CLI::Range(0.1, 600.0));
+  cmd->add_option("--compact-at", o.compact_at,
+                  "seconds into the timeline when compaction starts (default 2; --quick: 1)")
+      ->check(CLI::Range(0.01, 600.0));
+  cmd->add_option("--inflight", o.inflight, "reads the reader thread keeps in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--bucket-ms", o.bucket_ms, "timeline bucket")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 10000));
+  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 20 s)");
+  cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
+  return cmd;
+}
+
+}  // namespace farmem

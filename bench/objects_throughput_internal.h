@@ -1,0 +1,126 @@
+// Pieces shared by `farmem bench objects-throughput` and `farmem bench objects-compaction`: the
+// farmemd target process with objects enabled, the client node, the load phase (N objects whose
+// bytes name their index), a start barrier for client threads, machine info, and the pure
+// time-bucket arithmetic of the compaction benchmark (unit-tested in cli_tests).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "farmem/node.h"
+#include "farmem/objects.h"
+#include "farmem/status.h"
+#include "farmem/transport.h"
+#include "target_process.h"
+
+namespace farmem::bench {
+
+using ObjClock = std::chrono::steady_clock;
+
+// How long a farmemd target may take to start and report its bootstrap address.
+inline constexpr std::chrono::milliseconds kObjectsServerStartTimeout{30000};
+
+// "tcp" or "fabric:<provider>" -> backend + provider. Anything else is InvalidArgument.
+Status ParseObjectsBackend(const std::string& spec, std::string* backend, std::string* provider);
+
+// What the farmemd target runs with.
+struct ObjectsServerSetup {
+  std::string backend = "tcp";
+  std::string provider = "shm";
+  std::string token = "farmem-bench";
+  uint64_t memory_bytes = 256ull << 20;  // whole budget; the object reservation uses all of it
+  int workers = 2;                       // RPC workers = store workers
+  std::string correction = "owner";      // RPC-path pointer correction: "owner" | "scan"
+  // The compaction leader thread compacts on its own when a class's fragmentation passes the
+  // threshold. The benchmarks trigger compaction themselves, so they turn it off.
+  bool background_compaction = false;
+  uint32_t max_merges_per_round = 1u << 20;
+};
+
+// Memory budget for `objects` objects of `size` bytes: generous, so the store never runs out
+// (slots are at most ~1.5x payload + header for small objects) and a multiple of 16 MiB pools.
+uint64_t ObjectsServerMemory(uint64_t objects, size_t size);
+
+// Child role: a MemoryServer (the farmemd library) with objects enabled, whose transport busy-
+// polls like `farmem bench raw`'s targets. Reports its bootstrap "host:port"; serves until stop.
+TargetRole ObjectsServerRole(ObjectsServerSetup setup);
+
+// A started client node on loopback with the server's backend and token; its transport busy-polls
+// for the same reason the server's does (FARMEM_BENCH_INITIATOR_SPIN_US overrides the spin).
+Result<std::unique_ptr<Node>> MakeObjectsClientNode(const ObjectsServerSetup& setup,
+                                                    const std::string& name);
+
+// The object bytes of object `index`: its index (8 bytes, little endian) then a pattern. Readers
+// check the first 8 bytes, so a read that returned another object's bytes fails the case.
+void FillObjectValue(uint64_t index, std::span<std::byte> out);
+inline bool ValueMatches(uint64_t index, std::span<const std::byte> got) {
+  if (got.size() < sizeof(uint64_t)) return false;
+  uint64_t v;
+  std::memcpy(&v, got.data(), sizeof(v));
+  return v == index;
+}
+
+// Allocates and writes `count` objects of `size` bytes with `inflight` coroutines on one
+// scheduler, printing progress every 10 %. Returns their pointers, indexed like the values.
+Result<std::vector<Ptr>> LoadObjects(ObjectClient& client, Scheduler& sched, uint64_t count,
+                                     size_t size, int inflight, const std::string& label);
+
+// Frees the objects at `indices` (pointers in `ptrs` are invalidated) with `inflight` coroutines.
+Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptrs,
+                   std::span<const uint64_t> indices, int inflight);
+
+// Start barrier for client threads: each thread calls Arrive() after its set-up and waits in
+// WaitForGo(); the main thread waits for everyone (with a deadline), then releases them at once.
+class StartGate {
+ public:
+  void Arrive() { ready_.fetch_add(1, std::memory_order_acq_rel); }
+  // Returns false if `timeout` passed before `n` threads arrived.
+  bool WaitForArrivals(int n, std::chrono::milliseconds timeout) const;
+  void Go() { go_.store(true, std::memory_order_release); }
+  // Spins (with yield) until Go() or Abort(); returns false on abort.
+  bool WaitForGo() const;
+  void Abort() { abort_.store(true, std::memory_order_release); }
+
+ private:
+  std::atomic<int> ready_{0};
+  std::atomic<bool> go_{false}, abort_{false};
+};
+
+// nproc, kernel, CPU model, load average and date of this run.
+nlohmann::json ObjectsBenchMachineInfo();
+// Fraction of all CPU time spent non-idle during `window` (/proc/stat); < 0 when unreadable.
+double ObjectsBenchCpuBusy(std::chrono::milliseconds window);
+
+// Quiet logging (warnings and errors) unless FARMEM_LOG asks for more: the server and client
+// nodes log every connection at info level, which would bury the benchmark's own lines.
+void QuietBenchLogging();
+
+// ---- Compaction-under-load timeline (pure) --------------------------------------------------
+
+// Completed reads per fixed time bucket, and when compaction ran (ms since the reader started).
+// Bucket b covers [b * bucket_ms, (b + 1) * bucket_ms).
+//   before = buckets b >= skip_buckets that end at or before compaction start
+//   during = buckets that overlap [start, end] (at least the bucket holding the start)
+//   after  = buckets that begin at or after compaction end
+// dip = 1 - min(during) / mean(before); recovery = mean(after) / mean(before). A figure that
+// lacks its buckets (or a zero baseline) is NaN and `missing` says why.
+struct TimelineSummary {
+  size_t before_buckets = 0, during_buckets = 0, after_buckets = 0;
+  double before_mean = 0, during_min = 0, during_mean = 0, after_mean = 0;
+  double dip = 0, recovery = 0;
+  std::string missing;
+};
+TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t bucket_ms,
+                                  int64_t compact_start_ms, int64_t compact_end_ms,
+                                  size_t skip_buckets);
+
+}  // namespace farmem::bench

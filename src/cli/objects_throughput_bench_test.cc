@@ -1,0 +1,172 @@
+// Tests of the pure parts of the object throughput/compaction benchmarks: the Zipf and uniform
+// key choosers (statistical, generous tolerances, fixed seeds) and the timeline dip/recovery math.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "objects_throughput_internal.h"
+#include "zipf.h"
+
+namespace farmem::bench {
+namespace {
+
+TEST(BenchZipf, ZetaMatchesDirectSum) {
+  EXPECT_DOUBLE_EQ(Zeta(1, 0.99), 1.0);
+  EXPECT_NEAR(Zeta(2, 0.99), 1.0 + 1.0 / std::pow(2.0, 0.99), 1e-12);
+  // theta = 0: every term is 1.
+  EXPECT_DOUBLE_EQ(Zeta(1000, 0.0), 1000.0);
+}
+
+TEST(BenchZipf, FrequenciesFollowTheDistribution) {
+  constexpr uint64_t kN = 1000;
+  constexpr int kSamples = 1000000;
+  ZipfGenerator zipf(kN, 0.99);
+  SplitMix64 rng(12345);
+  std::vector<uint64_t> hist(kN, 0);
+  for (int i = 0; i < kSamples; ++i) {
+    uint64_t r = zipf.Next(rng);
+    ASSERT_LT(r, kN);
+    ++hist[r];
+  }
+  auto freq = [&](uint64_t r) { return static_cast<double>(hist[r]) / kSamples; };
+  // Ranks 0 and 1 are exact in Gray's method; ~7.5 % and ~3.8 % of the samples here.
+  EXPECT_NEAR(freq(0), zipf.Probability(0), 0.05 * zipf.Probability(0));
+  EXPECT_NEAR(freq(1), zipf.Probability(1), 0.05 * zipf.Probability(1));
+  // The tail is approximated: compare the mass of the hottest 10 % and of rank groups.
+  double top = 0, top_exact = 0;
+  for (uint64_t r = 0; r < kN / 10; ++r) {
+    top += freq(r);
+    top_exact += zipf.Probability(r);
+  }
+  EXPECT_NEAR(top, top_exact, 0.1 * top_exact);
+  // Skewed, and monotone on average: each decade of ranks gets less mass per rank.
+  double d1 = 0, d2 = 0, d3 = 0;
+  for (uint64_t r = 0; r < 10; ++r) d1 += freq(r) / 10;
+  for (uint64_t r = 10; r < 100; ++r) d2 += freq(r) / 90;
+  for (uint64_t r = 100; r < 1000; ++r) d3 += freq(r) / 900;
+  EXPECT_GT(d1, 3 * d2);
+  EXPECT_GT(d2, 3 * d3);
+  EXPECT_GT(hist[kN - 1] + hist[kN - 2] + hist[kN - 3], 0u) << "the tail is never drawn";
+}
+
+TEST(BenchZipf, LargeKeySpaceStaysInRange) {
+  constexpr uint64_t kN = 1000000;
+  ZipfGenerator zipf(kN, 0.99);
+  SplitMix64 rng(7);
+  uint64_t zeros = 0, high = 0;
+  constexpr int kSamples = 200000;
+  for (int i = 0; i < kSamples; ++i) {
+    uint64_t r = zipf.Next(rng);
+    ASSERT_LT(r, kN);
+    zeros += r == 0;
+    high += r >= kN / 2;
+  }
+  EXPECT_NEAR(static_cast<double>(zeros) / kSamples, zipf.Probability(0),
+              0.1 * zipf.Probability(0));
+  EXPECT_GT(high, 0u);
+}
+
+TEST(BenchZipf, UniformChooserCoversKeysEvenly) {
+  constexpr uint64_t kN = 100;
+  constexpr int kSamples = 1000000;
+  KeyChooser chooser(kN, nullptr, 99);
+  std::vector<uint64_t> hist(kN, 0);
+  for (int i = 0; i < kSamples; ++i) {
+    uint64_t k = chooser.Next();
+    ASSERT_LT(k, kN);
+    ++hist[k];
+  }
+  // 10 000 expected per key, standard deviation ~100: +-10 % is ten sigma.
+  for (uint64_t k = 0; k < kN; ++k) EXPECT_NEAR(hist[k], 10000.0, 1000.0) << "key " << k;
+}
+
+TEST(BenchZipf, ChoosersWithTheSameSeedAgree) {
+  ZipfGenerator zipf(5000, 0.99);
+  KeyChooser a(5000, &zipf, 3), b(5000, &zipf, 3), c(5000, &zipf, 4);
+  int same_c = 0;
+  for (int i = 0; i < 1000; ++i) {
+    uint64_t x = a.Next();
+    ASSERT_EQ(x, b.Next());
+    same_c += x == c.Next();
+  }
+  EXPECT_LT(same_c, 500) << "different seeds should give different streams";
+}
+
+TEST(BenchTimeline, DipAndRecovery) {
+  // 100 ms buckets: 0..1 warm-up (skipped), 2..9 before (100), 10..12 during, 13..19 after (98).
+  std::vector<uint64_t> counts(20, 100);
+  counts[0] = 10;
+  counts[1] = 50;
+  counts[10] = 70;
+  counts[11] = 60;
+  counts[12] = 90;
+  for (size_t b = 13; b < 20; ++b) counts[b] = 98;
+  TimelineSummary s = SummarizeTimeline(counts, 100, 1000, 1250, 2);
+  EXPECT_EQ(s.before_buckets, 8u);
+  EXPECT_EQ(s.during_buckets, 3u);  // 1000-1100, 1100-1200, 1200-1300 (holds the end)
+  EXPECT_EQ(s.after_buckets, 7u);
+  EXPECT_DOUBLE_EQ(s.before_mean, 100.0);
+  EXPECT_DOUBLE_EQ(s.during_min, 60.0);
+  EXPECT_DOUBLE_EQ(s.during_mean, 220.0 / 3);
+  EXPECT_DOUBLE_EQ(s.after_mean, 98.0);
+  EXPECT_DOUBLE_EQ(s.dip, 0.4);
+  EXPECT_DOUBLE_EQ(s.recovery, 0.98);
+  EXPECT_TRUE(s.missing.empty()) << s.missing;
+}
+
+TEST(BenchTimeline, WarmupBucketsAreNotTheBaseline) {
+  std::vector<uint64_t> counts{1, 100, 100, 50, 100, 100};
+  TimelineSummary with_skip = SummarizeTimeline(counts, 100, 300, 350, 1);
+  EXPECT_DOUBLE_EQ(with_skip.before_mean, 100.0);
+  TimelineSummary without = SummarizeTimeline(counts, 100, 300, 350, 0);
+  EXPECT_DOUBLE_EQ(without.before_mean, 201.0 / 3);
+  EXPECT_DOUBLE_EQ(with_skip.dip, 0.5);
+}
+
+TEST(BenchTimeline, CompactionInsideOneBucketAndAtAnEdge) {
+  std::vector<uint64_t> counts{100, 100, 80, 100, 100};
+  // Start and end inside bucket 2.
+  TimelineSummary s = SummarizeTimeline(counts, 100, 210, 260, 0);
+  EXPECT_EQ(s.before_buckets, 2u);
+  EXPECT_EQ(s.during_buckets, 1u);
+  EXPECT_EQ(s.after_buckets, 2u);
+  EXPECT_DOUBLE_EQ(s.dip, 0.2);
+  // An instantaneous compaction exactly at a bucket edge still has a "during" bucket.
+  TimelineSummary e = SummarizeTimeline(counts, 100, 200, 200, 0);
+  EXPECT_EQ(e.before_buckets, 2u);
+  EXPECT_EQ(e.during_buckets, 1u);
+  EXPECT_EQ(e.after_buckets, 2u);
+  // Ending exactly at a bucket edge: the next bucket is "after".
+  TimelineSummary f = SummarizeTimeline(counts, 100, 150, 300, 0);
+  EXPECT_EQ(f.before_buckets, 1u);
+  EXPECT_EQ(f.during_buckets, 2u);
+  EXPECT_EQ(f.after_buckets, 2u);
+}
+
+TEST(BenchTimeline, MissingPhasesAreReported) {
+  std::vector<uint64_t> counts{100, 100, 100, 100};
+  TimelineSummary late = SummarizeTimeline(counts, 100, 250, 900, 0);
+  EXPECT_EQ(late.after_buckets, 0u);
+  EXPECT_TRUE(std::isnan(late.recovery));
+  EXPECT_FALSE(std::isnan(late.dip));
+  EXPECT_NE(late.missing.find("did not end"), std::string::npos) << late.missing;
+
+  TimelineSummary early = SummarizeTimeline(counts, 100, 0, 50, 0);
+  EXPECT_EQ(early.before_buckets, 0u);
+  EXPECT_TRUE(std::isnan(early.dip));
+  EXPECT_TRUE(std::isnan(early.recovery));
+  EXPECT_NE(early.missing.find("no bucket before"), std::string::npos) << early.missing;
+
+  std::vector<uint64_t> zeros{0, 0, 5, 5};
+  TimelineSummary z = SummarizeTimeline(zeros, 100, 200, 250, 0);
+  EXPECT_TRUE(std::isnan(z.dip));
+  EXPECT_NE(z.missing.find("no read completed"), std::string::npos) << z.missing;
+
+  TimelineSummary bad = SummarizeTimeline(counts, 100, 300, 200, 0);
+  EXPECT_FALSE(bad.missing.empty());
+}
+
+}  // namespace
+}  // namespace farmem::bench
