@@ -1,0 +1,105 @@
+// `farmem bench objects-memory`: active memory (allocator accounting and RSS) of the CoRM object
+// store (CoRM-0/8/12/16, hybrid; before and after compaction) next to an ideal packing and to
+// glibc malloc and jemalloc replaying the same traces, each series in its own child process.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "farmem/status.h"
+#include "objects_memory_trace.h"
+#include "server/corm/size_classes.h"
+
+namespace farmem {
+
+struct ObjectsMemoryBenchOptions {
+  std::string json_path = "objects_memory.json";  // "" = do not write
+  bool quick = false;  // ~20 s subset: sizes 256/4096, fractions 0.5/0.9, t3 with 1 and 4 threads
+  std::vector<uint32_t> sizes;        // synthetic object sizes (default 64 256 1024 2048 4096)
+  std::vector<double> fractions;      // synthetic freed fractions (default 0.5 .. 0.9)
+  std::vector<std::string> traces;    // synthetic, t1, t2, t3 (default all)
+  std::vector<uint32_t> threads;      // threads for t1..t3 (default 1 4 16 32)
+  uint32_t objects = 0;               // synthetic object count (0 = ~16 MiB, at least 8192)
+  size_t min_block_size = 64 * 1024;  // see BlockSizeFor
+  uint64_t seed = 42;
+  uint32_t jobs = 2;             // child processes run at once (memory figures do not depend on it)
+  double timeout_seconds = 300;  // per child process
+  std::string replay_bin;        // "" = farmem_alloc_replay next to the running executable
+  std::string jemalloc;          // "" = search the usual library directories
+};
+
+int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& options);
+
+namespace bench {
+
+// Block size used for every CoRM series of a trace: the smallest power of two >= min_block_size
+// whose largest size class holds the trace's largest object. Error if none up to 1 MiB does.
+Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size);
+
+// Ideal (perfect packing) memory for a live set: for each size class, ceil(live objects of the
+// class / slots per block) blocks of block_size bytes. Uses every slot of a block (no ID cap).
+struct IdealResult {
+  uint64_t bytes = 0;
+  uint64_t blocks = 0;
+  uint64_t classes_used = 0;
+};
+Result<IdealResult> IdealMemory(const std::vector<uint32_t>& live_sizes,
+                                const corm::SizeClasses& classes);
+
+// The series of the benchmark. CoRM series are child runs with StoreOptions{id_bits, hybrid};
+// "no_compaction" is the hybrid run measured before compaction; "ideal" is computed.
+struct SeriesDef {
+  std::string key;    // JSON key: corm0, corm8, corm12, corm16, hybrid, glibc, jemalloc
+  std::string label;  // CoRM-0, ..., hybrid, glibc, jemalloc
+  bool corm = true;
+  int id_bits = 0;
+  bool hybrid = false;
+};
+const std::vector<SeriesDef>& AllSeries();
+
+// One series' figures for one trace (bytes; NaN when not measured).
+struct SeriesFigures {
+  std::string key;
+  std::string error;  // non-empty: failed or skipped (then figures are NaN)
+  bool skipped = false;
+  double accounted = NAN;         // CoRM: after compaction; malloc: after the trace (heap held)
+  double rss = NAN;               // VmRSS growth over the child's baseline, same point
+  double accounted_before = NAN;  // CoRM: before compaction; malloc: after the first phase
+  double rss_before = NAN;
+  nlohmann::json raw;  // the child's document
+};
+
+struct TraceFigures {
+  TraceSpec spec;
+  std::string label;
+  size_t block_size = 0;
+  uint32_t objects = 0;
+  uint64_t live_objects = 0;
+  uint64_t live_payload_bytes = 0;
+  IdealResult ideal;
+  std::vector<SeriesFigures> series;
+  const SeriesFigures* Find(const std::string& key) const;
+};
+
+// Fills the figures of one series from a child's JSON document (error documents included).
+SeriesFigures FiguresFromChild(const SeriesDef& def, const nlohmann::json& doc);
+
+struct MemoryTarget {
+  std::string name;
+  std::string result;           // PASS, MISS or n/a
+  std::optional<double> ratio;  // worst case over the traces it covers
+  std::string detail;
+};
+// The targets, each from figures measured in the same run:
+//  1. hybrid accounted <= CoRM-0 accounted on every trace (ratio = worst hybrid / CoRM-0);
+//  2. hybrid accounted <= 1.10 x ideal for synthetic >= 2 KiB at >= 50 % freed (worst ratio);
+//  3. glibc RSS >= 2 x hybrid RSS on synthetic 4096 B / 90 % freed (ratio = glibc / hybrid).
+std::vector<MemoryTarget> EvaluateMemoryTargets(const std::vector<TraceFigures>& traces);
+
+}  // namespace bench
+}  // namespace farmem
