@@ -318,7 +318,12 @@ int main(int argc, char** argv) {
   const auto t_all = Clock::now();
   for (const TracePhase& p : trace->phases) {
     const auto t0 = Clock::now();
-    if (Status st = pool.Run(p); !st.ok()) return Fail(st.WithContext("phase " + p.name));
+    if (Status st = pool.Run(p); !st.ok()) {
+      const int rc = Fail(st.WithContext("phase " + p.name));
+      // A timed-out phase leaves threads running: do not join them in ~Pool.
+      if (st.code() == farmem::Code::kTimedOut) std::_Exit(rc);
+      return rc;
+    }
     json m = Delta(base, *alloc);
     m["name"] = p.name;
     m["ops"] = p.ops();
