@@ -188,7 +188,7 @@ RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,
       for (int k = 0; k < o.inflight; ++k) (*rs)->spawn(ReaderWorker(&s));
       auto limit = std::chrono::milliseconds(static_cast<int64_t>(o.seconds * 1000)) +
                    std::chrono::seconds(60);
-      reader_status = (*rs)->run(limit);
+      reader_status = bench::DriveScheduler(**rs, limit);
       if (reader_status.ok()) reader_status = s.error;
     });
     if (!gate.WaitForArrivals(1, std::chrono::seconds(30))) {

@@ -161,7 +161,7 @@ Result<uint64_t> RunObjectsCase(const Env& env, ReadOp op, const bench::ZipfGene
     // Every operation has the transport's timeout; this bounds a case that stops progressing.
     auto limit = std::chrono::milliseconds(static_cast<int64_t>((warmup_s + seconds) * 1000)) +
                  std::chrono::seconds(60);
-    if (Status st = (*sched)->run(limit); !st.ok()) return record(st);
+    if (Status st = bench::DriveScheduler(**sched, limit); !st.ok()) return record(st);
     if (!s.error.ok()) return record(s.error);
     ops[static_cast<size_t>(t)] = s.ops;
   };

@@ -54,8 +54,9 @@ uint64_t ObjectsServerMemory(uint64_t objects, size_t size);
 // polls like `farmem bench raw`'s targets. Reports its bootstrap "host:port"; serves until stop.
 TargetRole ObjectsServerRole(ObjectsServerSetup setup);
 
-// A started client node on loopback with the server's backend and token; its transport busy-polls
-// for the same reason the server's does (FARMEM_BENCH_INITIATOR_SPIN_US overrides the spin).
+// A started client node on loopback with the server's backend and token. Its transport keeps the
+// default spin (FARMEM_BENCH_INITIATOR_SPIN_US overrides it): client threads poll their own
+// contexts, so a busy-polling progress thread would only take a core from them.
 Result<std::unique_ptr<Node>> MakeObjectsClientNode(const ObjectsServerSetup& setup,
                                                     const std::string& name);
 
@@ -77,6 +78,12 @@ Result<std::vector<Ptr>> LoadObjects(ObjectClient& client, Scheduler& sched, uin
 // Frees the objects at `indices` (pointers in `ptrs` are invalidated) with `inflight` coroutines.
 Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptrs,
                    std::span<const uint64_t> indices, int inflight);
+
+// Drives `sched` until all its tasks finished or `timeout` passed, like Scheduler::run, but yields
+// the CPU after a run of empty polls: benchmark threads outnumber the cores (8 clients + the
+// server's NIC thread on 2 CPUs), and a thread spinning on nothing would steal the time slices
+// the threads that have work need.
+Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout);
 
 // Start barrier for client threads: each thread calls Arrive() after its set-up and waits in
 // WaitForGo(); the main thread waits for everyone (with a deadline), then releases them at once.
