@@ -83,8 +83,10 @@ class Node {
   virtual std::string bootstrap_address() const = 0;
   virtual Transport& transport() = 0;
 
-  // Register and publish memory under `name` (names are unique per node).
-  virtual Result<RegionInfo> export_region(std::string_view name, void* addr, size_t len) = 0;
+  // Register and publish memory under `name` (names are unique per node). With
+  // Access::kReadOnly peers may only read it (see Transport::register_memory).
+  virtual Result<RegionInfo> export_region(std::string_view name, void* addr, size_t len,
+                                           Access access = Access::kReadWrite) = 0;
   virtual Status unexport_region(std::string_view name) = 0;
   virtual std::vector<RegionInfo> exported_regions() const = 0;
 

@@ -24,11 +24,21 @@ inline constexpr PeerId kInvalidPeer = 0xffffffffu;
 // key (the bootstrap handshake hands keys to authenticated peers only).
 using RegionKey = uint64_t;
 
+// What peers may do to a registered region. Reads are always allowed. kReadOnly regions reject
+// one-sided WRITE, CAS and FAA with kPermissionDenied at the caller and the target's memory is
+// never touched by them: used for memory the owner rewrites or remaps itself (the CoRM object
+// range), where a peer's write would corrupt it. How each backend enforces it: docs/transport.md.
+enum class Access : uint8_t { kReadWrite, kReadOnly };
+inline std::string_view AccessName(Access access) {
+  return access == Access::kReadOnly ? "read-only" : "read-write";
+}
+
 // A locally registered memory region.
 struct MemoryRegion {
   RegionKey key = 0;
   void* addr = nullptr;
   size_t length = 0;
+  Access access = Access::kReadWrite;
 };
 
 // A byte inside a peer's registered region. The offset is relative to the region start on every
@@ -147,8 +157,9 @@ class Transport {
   // Stop serving; pending operations of this transport's contexts fail with kAborted. Idempotent.
   virtual void stop() = 0;
 
-  // Make [addr, addr+len) reachable by peers that know the returned key.
-  virtual Result<MemoryRegion> register_memory(void* addr, size_t len) = 0;
+  // Make [addr, addr+len) reachable by peers that know the returned key, with `access`.
+  virtual Result<MemoryRegion> register_memory(void* addr, size_t len,
+                                               Access access = Access::kReadWrite) = 0;
   // Peers using the key afterwards get kNotFound. The memory itself is not touched.
   virtual Status deregister_memory(RegionKey key) = 0;
 

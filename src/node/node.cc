@@ -119,7 +119,8 @@ class NodeImpl final : public Node {
 
   Transport& transport() override { return *transport_; }
 
-  Result<RegionInfo> export_region(std::string_view name, void* addr, size_t len) override {
+  Result<RegionInfo> export_region(std::string_view name, void* addr, size_t len,
+                                   Access access) override {
     if (name.empty() || name.size() > kMaxRegionName) {
       return Status::InvalidArgument("region name must be 1.." + std::to_string(kMaxRegionName) +
                                      " bytes");
@@ -134,7 +135,7 @@ class NodeImpl final : public Node {
       }
     }
     // Registration may be slow (pinning); do it outside the lock and re-check the name after.
-    FARMEM_ASSIGN_OR_RETURN(MemoryRegion mr, transport_->register_memory(addr, len));
+    FARMEM_ASSIGN_OR_RETURN(MemoryRegion mr, transport_->register_memory(addr, len, access));
     RegionInfo info{std::string(name), mr.key, static_cast<uint64_t>(len)};
     {
       std::lock_guard lock(regions_mu_);

@@ -142,6 +142,29 @@ TEST_P(NodePair, OneSidedReadWriteThroughScheduler) {
   EXPECT_FALSE(bad_key.ok());
 }
 
+TEST_P(NodePair, ReadOnlyExportServesReadsAndRefusesWrites) {
+  std::vector<uint64_t> words(512, 0x77);
+  auto info = server_->export_region("ro", words.data(), words.size() * 8, Access::kReadOnly);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  PeerInfo peer = Connect();
+  auto sched = Sched();
+  ASSERT_NE(sched, nullptr);
+  const RemoteRef ref{peer.id, info->key, 64};
+  uint64_t got = 0;
+  Status r = sched->block_on(sched->read(ref, &got, 8));
+  ASSERT_TRUE(r.ok()) << r.ToString();
+  EXPECT_EQ(got, 0x77u);
+  const uint64_t v = 5;
+  EXPECT_EQ(sched->block_on(sched->write(ref, &v, 8, true)).code(), Code::kPermissionDenied);
+  EXPECT_EQ(sched->block_on(sched->fetch_add(ref, 1)).status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(sched->block_on(sched->compare_swap(ref, 0x77, 1)).status().code(),
+            Code::kPermissionDenied);
+  EXPECT_EQ(words[8], 0x77u);
+  // The default export stays writable.
+  Status w = sched->block_on(sched->write(RemoteRef{peer.id, mem_info_.key, 0}, &v, 8, true));
+  EXPECT_TRUE(w.ok()) << w.ToString();
+}
+
 TEST_P(NodePair, RpcEchoAndErrors) {
   PeerInfo peer = Connect();
   auto sched = Sched();

@@ -28,6 +28,14 @@ extern "C" void __tsan_ignore_thread_end();
 namespace farmem::corm {
 namespace {
 
+// Every virtual block without a physical block behind it (never used, or released) is mapped like
+// this: private anonymous, read-only, no swap reservation. Reads hit the kernel's shared zero page
+// (no RSS, no memory charge; only page-table entries), so a transport thread copying through a
+// stale pointer reads zeros, i.e. a header with the allocated bit clear ("freed"), instead of
+// faulting (PROT_NONE would SIGSEGV the daemon). Writes still fault: nothing may write there.
+constexpr int kHoleProt = PROT_READ;
+constexpr int kHoleFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+
 // TSan models mmap(MAP_FIXED) over live memory as a plain write to the range, which it would
 // report as racing with the concurrent atomic loads of one-sided readers. The kernel swaps the
 // pages atomically (readers see old or new pages), so ignore the imitated write; TSan then
@@ -72,8 +80,7 @@ Result<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
   }
   // Over-reserve by one block so the usable range can start block-aligned.
   a->map_len_ = options.reserve_bytes + bs;
-  void* m =
-      mmap(nullptr, a->map_len_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* m = mmap(nullptr, a->map_len_, kHoleProt, kHoleFlags, -1, 0);
   if (m == MAP_FAILED) return Status::FromErrno("reserving CoRM virtual range", errno);
   a->map_base_ = static_cast<uint8_t*>(m);
   const uintptr_t aligned = (reinterpret_cast<uintptr_t>(m) + bs - 1) / bs * bs;
@@ -219,8 +226,8 @@ Status BlockAllocator::ReleaseVirtual(uint32_t vblock) {
                                    std::to_string(refs_[vblock]) + " objects");
   }
   [[maybe_unused]] TsanIgnoreScope ignore;
-  void* r = mmap(VAddr(vblock), block_size_, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  // Replaces the shared mapping in one step: a concurrent reader sees the old pages or zeros.
+  void* r = mmap(VAddr(vblock), block_size_, kHoleProt, kHoleFlags | MAP_FIXED, -1, 0);
   if (r == MAP_FAILED) return Status::FromErrno("unmapping CoRM block", errno);
   vstate_[vblock] = VState::kFree;
   free_virt_.push_back(vblock);

@@ -1,6 +1,7 @@
-// Process-wide CoRM block allocator: one PROT_NONE virtual reservation, 16 MiB memfd pools carved
-// into blocks, the virtual-block -> (memfd, offset) map, remapping of a virtual block onto another
-// block's physical pages, hole punching, and home reference counts that gate virtual-block reuse.
+// Process-wide CoRM block allocator: one read-only zero-page virtual reservation, 16 MiB memfd
+// pools carved into blocks, the virtual-block -> (memfd, offset) map, remapping of a virtual block
+// onto another block's physical pages, hole punching, and home reference counts that gate
+// virtual-block reuse.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +16,7 @@ namespace farmem::corm {
 
 struct BlockAllocatorOptions {
   size_t block_size = 4096;                // power of two, 4 KiB .. 1 MiB
-  size_t reserve_bytes = size_t{4} << 30;  // virtual range (PROT_NONE until blocks are mapped)
+  size_t reserve_bytes = size_t{4} << 30;  // virtual range (reads as zeros until blocks are mapped)
   size_t pool_bytes = size_t{16} << 20;    // one memfd file; multiple of block_size
   size_t max_physical_bytes = 0;           // 0 = unlimited; else AllocBlock fails beyond it
 };
@@ -68,7 +69,8 @@ class BlockAllocator {
   // Punches the physical block's pages (FALLOC_FL_PUNCH_HOLE) and makes it reusable. The caller
   // guarantees no virtual block maps it any more (or that the mapping is about to be released).
   Status ReleasePhysical(uint32_t pblock);
-  // Returns a virtual block to PROT_NONE and the free list; fails if objects still home there.
+  // Returns a virtual block to the free list, mapped back to read-only zero pages (so one-sided
+  // readers holding a stale pointer read "freed", never fault); fails if objects still home there.
   Status ReleaseVirtual(uint32_t vblock);
 
   // Home counts: live objects whose pointer addresses this virtual block.

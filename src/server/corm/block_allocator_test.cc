@@ -1,14 +1,35 @@
 // Tests for the CoRM block allocator: memfd-backed blocks, remapping a virtual block onto another
-// block's pages, punching, home reference counts, budgets and accounting.
+// block's pages, punching, home reference counts, budgets and accounting, and that unmapped
+// virtual blocks read as zeros without costing memory.
 
 #include "server/corm/block_allocator.h"
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 namespace farmem::corm {
 namespace {
+
+// Resident set size of this process in bytes (/proc/self/statm), or 0 if unreadable.
+uint64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Sum of every byte of [p, p + len), read the way a transport thread would (plain loads).
+uint64_t ByteSum(const uint8_t* p, size_t len) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < len; ++i) sum += p[i];
+  return sum;
+}
 
 BlockAllocatorOptions SmallOptions() {
   BlockAllocatorOptions o;
@@ -118,6 +139,78 @@ TEST(BlockAllocator, PoolsGrowAcrossMemfds) {
   }
   EXPECT_EQ((*ba)->Stats().pools, 3u);
   EXPECT_EQ((*ba)->Stats().physical_blocks_in_use, 10u);
+}
+
+TEST(BlockAllocator, ReleasedBlockReadsAsZeros) {
+  auto ba = BlockAllocator::Create(SmallOptions());
+  ASSERT_TRUE(ba.ok()) << ba.status().ToString();
+  auto& a = **ba;
+  auto g = a.AllocBlock();
+  auto keep = a.AllocBlock();
+  ASSERT_TRUE(g.ok() && keep.ok());
+  uint8_t* stale = a.VAddr(g->vblock);  // a pointer a client may still hold
+  std::memset(stale, 0x5a, 4096);
+  std::memset(a.VAddr(keep->vblock), 0x6b, 4096);
+  const BlockAllocatorStats before = a.Stats();
+
+  ASSERT_TRUE(a.ReleaseVirtual(g->vblock).ok());
+  // Reading through the stale pointer does not fault and shows zeros: a zero header has the
+  // allocated bit clear, so a one-sided reader sees "freed" and corrects its pointer.
+  EXPECT_EQ(ByteSum(stale, 4096), 0u);
+  // The neighbour is untouched; only the virtual block went (its physical block is the
+  // caller's to release), so the physical accounting is unchanged.
+  EXPECT_EQ(ByteSum(a.VAddr(keep->vblock), 4096), 0x6bu * 4096);
+  const BlockAllocatorStats after = a.Stats();
+  EXPECT_EQ(after.virtual_blocks_in_use, before.virtual_blocks_in_use - 1);
+  EXPECT_EQ(after.physical_bytes_held, before.physical_bytes_held);
+  EXPECT_EQ(after.physical_blocks_in_use, before.physical_blocks_in_use);
+  EXPECT_EQ(a.MappingOf(g->vblock).status().code(), Code::kNotFound);
+
+  // Releasing the physical block too changes nothing for the reader.
+  ASSERT_TRUE(a.ReleasePhysical(g->pblock).ok());
+  EXPECT_EQ(ByteSum(stale, 4096), 0u);
+  EXPECT_EQ(a.Stats().physical_bytes_held, before.physical_bytes_held - 4096);
+
+  // The virtual block is reused by the next allocation, mapped writable again.
+  auto again = a.AllocBlock();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->vblock, g->vblock);
+  EXPECT_EQ(ByteSum(stale, 4096), 0u);
+  stale[17] = 3;
+  EXPECT_EQ(stale[17], 3);
+}
+
+TEST(BlockAllocator, UnmappedRangeReadsAsZerosWithoutMemory) {
+  auto o = SmallOptions();
+  o.reserve_bytes = size_t{128} << 20;
+  auto ba = BlockAllocator::Create(o);
+  ASSERT_TRUE(ba.ok()) << ba.status().ToString();
+  auto& a = **ba;
+  // A few blocks in use and a few released, the rest never mapped.
+  for (int i = 0; i < 8; ++i) {
+    auto g = a.AllocBlock();
+    ASSERT_TRUE(g.ok());
+    std::memset(a.VAddr(g->vblock), 0x77, 4096);
+    if (i % 2 == 0) {
+      ASSERT_TRUE(a.ReleaseVirtual(g->vblock).ok());
+      ASSERT_TRUE(a.ReleasePhysical(g->pblock).ok());
+    }
+  }
+  const BlockAllocatorStats stats_before = a.Stats();
+  const uint64_t rss_before = ResidentBytes();
+  ASSERT_GT(rss_before, 0u) << "cannot read /proc/self/statm";
+  // Read the whole 128 MiB reservation: only the 4 live blocks hold non-zero bytes.
+  EXPECT_EQ(ByteSum(a.base(), a.reserve_bytes()), 4u * 4096 * 0x77);
+  const uint64_t rss_after = ResidentBytes();
+  // Reads of never-mapped or released blocks map the shared zero page, which is not counted in
+  // RSS; if they allocated memory, RSS would grow by the 128 MiB read. The slack covers other
+  // threads of the test binary and page-table-free noise.
+  EXPECT_LT(rss_after, rss_before + (size_t{16} << 20))
+      << "reading the unmapped range grew RSS from " << rss_before << " to " << rss_after;
+  const BlockAllocatorStats stats_after = a.Stats();
+  EXPECT_EQ(stats_after.physical_bytes_held, stats_before.physical_bytes_held);
+  EXPECT_EQ(stats_after.virtual_blocks_in_use, stats_before.virtual_blocks_in_use);
+  EXPECT_EQ(stats_after.pool_bytes_total, stats_before.pool_bytes_total);
 }
 
 }  // namespace

@@ -89,6 +89,9 @@ Code CodeForFiError(int err) {
       return Code::kUnavailable;
     case FI_ECANCELED:
       return Code::kAborted;
+    case FI_EACCES:
+    case FI_EPERM:
+      return Code::kPermissionDenied;
     case FI_ENOMEM:
     case FI_ENOSPC:
     case FI_ETOOSMALL:
@@ -276,7 +279,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void Wake();
   void Shutdown();
 
-  Result<MemoryRegion> Register(void* addr, size_t len);
+  Result<MemoryRegion> Register(void* addr, size_t len, Access access);
   Status Deregister(RegionKey key);
   Result<PeerId> AddPeer(std::string_view address);
   struct PeerRec {
@@ -297,6 +300,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const TransportConfig& config() const { return config_; }
   const MrPlan& plan() const { return plan_; }
   bool need_local_desc() const { return plan_.local || options_.force_mr_local; }
+  bool skip_access_check() const { return options_.skip_access_check; }
   fi_info* info() const { return info_; }
   fid_domain* domain() const { return domain_; }
   const std::string& address() const { return address_; }
@@ -313,6 +317,7 @@ class Core : public std::enable_shared_from_this<Core> {
     size_t length = 0;
     uint64_t prov_key = 0;
     uint32_t slot = 0;
+    Access access = Access::kReadWrite;
   };
   struct Mapping {
     void* base = nullptr;
@@ -609,9 +614,13 @@ Result<fid_mr*> Core::RegisterLocal(const void* addr, size_t len, fid_ep* ep) {
   return mr;
 }
 
-Result<MemoryRegion> Core::Register(void* addr, size_t len) {
+Result<MemoryRegion> Core::Register(void* addr, size_t len, Access access) {
   if (addr == nullptr || len == 0) {
     return Status::InvalidArgument("register_memory needs a non-null address and length > 0");
+  }
+  if (access != Access::kReadWrite && access != Access::kReadOnly) {
+    return Status::InvalidArgument("register_memory: unknown access mode " +
+                                   std::to_string(static_cast<int>(access)));
   }
   if (stopped()) return Status::Unavailable("fabric transport stopped");
   std::lock_guard lock(reg_mu_);
@@ -622,17 +631,23 @@ Result<MemoryRegion> Core::Register(void* addr, size_t len) {
   Region region;
   region.addr = addr;
   region.length = len;
+  region.access = access;
   if (table_ != nullptr) {
     if (table_free_.empty()) {
       return Status::ResourceExhausted("too many registered regions (key table full)");
     }
     region.slot = table_free_.back();
   }
-  const uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE;
+  // Read-only regions: remote read access only, so providers that check MR access at the target
+  // (tcp, and shm for atomics) refuse writes too; the initiator check in Issue() is what callers
+  // normally hit (docs/fabric.md "Read-only regions").
+  const uint64_t mr_access = access == Access::kReadOnly
+                                 ? uint64_t{FI_REMOTE_READ}
+                                 : uint64_t{FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE};
   int r = -FI_ENOKEY;
   for (unsigned attempt = 0; attempt < 8 && r == -FI_ENOKEY; ++attempt) {
-    r = fi_mr_reg(domain_, addr, len, access, 0, RequestedKey(plan_, key, attempt), 0, &region.mr,
-                  nullptr);
+    r = fi_mr_reg(domain_, addr, len, mr_access, 0, RequestedKey(plan_, key, attempt), 0,
+                  &region.mr, nullptr);
   }
   if (r != 0) return FiStatus("fi_mr_reg", r);
   if (plan_.endpoint_bind) {
@@ -653,7 +668,7 @@ Result<MemoryRegion> Core::Register(void* addr, size_t len) {
     table_[region.slot].store(key, std::memory_order_release);
   }
   regions_.emplace(key, region);
-  return MemoryRegion{key, addr, len};
+  return MemoryRegion{key, addr, len, access};
 }
 
 Status Core::Deregister(RegionKey key) {
@@ -907,6 +922,7 @@ void Core::HandleMainMessage(std::span<const std::byte> bytes) {
         reply.remote_base = plan_.virt_addr ? reinterpret_cast<uint64_t>(it->second.addr) : 0;
         reply.length = it->second.length;
         reply.prov_key = it->second.prov_key;
+        reply.flags = it->second.access == Access::kReadOnly ? kLookupReadOnly : 0;
         if (table_ != nullptr) {
           reply.table_id = table_id_;
           reply.table_pid = getpid();
@@ -1160,6 +1176,7 @@ struct KeyEntry {
   const std::atomic<uint64_t>* valid = nullptr;       // peer's key-table slot (shm) or null
   const std::atomic<uint64_t>* table_head = nullptr;  // slot 0: the table id while serving
   uint64_t table_id = 0;
+  bool read_only = false;  // registered Access::kReadOnly at the peer
   Op* waiters = nullptr;
   Op* waiters_tail = nullptr;
   Op* lookup = nullptr;
@@ -1506,6 +1523,13 @@ void FabricContext::Issue(Op* op, KeyEntry* e) {
                        : Status::NotFound("region key was deregistered at the peer"));
     return;
   }
+  if (e->read_only && op->type != OpType::kRead && !core_->skip_access_check()) {
+    // Refused here rather than left to the provider: shm's CMA fast path writes into the target
+    // with no MR check at all, and tcp;ofi_rxm answers a refused write by closing the connection.
+    Finish(op, Status::PermissionDenied(std::string(OpTypeName(op->type)) +
+                                        " refused: the peer registered this region read-only"));
+    return;
+  }
   const uint64_t len = (op->type == OpType::kRead || op->type == OpType::kWrite) ? op->len : 8;
   if (!InBounds(op->offset, len, e->length)) {
     Finish(op, Status::OutOfRange("access [" + std::to_string(op->offset) + ", +" +
@@ -1761,6 +1785,7 @@ void FabricContext::HandleMessage(std::span<const std::byte> bytes) {
     e.base = r.remote_base;
     e.length = r.length;
     e.prov_key = r.prov_key;
+    e.read_only = (r.flags & kLookupReadOnly) != 0;
     if (r.table_pid != 0) {
       e.valid = core_->RemoteTable(r.table_pid, r.table_fd, r.table_id);
       e.table_head = e.valid;
@@ -2083,8 +2108,8 @@ class FabricTransport : public Transport {
     if (thread_.joinable()) thread_.join();
     core_->Shutdown();
   }
-  Result<MemoryRegion> register_memory(void* addr, size_t len) override {
-    return core_->Register(addr, len);
+  Result<MemoryRegion> register_memory(void* addr, size_t len, Access access) override {
+    return core_->Register(addr, len, access);
   }
   Status deregister_memory(RegionKey key) override { return core_->Deregister(key); }
   Result<PeerId> add_peer(std::string_view address) override { return core_->AddPeer(address); }

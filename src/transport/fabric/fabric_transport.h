@@ -20,6 +20,9 @@ struct FabricOptions {
   // Behave as if the provider required FI_MR_LOCAL (register every local buffer and pass its
   // descriptor). Always legal, so it exercises the verbs-style path on shm / tcp.
   bool force_mr_local = false;
+  // Post WRITE/CAS/FAA to read-only regions instead of failing them at the initiator, so tests
+  // can observe what the provider itself does with an FI_REMOTE_READ-only region.
+  bool skip_access_check = false;
 };
 Result<std::unique_ptr<Transport>> CreateFabricTransportWithOptions(const TransportConfig& config,
                                                                     const FabricOptions& options);

@@ -84,6 +84,9 @@ struct LookupRequest {
 };
 static_assert(sizeof(LookupRequest) == 8, "lookup request layout");
 
+// LookupReply::flags bits.
+inline constexpr uint32_t kLookupReadOnly = 1u << 0;  // region registered Access::kReadOnly
+
 // Answer to a key lookup. table_* describe the same-host key-validity table (shm only; pid == 0
 // when absent): slot `table_slot` holds the key while it is registered.
 struct LookupReply {
@@ -95,7 +98,7 @@ struct LookupReply {
   int32_t table_pid;
   int32_t table_fd;
   uint32_t table_slot;
-  uint32_t reserved;
+  uint32_t flags;  // kLookup* bits; unknown bits are ignored
 };
 static_assert(sizeof(LookupReply) == 56, "lookup reply layout");
 

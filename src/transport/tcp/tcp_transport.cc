@@ -32,6 +32,7 @@
 
 #include "common/log.h"
 #include "transport/tcp/frame_codec.h"
+#include "transport/tcp/ordered_copy.h"
 
 namespace farmem {
 namespace {
@@ -939,15 +940,18 @@ class TcpTransport final : public Transport {
     wake_fd_.reset();
   }
 
-  Result<MemoryRegion> register_memory(void* addr, size_t len) override {
+  Result<MemoryRegion> register_memory(void* addr, size_t len, Access access) override {
     if (addr == nullptr || len == 0)
       return Status::InvalidArgument("register_memory needs a non-null address and length > 0");
+    if (access != Access::kReadWrite && access != Access::kReadOnly)
+      return Status::InvalidArgument(
+          fmt::format("register_memory: unknown access mode {}", static_cast<int>(access)));
     std::unique_lock lock(regions_mu_);
     RegionKey key;
     do {
       key = rng_();
     } while (key == 0 || regions_.count(key) != 0);
-    MemoryRegion mr{key, addr, len};
+    MemoryRegion mr{key, addr, len, access};
     regions_.emplace(key, mr);
     return mr;
   }
@@ -1161,8 +1165,11 @@ class TcpTransport final : public Transport {
     return diff == 0;
   }
 
-  // Checks [offset, offset+len) of region `key`; returns the address or sets an error.
-  uint8_t* Locate(uint64_t key, uint64_t offset, uint64_t len, Code* code, std::string* msg) {
+  // Checks [offset, offset+len) of region `key` and, for WRITE/CAS/FAA (`modify`), that the
+  // region is writable; returns the address or sets an error. Checked in this order: key, access,
+  // bounds (alignment is the caller's), so a read-only region never reaches the memory code.
+  uint8_t* Locate(uint64_t key, uint64_t offset, uint64_t len, bool modify, Code* code,
+                  std::string* msg) {
     auto it = regions_.find(key);
     if (it == regions_.end()) {
       *code = Code::kNotFound;
@@ -1170,6 +1177,12 @@ class TcpTransport final : public Transport {
       return nullptr;
     }
     const MemoryRegion& r = it->second;
+    if (modify && r.access == Access::kReadOnly) {
+      *code = Code::kPermissionDenied;
+      *msg =
+          fmt::format("region {:#x} is read-only: one-sided writes and atomics are refused", key);
+      return nullptr;
+    }
     if (offset > r.length || len > r.length - offset) {
       *code = Code::kOutOfRange;
       *msg = fmt::format("offset {} + length {} is outside region {:#x} of {} bytes", offset, len,
@@ -1203,17 +1216,18 @@ class TcpTransport final : public Transport {
     switch (f.opcode) {
       case w::Opcode::kRead: {
         locks.Lock();
-        const uint8_t* p = Locate(f.read.key, f.read.offset, f.read.length, &code, &msg);
+        const uint8_t* p = Locate(f.read.key, f.read.offset, f.read.length, false, &code, &msg);
         if (p == nullptr) break;
         if (conn.closed || conn.write_shut) return true;
         uint8_t* out = w::EncodeReadResp(conn.wbuf, seq, f.read.length);
-        if (f.read.length != 0) std::memcpy(out, p, f.read.length);
+        // Ascending aligned word loads, not memcpy: see ordered_copy.h.
+        w::CopyForRead(out, p, f.read.length);
         (void)conn.SubmitLocked();
         return true;
       }
       case w::Opcode::kWrite: {
         locks.Lock();
-        uint8_t* p = Locate(f.write.key, f.write.offset, f.data.size(), &code, &msg);
+        uint8_t* p = Locate(f.write.key, f.write.offset, f.data.size(), true, &code, &msg);
         if (p == nullptr) break;
         if (!f.data.empty()) std::memcpy(p, f.data.data(), f.data.size());
         if ((f.header.flags & w::kFlagDeliveryAck) && !conn.closed && !conn.write_shut) {
@@ -1225,7 +1239,7 @@ class TcpTransport final : public Transport {
       case w::Opcode::kCompareSwap:
       case w::Opcode::kFetchAdd: {
         locks.Lock();
-        uint8_t* p = Locate(f.atomic.key, f.atomic.offset, 8, &code, &msg);
+        uint8_t* p = Locate(f.atomic.key, f.atomic.offset, 8, true, &code, &msg);
         if (p == nullptr) break;
         if (reinterpret_cast<uintptr_t>(p) % 8 != 0) {
           code = Code::kInvalidArgument;

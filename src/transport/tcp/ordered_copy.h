@@ -1,0 +1,59 @@
+// How the native TCP NIC thread copies registered memory into a READ response: aligned 8-byte
+// atomic loads in ascending address order, so a reader's consistency check (CoRM slot versions,
+// docs/objects.md "Writer and reader protocols") sees words in the order writers published them.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace farmem::tcpwire {
+
+// Copies `len` bytes from `src` to `dst` (which may be unaligned; the ranges must not overlap).
+// When `src` and `len` are multiples of 8, every source word is read once, in ascending address
+// order, with an acquire load (std::atomic_ref), so:
+//   - a word is never torn by a concurrent aligned 64-bit store;
+//   - if the copy saw a word stored by a writer before that writer's release store of a
+//     higher-addressed word, it also sees everything the writer stored before (acquire/release),
+//     which is what makes the CoRM tail-version check sound;
+//   - the loads are not a data race in the C++ model (TSan stays quiet against atomic writers).
+// glibc memcpy gives none of this: it copies with vector loads, from both ends inward for some
+// sizes. Other shapes (unaligned source or length) are copied with memcpy: no object slot is
+// read that way.
+// Returns true when the ordered word path was used (for tests).
+inline bool CopyForRead(void* dst, const void* src, size_t len) {
+  if (((reinterpret_cast<uintptr_t>(src) | len) & 7u) != 0) {
+    if (len != 0) std::memcpy(dst, src, len);
+    return false;
+  }
+  // atomic_ref needs a non-const object; the memory is only loaded from.
+  auto* s = const_cast<uint64_t*>(static_cast<const uint64_t*>(src));
+  auto* d = static_cast<unsigned char*>(dst);
+  size_t left = len / 8;
+  // Four loads per iteration keep the loop overhead off the hot path (4 KiB reads); the loads
+  // themselves stay in program order (acquire loads are not reordered with later loads).
+  while (left >= 4) {
+    const uint64_t w0 = std::atomic_ref<uint64_t>(s[0]).load(std::memory_order_acquire);
+    const uint64_t w1 = std::atomic_ref<uint64_t>(s[1]).load(std::memory_order_acquire);
+    const uint64_t w2 = std::atomic_ref<uint64_t>(s[2]).load(std::memory_order_acquire);
+    const uint64_t w3 = std::atomic_ref<uint64_t>(s[3]).load(std::memory_order_acquire);
+    std::memcpy(d, &w0, 8);
+    std::memcpy(d + 8, &w1, 8);
+    std::memcpy(d + 16, &w2, 8);
+    std::memcpy(d + 24, &w3, 8);
+    s += 4;
+    d += 32;
+    left -= 4;
+  }
+  while (left != 0) {
+    const uint64_t w = std::atomic_ref<uint64_t>(*s).load(std::memory_order_acquire);
+    std::memcpy(d, &w, 8);
+    ++s;
+    d += 8;
+    --left;
+  }
+  return true;
+}
+
+}  // namespace farmem::tcpwire
