@@ -1,6 +1,6 @@
-// MemoryServer: the farmemd memory service as a library. A Node that exports memfd-backed pools
-// and serves ALLOC_RAW / FREE_RAW / STAT RPCs; used by the farmemd binary, `farmem serve` and the
-// in-process `farmem demo`.
+// MemoryServer: the farmemd memory service as a library. A Node that exports memfd-backed raw pools
+// (ALLOC_RAW / FREE_RAW), the CoRM object store (object RPCs, one region "objects") and STAT; used
+// by the farmemd binary, `farmem serve` and the in-process `farmem demo`.
 #pragma once
 
 #include <cstdint>
@@ -9,9 +9,32 @@
 #include <nlohmann/json.hpp>
 
 #include "farmem/node.h"
+#include "farmem/objects.h"
 #include "farmem/status.h"
 
 namespace farmem {
+
+// The CoRM object store of a memory server (docs/objects.md, docs/server.md "Objects").
+struct ObjectsConfig {
+  bool enabled = true;
+  uint32_t block_size = 4096;  // power of two, 4 KiB .. 1 MiB
+  int id_bits = 16;            // 0, 8, 12 or 16
+  // Classes with more slots per block than 2^id_bits become offset-only (true) or use only
+  // 2^id_bits slots per block (false).
+  bool hybrid = true;
+  uint32_t workers = 0;  // thread allocators; 0 = node.rpc_workers
+  WorkerSelection worker_selection = WorkerSelection::kByConnection;
+  // How READ/WRITE/LOCATE find an object that compaction moved inside its block.
+  Correction correction = Correction::kAskOwner;
+  uint64_t reserve_bytes = 0;       // virtual range exported as "objects"; 0 = memory_bytes
+  uint64_t max_physical_bytes = 0;  // memfd pages the store may hold; 0 = memory_bytes
+  struct Compaction {
+    double threshold = 0.3;      // a class is compacted when 1 - live/capacity exceeds this
+    uint32_t interval_ms = 100;  // leader thread period; 0 = no leader (only COMPACT RPCs and
+                                 // allocation failures compact)
+    uint32_t max_merges_per_round = 64;
+  } compaction;
+};
 
 struct ServerConfig {
   NodeConfig node;
@@ -19,7 +42,13 @@ struct ServerConfig {
   uint64_t memory_bytes = 256ull << 20;
   // Size of each pool (one memfd file, one registered region). A multiple of the page size.
   uint64_t pool_bytes = 16ull << 20;
+  // The object store. Its physical memory is a budget of its own (objects.max_physical_bytes),
+  // separate from the raw pools' memory_bytes.
+  ObjectsConfig objects;
 };
+
+// Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.
+Status ValidateObjectsConfig(const ServerConfig& config);
 
 class MemoryServer {
  public:

@@ -1,6 +1,7 @@
-// MemoryServer: wires the PoolSet to a Node — pools are exported as regions, and the ALLOC_RAW /
-// FREE_RAW / STAT handlers decode and bounds-check requests before touching the allocator.
-// Teardown order matters: the node (and with it every peer's access) stops before pools unmap.
+// MemoryServer: wires the PoolSet and the CoRM ObjectService to a Node — pools and the object
+// range are exported as regions, and the ALLOC_RAW / FREE_RAW / STAT and object handlers decode and
+// bounds-check requests before touching memory. Teardown order matters: the node (and with it
+// every peer's access) stops before pools and the object range unmap.
 #include "farmem/server.h"
 
 #include <array>
@@ -9,6 +10,8 @@
 #include <string>
 
 #include "common/log.h"
+#include "objects/object_wire.h"
+#include "server/object_service.h"
 #include "server/pool.h"
 #include "server/server_protocol.h"
 
@@ -18,7 +21,9 @@ namespace proto = server_proto;
 
 namespace {
 
-constexpr size_t kNumOps = proto::kLastServerOpcode - kFirstUserOpcode + 1;
+// Counters cover the raw server opcodes and the object opcodes that follow them.
+static_assert(proto::kLastServerOpcode < object_wire::kLastObjectsOpcode);
+constexpr size_t kNumOps = object_wire::kLastObjectsOpcode - kFirstUserOpcode + 1;
 // STAT lists at most this many pools one by one (totals always cover all of them) so the reply
 // stays far below the transport's max RPC size.
 constexpr size_t kMaxListedPools = 1024;
@@ -32,7 +37,7 @@ const char* OpName(uint16_t opcode) {
     case proto::kOpStat:
       return "stat";
   }
-  return nullptr;
+  return ObjectService::OpName(opcode);
 }
 
 }  // namespace
@@ -41,6 +46,7 @@ struct MemoryServer::Impl {
   ServerConfig config;
   // Declared before `node` so it is destroyed after it: no peer can reach a pool once unmapped.
   std::unique_ptr<PoolSet> pools;
+  std::unique_ptr<ObjectService> objects;  // null when config.objects.enabled is false
   std::unique_ptr<Node> node;
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   std::atomic<bool> started{false};
@@ -53,6 +59,7 @@ struct MemoryServer::Impl {
 
   ~Impl() {
     if (node) node->stop();
+    if (objects) objects->Stop();
   }
 
   // Runs a handler, counting the call (before, so STAT includes itself) and its failure.
@@ -96,6 +103,10 @@ struct MemoryServer::Impl {
     }
     reply = proto::Encode(proto::FreeRawReply{*len});
     return Status::OK();
+  }
+
+  Status Objects(const RpcCall& call, std::vector<std::byte>& reply) {
+    return objects->Handle(call, reply);
   }
 
   Status Stat(const RpcCall& call, std::vector<std::byte>& reply) {
@@ -147,13 +158,15 @@ struct MemoryServer::Impl {
     j["pools_truncated"] = snap.size() > kMaxListedPools;
 
     json rpc = json::object();
-    for (uint16_t op = kFirstUserOpcode; op <= proto::kLastServerOpcode; ++op) {
+    for (uint16_t op = kFirstUserOpcode; op <= object_wire::kLastObjectsOpcode; ++op) {
       const char* name = OpName(op);
       if (!name) continue;
+      if (!objects && ObjectService::OpName(op) != nullptr) continue;
       const auto& c = ops[op - kFirstUserOpcode];
       rpc[name] = {{"opcode", op}, {"calls", c.calls.load()}, {"errors", c.errors.load()}};
     }
     j["rpc"] = std::move(rpc);
+    j["objects"] = objects ? objects->Stats() : json{{"enabled", false}};
     return j;
   }
 };
@@ -177,6 +190,11 @@ Result<std::unique_ptr<MemoryServer>> MemoryServer::Create(const ServerConfig& c
       });
   if (!pools.ok()) return pools.status().WithContext("memory server config");
   impl->pools = std::move(*pools);
+  if (config.objects.enabled) {
+    auto objects = ObjectService::Create(config, *node);
+    if (!objects.ok()) return objects.status().WithContext("memory server config");
+    impl->objects = std::move(*objects);
+  }
   return std::unique_ptr<MemoryServer>(new MemoryServer(std::move(impl)));
 }
 
@@ -195,19 +213,32 @@ Status MemoryServer::start() {
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpAllocRaw, &Impl::AllocRaw));
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpFreeRaw, &Impl::FreeRaw));
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpStat, &Impl::Stat));
+    if (impl->objects) {
+      for (uint16_t op = kObjectsOpcodeBase; op <= object_wire::kLastObjectsOpcode; ++op) {
+        if (ObjectService::OpName(op) != nullptr) FARMEM_RETURN_IF_ERROR(reg(op, &Impl::Objects));
+      }
+    }
   }
+  if (impl->objects) FARMEM_RETURN_IF_ERROR(impl->objects->Start());
   FARMEM_RETURN_IF_ERROR(impl->node->start());
   impl->started.store(true);
   FARMEM_LOG_INFO(
       "memory server '{}' started: bootstrap {} transport {} budget {} MiB, pools of {} MiB",
       impl->config.node.name, impl->node->bootstrap_address(), impl->node->transport().name(),
       impl->config.memory_bytes >> 20, impl->config.pool_bytes >> 20);
+  if (impl->objects) {
+    const ObjectsConfig& oc = impl->objects->config();
+    FARMEM_LOG_INFO(
+        "object store: {} MiB range, {} MiB physical, {}-byte blocks, id_bits {}, {} workers",
+        oc.reserve_bytes >> 20, oc.max_physical_bytes >> 20, oc.block_size, oc.id_bits, oc.workers);
+  }
   return Status::OK();
 }
 
 void MemoryServer::stop() {
   if (impl_ && impl_->node) {
     impl_->node->stop();
+    if (impl_->objects) impl_->objects->Stop();
     impl_->started.store(false);
   }
 }

@@ -1,5 +1,5 @@
-// Prometheus exposition of farmemd's STAT document over a minimal HTTP/1.0 server (one thread,
-// one connection at a time: scrapes are rare and the handler is cheap).
+// Prometheus exposition of farmemd's STAT document (raw pools, object store, RPC counters) over a
+// minimal HTTP/1.0 server (one thread, one connection at a time: scrapes are rare, handler cheap).
 #include "server/metrics_http.h"
 
 #include <arpa/inet.h>
@@ -95,6 +95,65 @@ std::string StatsToPrometheus(const nlohmann::json& s) {
     for (const auto& p : pools) {
       out += std::string(m.name) + "{pool=\"" + Label(p.value("name", "")) + "\"} " +
              std::to_string(U64(p, m.key)) + "\n";
+    }
+  }
+
+  // Object store: absent (or disabled) renders nothing, so dashboards see no fake zeros.
+  const nlohmann::json& obj = s.contains("objects") ? s["objects"] : empty;
+  if (obj.value("enabled", false)) {
+    struct {
+      const char* key;
+      const char* name;
+      const char* type;
+      const char* help;
+    } const object_metrics[] = {
+        {"live_objects", "farmem_objects_live", "gauge", "Live objects."},
+        {"live_blocks", "farmem_objects_blocks", "gauge", "Blocks holding objects."},
+        {"physical_bytes_held", "farmem_objects_physical_bytes", "gauge",
+         "Physical memory held by the object store (its own accounting)."},
+        {"virtual_blocks_in_use", "farmem_objects_virtual_blocks", "gauge",
+         "Virtual blocks mapped (primaries and compaction aliases)."},
+        {"process_rss_bytes", "farmem_process_rss_bytes", "gauge", "Resident set of farmemd."},
+    };
+    for (const auto& m : object_metrics) {
+      Metric(out, m.name, m.type, m.help, nlohmann::json(U64(obj, m.key)));
+    }
+    const nlohmann::json& comp = obj.contains("compaction") ? obj["compaction"] : empty;
+    struct {
+      const char* key;
+      const char* name;
+      const char* help;
+    } const counters[] = {
+        {"rounds", "farmem_objects_compaction_rounds_total", "Compaction rounds run."},
+        {"compactions", "farmem_objects_compactions_total", "Block merges done by compaction."},
+        {"blocks_freed", "farmem_objects_compaction_blocks_freed_total",
+         "Physical blocks released by compaction."},
+        {"bytes_moved", "farmem_objects_compaction_bytes_moved_total",
+         "Slot bytes copied by compaction."},
+    };
+    for (const auto& m : counters) {
+      Metric(out, m.name, "counter", m.help, nlohmann::json(U64(comp, m.key)));
+    }
+    const nlohmann::json& classes = obj.contains("classes") ? obj["classes"] : nlohmann::json();
+    struct {
+      const char* key;
+      const char* name;
+      const char* help;
+    } const per_class[] = {
+        {"fragmentation", "farmem_objects_class_fragmentation",
+         "1 - live / capacity of a size class."},
+        {"blocks", "farmem_objects_class_blocks", "Blocks of a size class."},
+        {"live", "farmem_objects_class_live", "Live objects of a size class."},
+    };
+    for (const auto& m : per_class) {
+      out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " gauge\n";
+      if (!classes.is_array()) continue;
+      for (const auto& c : classes) {
+        auto v = c.find(m.key);
+        out += std::string(m.name) + "{class=\"" + std::to_string(U64(c, "class")) +
+               "\",slot_size=\"" + std::to_string(U64(c, "slot_size")) + "\"} " +
+               ((v != c.end() && v->is_number()) ? v->dump() : "0") + "\n";
+      }
     }
   }
 

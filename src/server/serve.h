@@ -32,6 +32,19 @@ struct ServeOptions {
   std::string name = "farmemd";
   int workers = 1;
   int metrics_port = -1;  // -1 = no metrics endpoint; 0 = ephemeral
+  // Object store (ObjectsConfig in farmem/server.h; docs/server.md "Object store").
+  bool objects_enabled = true;
+  uint64_t objects_block_size = 4096;
+  int objects_id_bits = 16;
+  bool objects_hybrid = true;
+  uint32_t objects_workers = 0;  // 0 = --workers
+  std::string objects_worker_selection = "connection";
+  std::string objects_correction = "owner";
+  uint64_t objects_reserve_mib = 0;       // 0 = --memory-mib
+  uint64_t objects_max_physical_mib = 0;  // 0 = --memory-mib
+  double objects_compaction_threshold = 0.3;
+  uint32_t objects_compaction_interval_ms = 100;  // 0 = no leader thread
+  uint32_t objects_compaction_max_merges_per_round = 64;
 };
 
 // Flags registered on a CLI11 app (or subcommand); keeps the Option handles so the config file

@@ -37,6 +37,55 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
       app.add_option("--workers", o.workers, "RPC worker threads")->capture_default_str());
   add("metrics-port", app.add_option("--metrics-port", o.metrics_port,
                                      "serve Prometheus text on HTTP GET /metrics (0 = ephemeral)"));
+
+  // Object store (CoRM). Config file: these keys flat, or nested as {"objects": {"block-size":
+  // ..., "compaction": {"threshold": ...}}}.
+  add("objects-enabled", app.add_option("--objects-enabled", o.objects_enabled,
+                                        "serve the CoRM object store (true | false)")
+                             ->capture_default_str());
+  add("objects-block-size",
+      app.add_option("--objects-block-size", o.objects_block_size,
+                     "object block size in bytes: power of two, 4096..1048576")
+          ->capture_default_str());
+  add("objects-id-bits", app.add_option("--objects-id-bits", o.objects_id_bits,
+                                        "object ID bits per block: 0 | 8 | 12 | 16")
+                             ->capture_default_str());
+  add("objects-hybrid",
+      app.add_option("--objects-hybrid", o.objects_hybrid,
+                     "classes with more slots than IDs become offset-only (true) or use only "
+                     "2^id_bits slots (false)")
+          ->capture_default_str());
+  add("objects-workers", app.add_option("--objects-workers", o.objects_workers,
+                                        "object thread allocators (0 = --workers)")
+                             ->capture_default_str());
+  add("objects-worker-selection",
+      app.add_option("--objects-worker-selection", o.objects_worker_selection,
+                     "allocator per allocation: connection | random")
+          ->capture_default_str());
+  add("objects-correction", app.add_option("--objects-correction", o.objects_correction,
+                                           "pointer correction on the RPC path: owner | scan")
+                                ->capture_default_str());
+  add("objects-reserve-mib",
+      app.add_option("--objects-reserve-mib", o.objects_reserve_mib,
+                     "virtual range of the object region in MiB (0 = --memory-mib)")
+          ->capture_default_str());
+  add("objects-max-physical-mib",
+      app.add_option("--objects-max-physical-mib", o.objects_max_physical_mib,
+                     "physical memory the object store may hold in MiB (0 = --memory-mib)")
+          ->capture_default_str());
+  add("objects-compaction-threshold",
+      app.add_option("--objects-compaction-threshold", o.objects_compaction_threshold,
+                     "compact a size class when its fragmentation exceeds this (0..1)")
+          ->capture_default_str());
+  add("objects-compaction-interval-ms",
+      app.add_option("--objects-compaction-interval-ms", o.objects_compaction_interval_ms,
+                     "compaction leader period (0 = no leader thread)")
+          ->capture_default_str());
+  add("objects-compaction-max-merges-per-round",
+      app.add_option("--objects-compaction-max-merges-per-round",
+                     o.objects_compaction_max_merges_per_round,
+                     "bound on block merges per compaction round")
+          ->capture_default_str());
 }
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address) {
@@ -73,10 +122,29 @@ Status ApplyConfigKey(ServeFlags& flags, std::string key, const nlohmann::json& 
   for (char& c : key) {
     if (c == '_') c = '-';
   }
+  // Nested sections ({"objects": {"compaction": {...}}}) are the flat keys with their prefix.
+  if (v.is_object() && (key == "objects" || key == "objects-compaction")) {
+    for (const auto& [k, sub] : v.items()) {
+      FARMEM_RETURN_IF_ERROR(ApplyConfigKey(flags, key + "-" + k, sub));
+    }
+    return Status::OK();
+  }
   ServeOptions& o = flags.options;
   auto str = [&](std::string& dst) -> Status {
     if (!v.is_string()) return Status::InvalidArgument("config key '" + key + "' must be a string");
     dst = v.get<std::string>();
+    return Status::OK();
+  };
+  auto boolean = [&](bool& dst) -> Status {
+    if (!v.is_boolean()) {
+      return Status::InvalidArgument("config key '" + key + "' must be true or false");
+    }
+    dst = v.get<bool>();
+    return Status::OK();
+  };
+  auto real = [&](double& dst) -> Status {
+    if (!v.is_number()) return Status::InvalidArgument("config key '" + key + "' must be a number");
+    dst = v.get<double>();
     return Status::OK();
   };
   auto num = [&](auto& dst) -> Status {
@@ -102,6 +170,19 @@ Status ApplyConfigKey(ServeFlags& flags, std::string key, const nlohmann::json& 
       {"name", [&] { return str(o.name); }},
       {"workers", [&] { return num(o.workers); }},
       {"metrics-port", [&] { return num(o.metrics_port); }},
+      {"objects-enabled", [&] { return boolean(o.objects_enabled); }},
+      {"objects-block-size", [&] { return num(o.objects_block_size); }},
+      {"objects-id-bits", [&] { return num(o.objects_id_bits); }},
+      {"objects-hybrid", [&] { return boolean(o.objects_hybrid); }},
+      {"objects-workers", [&] { return num(o.objects_workers); }},
+      {"objects-worker-selection", [&] { return str(o.objects_worker_selection); }},
+      {"objects-correction", [&] { return str(o.objects_correction); }},
+      {"objects-reserve-mib", [&] { return num(o.objects_reserve_mib); }},
+      {"objects-max-physical-mib", [&] { return num(o.objects_max_physical_mib); }},
+      {"objects-compaction-threshold", [&] { return real(o.objects_compaction_threshold); }},
+      {"objects-compaction-interval-ms", [&] { return num(o.objects_compaction_interval_ms); }},
+      {"objects-compaction-max-merges-per-round",
+       [&] { return num(o.objects_compaction_max_merges_per_round); }},
   };
   auto it = setters.find(key);
   if (it == setters.end()) return Status::InvalidArgument("unknown config key '" + key + "'");
@@ -163,6 +244,46 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   c.node.transport.listen_host = o.data_host.empty() ? listen.first : o.data_host;
   c.node.transport.listen_port = static_cast<uint16_t>(o.data_port);
   c.node.transport.cluster_token = o.token;
+
+  ObjectsConfig& obj = c.objects;
+  obj.enabled = o.objects_enabled;
+  if (o.objects_block_size > (1u << 30)) {
+    return Status::InvalidArgument(
+        "--objects-block-size must be a power of two in 4096..1048576, got " +
+        std::to_string(o.objects_block_size));
+  }
+  obj.block_size = static_cast<uint32_t>(o.objects_block_size);
+  obj.id_bits = o.objects_id_bits;
+  obj.hybrid = o.objects_hybrid;
+  obj.workers = o.objects_workers;
+  if (o.objects_worker_selection == "connection") {
+    obj.worker_selection = WorkerSelection::kByConnection;
+  } else if (o.objects_worker_selection == "random") {
+    obj.worker_selection = WorkerSelection::kRandom;
+  } else {
+    return Status::InvalidArgument(
+        "--objects-worker-selection must be 'connection' or 'random', "
+        "got '" +
+        o.objects_worker_selection + "'");
+  }
+  if (o.objects_correction == "owner") {
+    obj.correction = Correction::kAskOwner;
+  } else if (o.objects_correction == "scan") {
+    obj.correction = Correction::kScan;
+  } else {
+    return Status::InvalidArgument("--objects-correction must be 'owner' or 'scan', got '" +
+                                   o.objects_correction + "'");
+  }
+  if (o.objects_reserve_mib > (64ull << 20) || o.objects_max_physical_mib > (64ull << 20)) {
+    return Status::InvalidArgument(
+        "--objects-reserve-mib and --objects-max-physical-mib must be at most 64 TiB");
+  }
+  obj.reserve_bytes = o.objects_reserve_mib << 20;
+  obj.max_physical_bytes = o.objects_max_physical_mib << 20;
+  obj.compaction.threshold = o.objects_compaction_threshold;
+  obj.compaction.interval_ms = o.objects_compaction_interval_ms;
+  obj.compaction.max_merges_per_round = o.objects_compaction_max_merges_per_round;
+  FARMEM_RETURN_IF_ERROR(ValidateObjectsConfig(c));
   return c;
 }
 

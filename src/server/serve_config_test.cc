@@ -1,5 +1,6 @@
 // Tests of farmemd flag/config handling: defaults, flag precedence over the JSON config file,
-// rejected values and unknown keys (so typos fail loudly instead of being ignored).
+// rejected values and unknown keys (so typos fail loudly instead of being ignored), and the
+// object store keys (flat and nested in the file).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -100,6 +101,113 @@ TEST(ServeConfigTest, RejectsBadValues) {
   std::string not_json = WriteConfig("listen = 1");
   EXPECT_EQ(Resolve({"--config", not_json}).status().code(), Code::kInvalidArgument);
   unlink(typo.c_str());
+}
+
+TEST(ServeConfigTest, ObjectStoreDefaults) {
+  unsetenv("FARMEM_TOKEN");
+  auto c = Resolve({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ObjectsConfig& o = c->objects;
+  EXPECT_TRUE(o.enabled);
+  EXPECT_EQ(o.block_size, 4096u);
+  EXPECT_EQ(o.id_bits, 16);
+  EXPECT_TRUE(o.hybrid);
+  EXPECT_EQ(o.workers, 0u);  // = --workers
+  EXPECT_EQ(o.worker_selection, WorkerSelection::kByConnection);
+  EXPECT_EQ(o.correction, Correction::kAskOwner);
+  EXPECT_EQ(o.reserve_bytes, 0u);       // = memory budget
+  EXPECT_EQ(o.max_physical_bytes, 0u);  // = memory budget
+  EXPECT_DOUBLE_EQ(o.compaction.threshold, 0.3);
+  EXPECT_EQ(o.compaction.interval_ms, 100u);
+  EXPECT_EQ(o.compaction.max_merges_per_round, 64u);
+}
+
+TEST(ServeConfigTest, ObjectStoreFlags) {
+  unsetenv("FARMEM_TOKEN");
+  auto c = Resolve({"--objects-block-size",
+                    "65536",
+                    "--objects-id-bits",
+                    "12",
+                    "--objects-hybrid",
+                    "false",
+                    "--objects-workers",
+                    "3",
+                    "--objects-worker-selection",
+                    "random",
+                    "--objects-correction",
+                    "scan",
+                    "--objects-reserve-mib",
+                    "512",
+                    "--objects-max-physical-mib",
+                    "128",
+                    "--objects-compaction-threshold",
+                    "0.5",
+                    "--objects-compaction-interval-ms",
+                    "0",
+                    "--objects-compaction-max-merges-per-round",
+                    "8"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ObjectsConfig& o = c->objects;
+  EXPECT_EQ(o.block_size, 65536u);
+  EXPECT_EQ(o.id_bits, 12);
+  EXPECT_FALSE(o.hybrid);
+  EXPECT_EQ(o.workers, 3u);
+  EXPECT_EQ(o.worker_selection, WorkerSelection::kRandom);
+  EXPECT_EQ(o.correction, Correction::kScan);
+  EXPECT_EQ(o.reserve_bytes, 512ull << 20);
+  EXPECT_EQ(o.max_physical_bytes, 128ull << 20);
+  EXPECT_DOUBLE_EQ(o.compaction.threshold, 0.5);
+  EXPECT_EQ(o.compaction.interval_ms, 0u);
+  EXPECT_EQ(o.compaction.max_merges_per_round, 8u);
+  auto off = Resolve({"--objects-enabled", "false"});
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_FALSE(off->objects.enabled);
+}
+
+TEST(ServeConfigTest, ObjectStoreConfigFileFlatAndNested) {
+  unsetenv("FARMEM_TOKEN");
+  std::string path = WriteConfig(
+      R"({"objects": {"block_size": 8192, "id-bits": 8, "correction": "scan",
+                      "compaction": {"threshold": 0.25, "interval_ms": 50}},
+          "objects-worker-selection": "random", "objects_enabled": true})");
+  auto c = Resolve({"--config", path, "--objects-id-bits", "0"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const ObjectsConfig& o = c->objects;
+  EXPECT_EQ(o.block_size, 8192u);
+  EXPECT_EQ(o.id_bits, 0);  // the flag wins over the file
+  EXPECT_EQ(o.correction, Correction::kScan);
+  EXPECT_EQ(o.worker_selection, WorkerSelection::kRandom);
+  EXPECT_DOUBLE_EQ(o.compaction.threshold, 0.25);
+  EXPECT_EQ(o.compaction.interval_ms, 50u);
+  unlink(path.c_str());
+}
+
+TEST(ServeConfigTest, ObjectStoreRejectsBadValues) {
+  unsetenv("FARMEM_TOKEN");
+  auto bad = [](std::vector<std::string> args, const char* needle) {
+    auto c = Resolve(std::move(args));
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << needle;
+    EXPECT_NE(c.status().message().find(needle), std::string_view::npos) << c.status().ToString();
+  };
+  bad({"--objects-block-size", "5000"}, "power of two");
+  bad({"--objects-block-size", "2048"}, "power of two");
+  bad({"--objects-block-size", "2097152"}, "power of two");
+  bad({"--objects-block-size", "8589934592"}, "power of two");
+  bad({"--objects-id-bits", "4"}, "id_bits");
+  bad({"--objects-worker-selection", "roundrobin"}, "connection");
+  bad({"--objects-correction", "guess"}, "owner");
+  bad({"--objects-compaction-threshold", "1.5"}, "threshold");
+  bad({"--objects-compaction-max-merges-per-round", "0"}, "max_merges");
+  bad({"--objects-workers", "5000"}, "workers");
+  std::string wrong_type = WriteConfig(R"({"objects": {"hybrid": "yes"}})");
+  bad({"--config", wrong_type}, "true or false");
+  std::string typo = WriteConfig(R"({"objects": {"blocksize": 4096}})");
+  bad({"--config", typo}, "unknown config key 'objects-blocksize'");
+  std::string threshold = WriteConfig(R"({"objects-compaction-threshold": "high"})");
+  bad({"--config", threshold}, "must be a number");
+  unlink(wrong_type.c_str());
+  unlink(typo.c_str());
+  unlink(threshold.c_str());
 }
 
 TEST(ServeConfigTest, ParseHostPort) {
