@@ -3,7 +3,6 @@
 // classes and offsets are checked before the Store (which checks the rest) sees a pointer.
 #include "server/object_service.h"
 
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,19 +54,6 @@ uint64_t StableHash(std::string_view s) {
     h *= 0x100000001b3ull;
   }
   return h;
-}
-
-// Loads an 8-byte word of the object range without risking a fault: a block may be released
-// (PROT_NONE) by a concurrent FREE between the Store call and this load, and a hint is not worth
-// a crash. process_vm_readv on our own pid fails with EFAULT instead of raising SIGSEGV.
-std::optional<uint64_t> SafeLoadWord(uint64_t addr) {
-  uint64_t w = 0;
-  iovec local{&w, sizeof(w)};
-  iovec remote{reinterpret_cast<void*>(addr), sizeof(w)};
-  if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof(w))) {
-    return std::nullopt;
-  }
-  return w;
 }
 
 uint64_t ProcessRssBytes() {
@@ -316,7 +302,11 @@ void ObjectService::AppendPtrReply(const corm::ObjectPtr& p, std::vector<std::by
   r.ptr.offset = p.addr - base_;
   r.ptr.id = p.id;
   r.ptr.size_class = static_cast<uint16_t>(p.size_class);
-  if (auto h = SafeLoadWord(p.addr)) r.ptr.version_hint = corm::Header::Unpack(*h).version;
+  // Read after the Store call, without its locks: a concurrent FREE may have released the block
+  // meanwhile. That is safe because the whole reservation stays readable (unused blocks map
+  // read-only zero pages, see block_allocator.cc); the hint is then 0.
+  r.ptr.version_hint =
+      corm::Header::Unpack(corm::LoadHeader(reinterpret_cast<const void*>(p.addr))).version;
   Append(reply, r);
 }
 
