@@ -58,7 +58,8 @@ struct CaseResult {
   Status status;
   uint64_t ops = 0;
   double seconds = 0;
-  double ops_per_sec = std::nan("");
+  double ops_per_sec = std::nan("");  // median of the rounds' rates
+  std::vector<double> round_rates;    // ops/s of each round
 };
 
 struct Report {
@@ -187,17 +188,28 @@ Result<uint64_t> RunObjectsCase(const Env& env, ReadOp op, const bench::ZipfGene
   return total;
 }
 
+// One case from its rounds (each measured for `slice_s`): total ops, and the median of the
+// rounds' rates as its throughput, so one round disturbed by another process does not decide it.
 CaseResult MakeCase(std::string system, std::string op, std::string dist, int clients, int inflight,
-                    double seconds, Result<uint64_t> ops) {
+                    double slice_s, const std::vector<Result<uint64_t>>& rounds) {
   CaseResult r{std::move(system), std::move(op), std::move(dist), clients, inflight};
-  if (!ops.ok()) {
-    r.status = ops.status();
+  for (const auto& x : rounds) {
+    if (!x.ok()) {
+      r.status = x.status();
+      return r;
+    }
+    r.ops += *x;
+    r.seconds += slice_s;
+    r.round_rates.push_back(static_cast<double>(*x) / slice_s);
+  }
+  if (r.round_rates.empty() || r.ops == 0) {
+    r.status = Status::TimedOut("no operation completed inside the window");
     return r;
   }
-  r.ops = *ops;
-  r.seconds = seconds;
-  r.ops_per_sec = static_cast<double>(*ops) / seconds;
-  if (r.ops == 0) r.status = Status::TimedOut("no operation completed inside the window");
+  std::vector<double> sorted = r.round_rates;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  r.ops_per_sec = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
   return r;
 }
 
@@ -295,6 +307,7 @@ Status Validate(const ObjectsThroughputOptions& o) {
     return Status::InvalidArgument("--size must be in 8..4000 bytes");
   if (!(o.seconds > 0) || o.seconds > 600)
     return Status::InvalidArgument("--seconds must be in (0, 600]");
+  if (o.rounds < 1 || o.rounds > 100) return Status::InvalidArgument("--rounds must be in 1..100");
   if (o.inflight < 1 || o.inflight > 1024)
     return Status::InvalidArgument("--inflight must be in 1..1024");
   if (o.clients.empty()) return Status::InvalidArgument("--clients list is empty");
@@ -348,12 +361,14 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   }
 
   nlohmann::json machine = bench::ObjectsBenchMachineInfo();
-  const double warmup = WarmupFor(o.seconds);
+  const double slice = o.seconds / o.rounds;  // measured time of one round of a case
+  const double warmup = WarmupFor(slice);
   fmt::print(
       "{}: backend {}, {} objects x {} B, clients {}, {} reads in flight per client, "
-      "{} s per case (+{:.2f} s warm-up), Zipf theta {}\n",
-      kProg, o.backend, o.objects, o.size, fmt::join(o.clients, "/"), o.inflight, o.seconds, warmup,
-      kZipfTheta);
+      "{} s per case in {} rounds (each +{:.2f} s warm-up; read paths take turns, median round "
+      "reported), Zipf theta {}\n",
+      kProg, o.backend, o.objects, o.size, fmt::join(o.clients, "/"), o.inflight, o.seconds,
+      o.rounds, warmup, kZipfTheta);
   if (double busy = bench::ObjectsBenchCpuBusy(std::chrono::milliseconds(200)); busy >= 0) {
     machine["cpu_busy_before_run"] = busy;
     if (busy > 0.25)
@@ -416,17 +431,27 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   for (const char* dist : {"uniform", "zipf"}) {
     fmt::print("\nfarmem objects, {} keys\n", dist);
     for (int clients : o.clients) {
-      for (ReadOp op : {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc}) {
-        PrintCaseStart("farmem", OpName(op), dist, clients, o.inflight);
-        Result<uint64_t> ops = server_died
-                                   ? Result<uint64_t>(Status::Unavailable("server process died"))
-                                   : RunObjectsCase(env, op, dist[0] == 'z' ? &zipf : nullptr,
-                                                    clients, o.inflight, warmup, o.seconds);
-        if (!(*server)->Alive()) {
-          server_died = true;
-          ops = Status::Unavailable("server process died during the case");
+      // The three read paths take turns, round after round, so background load on the machine
+      // hits them alike and their ratios stay meaningful.
+      constexpr ReadOp kOps[] = {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc};
+      std::vector<Result<uint64_t>> rounds[3];
+      for (int round = 0; round < o.rounds; ++round) {
+        for (size_t k = 0; k < 3; ++k) {
+          Result<uint64_t> ops =
+              server_died ? Result<uint64_t>(Status::Unavailable("server process died"))
+                          : RunObjectsCase(env, kOps[k], dist[0] == 'z' ? &zipf : nullptr, clients,
+                                           o.inflight, warmup, slice);
+          if (!(*server)->Alive()) {
+            server_died = true;
+            ops = Status::Unavailable("server process died during the case");
+          }
+          rounds[k].push_back(std::move(ops));
         }
-        CaseResult r = MakeCase("farmem", OpName(op), dist, clients, o.inflight, o.seconds, ops);
+      }
+      for (size_t k = 0; k < 3; ++k) {
+        PrintCaseStart("farmem", OpName(kOps[k]), dist, clients, o.inflight);
+        CaseResult r =
+            MakeCase("farmem", OpName(kOps[k]), dist, clients, o.inflight, slice, rounds[k]);
         PrintCaseEnd(r, report);
         report.cases.push_back(std::move(r));
       }
@@ -459,10 +484,15 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
         for (const char* dist : {"uniform", "zipf"}) {
           for (int clients : o.clients) {
             PrintCaseStart("redis", "get", dist, clients, o.inflight);
-            auto g = bench::RunRedisGets(port, o.objects, o.size, dist[0] == 'z' ? &zipf : nullptr,
-                                         clients, o.inflight, warmup, o.seconds);
-            Result<uint64_t> ops = g.ok() ? Result<uint64_t>(g->ops) : Result<uint64_t>(g.status());
-            CaseResult r = MakeCase("redis", "get", dist, clients, o.inflight, o.seconds, ops);
+            std::vector<Result<uint64_t>> rounds;
+            for (int round = 0; round < o.rounds; ++round) {
+              auto g =
+                  bench::RunRedisGets(port, o.objects, o.size, dist[0] == 'z' ? &zipf : nullptr,
+                                      clients, o.inflight, warmup, slice);
+              rounds.push_back(g.ok() ? Result<uint64_t>(g->ops) : Result<uint64_t>(g.status()));
+              if (!g.ok()) break;
+            }
+            CaseResult r = MakeCase("redis", "get", dist, clients, o.inflight, slice, rounds);
             PrintCaseEnd(r, report);
             report.cases.push_back(std::move(r));
           }
@@ -482,11 +512,11 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
     if (double load[3]; ::getloadavg(load, 3) == 3)
       machine["loadavg_at_end"] = {load[0], load[1], load[2]};
     j["machine"] = machine;
-    j["options"] = {{"backend", o.backend},     {"objects", o.objects},
-                    {"size", o.size},           {"slot_size", slot_size},
-                    {"clients", o.clients},     {"inflight", o.inflight},
-                    {"seconds", o.seconds},     {"warmup_seconds", warmup},
-                    {"zipf_theta", kZipfTheta}, {"quick", o.quick}};
+    j["options"] = {
+        {"backend", o.backend},     {"objects", o.objects},     {"size", o.size},
+        {"slot_size", slot_size},   {"clients", o.clients},     {"inflight", o.inflight},
+        {"seconds", o.seconds},     {"rounds", o.rounds},       {"round_seconds", slice},
+        {"warmup_seconds", warmup}, {"zipf_theta", kZipfTheta}, {"quick", o.quick}};
     j["server"] = {{"block_size", info.block_size},
                    {"id_bits", info.id_bits},
                    {"size_class", cls},
@@ -504,10 +534,12 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
       nlohmann::json x = {
           {"system", c.system},     {"op", c.op},   {"dist", c.dist},      {"clients", c.clients},
           {"inflight", c.inflight}, {"ops", c.ops}, {"seconds", c.seconds}};
-      if (c.status.ok())
+      x["round_ops_per_sec"] = c.round_rates;
+      if (c.status.ok()) {
         x["ops_per_sec"] = c.ops_per_sec;
-      else
+      } else {
         x["error"] = c.status.ToString();
+      }
       cases.push_back(std::move(x));
     }
     j["cases"] = std::move(cases);

@@ -14,9 +14,6 @@ inline CLI::App* AddObjectsThroughputBenchCommand(CLI::App& bench, ObjectsThroug
       "objects-throughput",
       "32 B object reads: direct_read vs RPC read vs raw transport read, uniform/Zipf, 1-8 "
       "clients, and Redis GETs in the same run");
-  o.objects = 0;  // 0 = default (1 M, or 100 k with --quick); see the option texts
-  o.seconds = 0;
-  o.clients.clear();
   cmd->add_option("--backend", o.backend, "tcp | fabric:<provider>")->capture_default_str();
   cmd->add_option("--objects", o.objects, "objects loaded (default 1000000; --quick: 100000)")
       ->check(CLI::Range(uint64_t{2}, uint64_t{64} << 20));
@@ -33,7 +30,11 @@ inline CLI::App* AddObjectsThroughputBenchCommand(CLI::App& bench, ObjectsThroug
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seconds", o.seconds, "measured time per case (default 1; --quick: 0.3)")
       ->check(CLI::Range(0.01, 600.0));
-  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 20 s)");
+  cmd->add_option("--rounds", o.rounds,
+                  "rounds per case (read paths take turns; the median round counts)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 30 s)");
   cmd->add_flag("!--no-redis", o.redis, "skip the Redis baseline");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
