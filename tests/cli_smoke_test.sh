@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the shipped binaries on 127.0.0.1: farmemd starts and reports ready, `farmem stat`
-# (table and --json), `farmem demo --connect`, a wrong token and an unreachable address fail with a
+# (table and --json, with the objects section), `farmem demo --connect` (raw and objects parts),
+# `farmem compact` (and its bad input), a wrong token and an unreachable address fail with a
 # message, and SIGTERM stops farmemd cleanly. Usage: cli_smoke_test.sh FARMEM FARMEMD (from ctest).
 set -euo pipefail
 
@@ -104,7 +105,39 @@ timeout 60 "$FARMEM" demo --connect "$ADDR" --token "$TOKEN" >"$WORK/demo.out" 2
   fail "farmem demo --connect exited $?"
 grep -q "node 'smoke'" "$WORK/demo.out" || fail "the demo output never shows the daemon answering STAT"
 grep -q '^demo passed' "$WORK/demo.out" || fail "farmem demo printed no 'demo passed' line"
+grep -Eq '^  objects: [0-9]+/[0-9]+ checks passed' "$WORK/demo.out" || fail "farmem demo did not run its objects part"
+grep -q 'read_any survivors     ok' "$WORK/demo.out" || fail "the demo's objects survived compaction badly"
 tail -n 2 "$WORK/demo.out"
+
+# --- farmem compact ---------------------------------------------------------------------------------
+log "farmem stat shows the object store"
+grep -q '^objects: ' "$WORK/stat.out" || fail "farmem stat has no objects section"
+grep -q '"objects"' "$WORK/stat_json.out" || fail "farmem stat --json has no objects section"
+
+log "farmem compact $ADDR"
+timeout 30 "$FARMEM" compact "$ADDR" --token "$TOKEN" >"$WORK/compact.out" 2>"$WORK/compact.err" </dev/null ||
+  fail "farmem compact exited $?"
+grep -Eq '^compacted .* \(all classes\): [0-9]+ merge\(s\)' "$WORK/compact.out" || fail "farmem compact printed no merge count"
+grep -q 'blocks_freed' "$WORK/compact.out" || fail "farmem compact printed no compaction counters"
+cat "$WORK/compact.out"
+timeout 30 "$FARMEM" compact "$ADDR" --class 0 --token "$TOKEN" >"$WORK/compact0.out" 2>"$WORK/compact0.err" </dev/null ||
+  fail "farmem compact --class 0 exited $?"
+grep -q '(class 0)' "$WORK/compact0.out" || fail "farmem compact --class 0 does not name the class"
+
+log "farmem compact bad input must be refused"
+rc=0
+timeout 30 "$FARMEM" compact "$ADDR" --class 60000 --token "$TOKEN" >"$WORK/badclass.out" 2>"$WORK/badclass.err" </dev/null || rc=$?
+((rc == 2)) || fail "farmem compact --class 60000 exited $rc (want 2)"
+grep -q 'does not exist' "$WORK/badclass.err" || fail "unknown-class error does not say why"
+rc=0
+timeout 30 "$FARMEM" compact "$ADDR" --class -1 --token "$TOKEN" >"$WORK/negclass.out" 2>"$WORK/negclass.err" </dev/null || rc=$?
+((rc == 2)) || fail "farmem compact --class -1 exited $rc (want 2)"
+rc=0
+timeout 30 "$FARMEM" compact --token "$TOKEN" >"$WORK/noaddr.out" 2>"$WORK/noaddr.err" </dev/null || rc=$?
+((rc == 2)) || fail "farmem compact without an address exited $rc (want 2)"
+rc=0
+timeout 30 "$FARMEM" compact "$ADDR" --token "not-$TOKEN" >"$WORK/compact_tok.out" 2>"$WORK/compact_tok.err" </dev/null || rc=$?
+((rc == 1)) || fail "farmem compact with a wrong token exited $rc (want 1)"
 
 # --- failures are reported, not hung on ------------------------------------------------------------
 log "wrong token must be refused"

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ struct StatOptions {
   bool json = false;
 };
 int RunStat(const StatOptions& options);
+
+struct CompactOptions {
+  ClientOptions client;
+  std::string address;
+  std::optional<uint16_t> size_class;  // unset = every class
+};
+// One compaction round of a farmemd's object store (COMPACT RPC); prints merges and counters.
+int RunCompact(const CompactOptions& options);
 
 // The human-readable `farmem stat` report of a STAT document (tolerates missing keys).
 std::string FormatStatTable(const nlohmann::json& stat, const std::string& address);

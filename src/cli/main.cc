@@ -1,6 +1,7 @@
 // `farmem`: the command-line tool. Subcommands: serve (run a memory server, same as farmemd),
-// demo (guided, checked tour of the raw API), stat (server statistics), bench raw (transport
-// benchmark). Exit codes: 0 ok, 1 a check or remote call failed, 2 usage error.
+// demo (guided, checked tour of the raw and object APIs), stat (server statistics), compact
+// (one object-store compaction round), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote
+// call failed, 2 usage error.
 #include <cstdio>
 #include <cstdlib>
 
@@ -56,6 +57,16 @@ int main(int argc, char** argv) {
   stat->add_option("address", stat_opts.address, "farmemd bootstrap HOST:PORT")->required();
   stat->add_flag("--json", stat_opts.json, "print the raw STAT JSON");
 
+  farmem::cli::CompactOptions compact_opts;
+  uint16_t compact_class = 0;
+  CLI::App* compact =
+      app.add_subcommand("compact", "run one compaction round of a farmemd's object store");
+  AddClientFlags(*compact, compact_opts.client);
+  compact->add_option("address", compact_opts.address, "farmemd bootstrap HOST:PORT")->required();
+  CLI::Option* compact_class_opt =
+      compact->add_option("--class", compact_class, "only this size class (default: all)")
+          ->check(CLI::Range(0, 65534));
+
   farmem::RawBenchOptions bench_opts;
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -95,6 +106,11 @@ int main(int argc, char** argv) {
   if (stat->parsed()) {
     ApplyTokenEnv(*stat, stat_opts.client);
     return farmem::cli::RunStat(stat_opts);
+  }
+  if (compact->parsed()) {
+    ApplyTokenEnv(*compact, compact_opts.client);
+    if (compact_class_opt->count() > 0) compact_opts.size_class = compact_class;
+    return farmem::cli::RunCompact(compact_opts);
   }
   if (raw->parsed()) {
     if (!backends.empty()) bench_opts.backends = backends;

@@ -1,5 +1,6 @@
 // `farmem stat ADDR [--json]`: fetch a farmemd's STAT document and print it as a table (or raw
-// JSON). The formatter tolerates missing keys so older/newer servers still print.
+// JSON), including the object store's section. The formatter tolerates missing keys so
+// older/newer servers still print.
 #include <cstdio>
 #include <string>
 
@@ -20,6 +21,54 @@ uint64_t U(const nlohmann::json& j, const char* key) {
 std::string S(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return (it != j.end() && it->is_string()) ? it->get<std::string>() : "?";
+}
+
+double D(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return (it != j.end() && it->is_number()) ? it->get<double>() : 0.0;
+}
+
+// The STAT "objects" section (CoRM object store): totals, one row per size class in use, and
+// the compaction counters. Empty when the server predates objects; one line when disabled.
+std::string FormatObjectsSection(const nlohmann::json& s) {
+  auto it = s.find("objects");
+  if (it == s.end() || !it->is_object()) return "";
+  const nlohmann::json& o = *it;
+  if (o.contains("enabled") && o["enabled"].is_boolean() && !o["enabled"].get<bool>()) {
+    return "\nobjects: disabled\n";
+  }
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& cfg = o.contains("config") && o["config"].is_object() ? o["config"] : empty;
+  std::string out;
+  out +=
+      fmt::format("\nobjects: {} live in {} block(s), {} of slots; {} physical held, RSS {}\n",
+                  U(o, "live_objects"), U(o, "live_blocks"), FormatBytes(U(o, "live_slot_bytes")),
+                  FormatBytes(U(o, "physical_bytes_held")), FormatBytes(U(o, "process_rss_bytes")));
+  auto id_bits = cfg.find("id_bits");
+  out += fmt::format("         block {}, id_bits {}, {} size classes, objects up to {}\n",
+                     FormatBytes(U(cfg, "block_size")),
+                     id_bits != cfg.end() && id_bits->is_number() ? id_bits->dump() : "?",
+                     U(o, "num_classes"), FormatBytes(U(o, "max_object_size")));
+  if (o.contains("classes") && o["classes"].is_array() && !o["classes"].empty()) {
+    out += fmt::format("\n{:<6} {:>9} {:>8} {:>10} {:>10} {:>6}\n", "CLASS", "SLOT", "BLOCKS",
+                       "LIVE", "CAPACITY", "FRAG");
+    for (const auto& c : o["classes"]) {
+      if (!c.is_object()) continue;
+      out += fmt::format("{:<6} {:>9} {:>8} {:>10} {:>10} {:>5.1f}%\n", U(c, "class"),
+                         FormatBytes(U(c, "slot_size")), U(c, "blocks"), U(c, "live"),
+                         U(c, "capacity_slots"), 100.0 * D(c, "fragmentation"));
+    }
+  }
+  if (o.contains("compaction") && o["compaction"].is_object()) {
+    const nlohmann::json& k = o["compaction"];
+    out += fmt::format(
+        "\ncompaction: {} round(s), {} merge(s), {} block(s) freed, {} moved, {} object(s) "
+        "copied, {} relocated, {} collision(s), {} busy skip(s)\n",
+        U(k, "rounds"), U(k, "compactions"), U(k, "blocks_freed"), FormatBytes(U(k, "bytes_moved")),
+        U(k, "objects_copied"), U(k, "objects_relocated"), U(k, "collisions"),
+        U(k, "skipped_busy"));
+  }
+  return out;
 }
 
 }  // namespace
@@ -66,13 +115,14 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     if (s.value("pools_truncated", false)) out += "(more pools not listed)\n";
   }
   if (s.contains("rpc") && s["rpc"].is_object()) {
-    out += fmt::format("\n{:<10} {:>7} {:>10} {:>10}\n", "RPC", "OPCODE", "CALLS", "ERRORS");
+    out += fmt::format("\n{:<12} {:>7} {:>10} {:>10}\n", "RPC", "OPCODE", "CALLS", "ERRORS");
     for (const auto& [op, c] : s["rpc"].items()) {
       if (!c.is_object()) continue;
-      out += fmt::format("{:<10} {:>7} {:>10} {:>10}\n", op, U(c, "opcode"), U(c, "calls"),
+      out += fmt::format("{:<12} {:>7} {:>10} {:>10}\n", op, U(c, "opcode"), U(c, "calls"),
                          U(c, "errors"));
     }
   }
+  out += FormatObjectsSection(s);
   return out;
 }
 

@@ -398,7 +398,7 @@ Task<Status> ObjectClient::free(Scheduler& sched, Ptr& p) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "free"));
   FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(servers_[p.server], p, "free"));
   const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
-  std::byte reply[1];
+  std::byte reply[sizeof(wire::PtrReply)];  // room to see (and reject) a non-empty reply
   Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpFree),
                                           request, std::span(reply));
   if (!r.ok()) co_return r.status().WithContext("free " + Describe(p));

@@ -1,0 +1,77 @@
+// `farmem compact ADDR [--class N]`: ask a farmemd to run one compaction round of its object
+// store (all size classes or one) and print the merges, the server's compaction counters and the
+// physical memory the store holds before and after.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "common/log.h"
+#include "farmem/objects.h"
+#include "server/serve.h"
+
+namespace farmem::cli {
+namespace {
+
+// physical_bytes_held of the STAT "objects" section, or -1 when the server does not report it.
+int64_t HeldBytes(const Result<nlohmann::json>& st) {
+  if (!st.ok()) return -1;
+  auto o = st->find("objects");
+  if (o == st->end() || !o->is_object()) return -1;
+  auto h = o->find("physical_bytes_held");
+  return h != o->end() && h->is_number_unsigned() ? static_cast<int64_t>(h->get<uint64_t>()) : -1;
+}
+
+}  // namespace
+
+int RunCompact(const CompactOptions& options) {
+  InitLogging();
+  auto node = MakeClientNode(options.client, "farmem-compact");
+  if (!node.ok()) {
+    std::fprintf(stderr, "farmem compact: error: %s\n", node.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<std::string> servers{options.address};
+  auto client = ObjectClient::Connect(**node, servers);
+  if (!client.ok()) {
+    std::fprintf(stderr, "farmem compact: error: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  ObjectClient& c = **client;
+  const size_t classes = c.server_info(0).classes.size();
+  if (options.size_class && *options.size_class >= classes) {
+    std::fprintf(stderr,
+                 "farmem compact: error: --class %u does not exist: the server has classes "
+                 "0..%zu\n",
+                 unsigned{*options.size_class}, classes - 1);
+    return kExitUsage;
+  }
+  const int64_t before = HeldBytes(c.stat(0));
+  Result<CompactResult> r = c.compact(0, options.size_class);
+  if (!r.ok()) {
+    std::fprintf(stderr, "farmem compact: error: %s\n", r.status().ToString().c_str());
+    return r.status().code() == Code::kInvalidArgument ? kExitUsage : 1;
+  }
+  const int64_t after = HeldBytes(c.stat(0));
+
+  std::string out = fmt::format(
+      "compacted {} ({}): {} merge(s)\n", options.address,
+      options.size_class ? fmt::format("class {}", *options.size_class) : "all classes", r->merges);
+  if (before >= 0 && after >= 0) {
+    out +=
+        fmt::format("physical bytes held: {} -> {}\n", FormatBytes(static_cast<uint64_t>(before)),
+                    FormatBytes(static_cast<uint64_t>(after)));
+  }
+  if (r->stats.is_object() && !r->stats.empty()) {
+    out += "compaction counters (server lifetime):\n";
+    for (const auto& [key, value] : r->stats.items()) {
+      out += fmt::format("  {:<20} {}\n", key, value.dump());
+    }
+  }
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace farmem::cli
