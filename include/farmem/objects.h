@@ -47,6 +47,23 @@ enum class Correction : uint8_t {
   kScan = 1,      // one-sided read of the whole home block, find the slot with the ID
 };
 
+// How direct_read and scan_read validate a one-sided copy of a slot (docs/objects.md, "Client
+// API"). The version bytes (corm::CheckSlot) prove a copy consistent only if the transport copied
+// the slot in ascending address order with aligned 8-byte loads; only the native TCP backend
+// guarantees that (docs/transport.md, "Copy order of one-sided reads").
+enum class ReadValidation : uint8_t {
+  // Per server: kVersions if the node's transport is native TCP ("tcp"), otherwise
+  // kVersionsAndHeaderRecheck.
+  kAuto = 0,
+  // CheckSlot on one copy: one round trip. Sound only for ordered word copies.
+  kVersions = 1,
+  // Seqlock: read the header word, copy the slot, read the header word again, each after the
+  // previous one completed; accept only if both reads equal the copy's header (unlocked, same
+  // version, ID and home) and CheckSlot passes. Sound for any copy order; two more (8-byte)
+  // round trips per direct_read, one more slot copy plus one header read per scan_read.
+  kVersionsAndHeaderRecheck = 2,
+};
+
 // How the server picks the worker (thread allocator) that serves an allocation.
 enum class WorkerSelection : uint8_t { kByConnection = 0, kRandom = 1 };
 
@@ -56,6 +73,8 @@ struct ObjectClientOptions {
   // direct_read retries a torn or locked copy with exponential backoff for at most this long.
   std::chrono::milliseconds retry_budget{2000};
   std::chrono::microseconds max_backoff{256};
+  // How one-sided copies are validated (see ReadValidation).
+  ReadValidation validation = ReadValidation::kAuto;
 };
 
 // What the server tells a client at connect time (OBJ_INFO).
@@ -85,6 +104,9 @@ struct ObjectClientStats {
   uint64_t scans = 0;        // scan_read block reads
   uint64_t corrections = 0;  // pointers corrected in place
   uint64_t rpc_reads = 0;
+  uint64_t header_rechecks = 0;   // copies validated by the header recheck (seqlock)
+  uint64_t recheck_failures = 0;  // ... rejected because a header read before or after the
+                                  // copy differed from the copy's header (retried)
 };
 
 struct CompactResult {

@@ -2,12 +2,14 @@
 // release/compact/stat) use object_wire.h; direct_read and scan_read copy slots or whole blocks
 // one-sidedly and run the server's own layout code (corm::CheckSlot, DecodePayload,
 // ScanBlockImage) on the copy, so client and server can never disagree about the slot format.
+// Over transports that do not copy in address order they also re-read the header (a seqlock).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +77,53 @@ class Backoff {
 
 uint16_t IdMaskOf(const ObjectServerInfo& info, uint16_t size_class) {
   return static_cast<uint16_t>(info.classes[size_class].id_mask);
+}
+
+uint64_t HeaderOf(std::span<const uint8_t> copy) {
+  uint64_t word;
+  std::memcpy(&word, copy.data(), sizeof(word));
+  return word;
+}
+
+// CheckSlot on a copy, plus the home check: a slot that passes the ID check but names another
+// home is some other object (our pointer is stale after release_ptr, or forged): "moved".
+corm::SlotCheck CheckCopy(std::span<const uint8_t> copy, uint64_t addr, uint16_t id, uint16_t mask,
+                          uint32_t home) {
+  corm::SlotCheck check = corm::CheckSlot(copy, addr, id, mask);
+  if (check == corm::SlotCheck::kOk && corm::Header::Unpack(HeaderOf(copy)).home_block != home) {
+    check = corm::SlotCheck::kMoved;
+  }
+  return check;
+}
+
+// The test seam of object_client_internal.h. The flag keeps the unset case to one relaxed load.
+struct ReadHookSlot {
+  std::atomic<bool> set{false};
+  std::mutex mu;
+  objects_internal::ReadHook hook = nullptr;
+  void* ctx = nullptr;
+};
+ReadHookSlot& Hook() {
+  static ReadHookSlot slot;
+  return slot;
+}
+void RunReadHook(objects_internal::ReadStage stage, uint64_t offset, std::span<uint8_t> copy) {
+  ReadHookSlot& h = Hook();
+  if (!h.set.load(std::memory_order_relaxed)) return;
+  objects_internal::ReadHook hook;
+  void* ctx;
+  {
+    std::lock_guard lock(h.mu);
+    hook = h.hook;
+    ctx = h.ctx;
+  }
+  if (hook != nullptr) hook(ctx, stage, offset, copy);
+}
+
+// Why a read gave up, for its TimedOut message.
+std::string RetryReason(bool changed, corm::SlotCheck check) {
+  return changed ? "changing (the header read before or after the copy differed from the copy's)"
+                 : std::string(corm::SlotCheckName(check));
 }
 
 }  // namespace
@@ -181,6 +230,36 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
   return Status::OK();
 }
 
+bool UsesHeaderRecheck(ReadValidation mode, std::string_view transport_name) {
+  switch (mode) {
+    case ReadValidation::kVersions:
+      return false;
+    case ReadValidation::kVersionsAndHeaderRecheck:
+      return true;
+    case ReadValidation::kAuto:
+      break;
+  }
+  // Exactly the native TCP backend: "fabric:tcp;ofi_rxm" is libfabric's tcp provider, which
+  // copies through the kernel without word atomicity.
+  return transport_name != "tcp";
+}
+
+corm::SlotCheck CheckHeaderWord(uint64_t word, uint16_t id, uint16_t id_mask, uint32_t home) {
+  const corm::Header h = corm::Header::Unpack(word);
+  if (!h.allocated) return corm::SlotCheck::kFreed;
+  if (h.locked || h.compacting) return corm::SlotCheck::kLocked;
+  if ((h.id & id_mask) != (id & id_mask) || h.home_block != home) return corm::SlotCheck::kMoved;
+  return corm::SlotCheck::kOk;
+}
+
+void SetReadHookForTesting(ReadHook hook, void* ctx) {
+  ReadHookSlot& h = Hook();
+  std::lock_guard lock(h.mu);
+  h.hook = hook;
+  h.ctx = ctx;
+  h.set.store(hook != nullptr, std::memory_order_relaxed);
+}
+
 }  // namespace objects_internal
 
 // ---- Impl ------------------------------------------------------------------------------------
@@ -189,6 +268,7 @@ struct ObjectClient::Impl {
   struct Server {
     PeerId peer = kInvalidPeer;
     std::string address;
+    bool header_recheck = false;  // ReadValidation resolved for this server's connection
   };
   std::vector<Server> servers;  // parallel to ObjectClient::servers_
   std::atomic<uint32_t> round_robin{0};
@@ -196,7 +276,7 @@ struct ObjectClient::Impl {
 
   struct Counters {
     std::atomic<uint64_t> direct_reads{0}, direct_ok{0}, torn_retries{0}, locked_retries{0},
-        moved{0}, scans{0}, corrections{0}, rpc_reads{0};
+        moved{0}, scans{0}, corrections{0}, rpc_reads{0}, header_rechecks{0}, recheck_failures{0};
   } counters;
 
   std::mutex mu;  // guards sched (blocking calls, one at a time)
@@ -252,6 +332,12 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
   if (options.correction != Correction::kScan && options.correction != Correction::kAskOwner) {
     return Status::InvalidArgument("ObjectClient: unknown correction mode");
   }
+  if (options.validation != ReadValidation::kAuto &&
+      options.validation != ReadValidation::kVersions &&
+      options.validation != ReadValidation::kVersionsAndHeaderRecheck) {
+    return Status::InvalidArgument("ObjectClient: unknown read validation mode " +
+                                   std::to_string(static_cast<int>(options.validation)));
+  }
   std::unique_ptr<ObjectClient> client(new ObjectClient(node, options));
   Impl& impl = *client->impl_;
   std::lock_guard lock(impl.mu);
@@ -281,7 +367,11 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
       }
     }
     client->servers_.push_back(std::move(*info));
-    impl.servers.push_back({peer->id, address});
+    // One transport per node today, but the choice is kept per connection: it is a property of
+    // how this server's memory is copied, and a node with several backends would differ here.
+    impl.servers.push_back(
+        {peer->id, address,
+         objects_internal::UsesHeaderRecheck(options.validation, node.transport().name())});
   }
   return client;
 }
@@ -303,6 +393,8 @@ ObjectClientStats ObjectClient::stats() const {
   s.scans = ld(c.scans);
   s.corrections = ld(c.corrections);
   s.rpc_reads = ld(c.rpc_reads);
+  s.header_rechecks = ld(c.header_rechecks);
+  s.recheck_failures = ld(c.recheck_failures);
   return s;
 }
 
@@ -552,6 +644,23 @@ Task<Result<nlohmann::json>> ObjectClient::stat(Scheduler& sched, uint16_t serve
 // (at least 4 KiB), so offset ≡ address (mod 64) and the offset can stand in for the absolute
 // address in every layout function (they only use it modulo 64). The header's home block index
 // is offset / block_size for the same reason.
+//
+// Validation (ReadValidation). CheckSlot's version bytes prove a copy consistent only if the copy
+// loaded the header first and the tail last, word by word (docs/objects.md, "Writer and reader
+// protocols"). Other transports may load the header word last: a copy can then hold the header
+// and version bytes of a write W that completed during the copy next to payload loaded while W
+// was storing it, and pass CheckSlot. So in recheck mode a copy is bracketed by two header reads,
+// each issued after the previous operation completed (a seqlock):
+//   before = header; copy = slot; after = header; accept iff before == copy's header == after.
+// Why this is sound for any copy order: a writer CASes the lock bit into the header before it
+// stores anything and publishes a new version (lock clear) after its last store. A write whose
+// stores overlap the copy took the lock after `before` was read (else `before` shows it locked,
+// or the write had finished before the copy began), so `after` shows it locked or with a newer
+// version. Compaction sets the compaction bit (seen as locked) and an object moved to another
+// offset leaves another header behind. Residual risk as with the version bytes: exactly 256*k
+// writes between the two header reads (8-bit version). Re-reading only the header after the
+// copy (comparing with the copy's own header) would NOT be enough: the copy's header word may
+// itself have been loaded after the payload, from W's final store.
 
 Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "direct_read"));
@@ -562,37 +671,57 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
   const uint32_t slot = info.classes[p.size_class].slot_size;
   const uint16_t mask = IdMaskOf(info, p.size_class);
   const auto home = static_cast<uint32_t>(p.offset / info.block_size);
+  const bool recheck = impl_->servers[p.server].header_recheck;
   const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, p.offset};
   std::vector<uint8_t> copy(slot);
   Backoff backoff(options_.retry_budget, options_.max_backoff);
   uint64_t retries = 0;
   for (;;) {
-    Status st = co_await sched.read(ref, copy.data(), slot);
-    if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p));
-    corm::SlotCheck check = corm::CheckSlot(copy, p.offset, p.id, mask);
-    uint64_t word;
-    std::memcpy(&word, copy.data(), sizeof(word));
-    const corm::Header h = corm::Header::Unpack(word);
-    // A slot that passes the ID check but names another home is some other object (e.g. our
-    // pointer is stale after release_ptr, or a forged one): treat it like an ID mismatch.
-    if (check == corm::SlotCheck::kOk && h.home_block != home) check = corm::SlotCheck::kMoved;
-    switch (check) {
-      case corm::SlotCheck::kOk: {
-        p.version_hint = h.version;
-        Impl::Inc(c.direct_ok);
-        co_return corm::DecodePayload(
-            copy, p.offset, std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+    corm::SlotCheck check = corm::SlotCheck::kOk;
+    bool changed = false;  // recheck mode: a header read differed from the copy's header
+    uint64_t before = 0;
+    if (recheck) {
+      // A header that already shows the slot locked, freed or holding another object settles
+      // the attempt without copying the slot.
+      Status st = co_await sched.read(ref, &before, sizeof(before));
+      if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p) + " (header)");
+      check = objects_internal::CheckHeaderWord(before, p.id, mask, home);
+      if (check == corm::SlotCheck::kOk) {
+        RunReadHook(objects_internal::ReadStage::kBeforeCopy, p.offset, {});
       }
+    }
+    if (check == corm::SlotCheck::kOk) {
+      Status st = co_await sched.read(ref, copy.data(), slot);
+      if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p));
+      RunReadHook(objects_internal::ReadStage::kAfterCopy, p.offset, copy);
+      check = CheckCopy(copy, p.offset, p.id, mask, home);
+      if (check == corm::SlotCheck::kOk && recheck) {
+        Impl::Inc(c.header_rechecks);
+        uint64_t after = 0;
+        st = co_await sched.read(ref, &after, sizeof(after));
+        if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p) + " (header recheck)");
+        changed = before != HeaderOf(copy) || after != HeaderOf(copy);
+      }
+    }
+    if (check == corm::SlotCheck::kOk && !changed) {
+      p.version_hint = corm::Header::Unpack(HeaderOf(copy)).version;
+      Impl::Inc(c.direct_ok);
+      co_return corm::DecodePayload(copy, p.offset,
+                                    std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+    }
+    switch (check) {
+      case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
       case corm::SlotCheck::kLocked:
-        Impl::Inc(check == corm::SlotCheck::kTorn ? c.torn_retries : c.locked_retries);
+        Impl::Inc(changed                           ? c.recheck_failures
+                  : check == corm::SlotCheck::kTorn ? c.torn_retries
+                                                    : c.locked_retries);
         ++retries;
         if (!backoff.Wait()) {
-          co_return Status::TimedOut("direct_read " + Describe(p) + ": slot stayed " +
-                                     std::string(corm::SlotCheckName(check)) +
-                                     " for the whole retry budget of " +
-                                     std::to_string(options_.retry_budget.count()) + " ms (" +
-                                     std::to_string(retries) + " retries)");
+          co_return Status::TimedOut(
+              "direct_read " + Describe(p) + ": slot stayed " + RetryReason(changed, check) +
+              " for the whole retry budget of " + std::to_string(options_.retry_budget.count()) +
+              " ms (" + std::to_string(retries) + " retries)");
         }
         continue;
       case corm::SlotCheck::kMoved:
@@ -620,8 +749,10 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
   const uint16_t mask = IdMaskOf(info, p.size_class);
   const uint64_t block_off = p.offset - p.offset % info.block_size;
   const auto home = static_cast<uint32_t>(block_off / info.block_size);
+  const bool recheck = impl_->servers[p.server].header_recheck;
   const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, block_off};
   std::vector<uint8_t> image(info.block_size);
+  std::vector<uint8_t> slot_copy(recheck ? slot : 0);
   Backoff backoff(options_.retry_budget, options_.max_backoff);
   uint64_t retries = 0;
   for (;;) {
@@ -636,32 +767,63 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
                                  ": no slot of its home block holds the ID: the object was freed");
     }
     const uint64_t addr = block_off + static_cast<uint64_t>(found);
-    std::span<const uint8_t> copy(image.data() + found, slot);
-    corm::SlotCheck check = corm::CheckSlot(copy, addr, p.id, mask);
-    uint64_t word;
-    std::memcpy(&word, copy.data(), sizeof(word));
-    const corm::Header h = corm::Header::Unpack(word);
-    if (check == corm::SlotCheck::kOk && h.home_block != home) check = corm::SlotCheck::kMoved;
-    switch (check) {
-      case corm::SlotCheck::kOk: {
-        if (addr != p.offset) {
-          p.offset = addr;
-          Impl::Inc(c.corrections);
+    std::span<uint8_t> copy(image.data() + found, slot);
+    corm::SlotCheck check = corm::SlotCheck::kOk;
+    bool changed = false;
+    if (!recheck) {
+      RunReadHook(objects_internal::ReadStage::kAfterCopy, addr, copy);
+      check = CheckCopy(copy, addr, p.id, mask, home);
+    } else {
+      // The block copy located the slot; its header word there was read before anything issued
+      // after the block read, so it is the seqlock's first header read. Copy the slot alone,
+      // then read its header again.
+      check = CheckCopy(copy, addr, p.id, mask, home);
+      if (check == corm::SlotCheck::kOk) {
+        const uint64_t before = HeaderOf(copy);
+        RunReadHook(objects_internal::ReadStage::kBeforeCopy, addr, {});
+        const RemoteRef at{ref.peer, ref.key, addr};
+        st = co_await sched.read(at, slot_copy.data(), slot);
+        if (!st.ok()) co_return st.WithContext("scan_read " + Describe(p) + " (slot)");
+        copy = std::span(slot_copy);
+        RunReadHook(objects_internal::ReadStage::kAfterCopy, addr, copy);
+        check = CheckCopy(copy, addr, p.id, mask, home);
+        if (check == corm::SlotCheck::kMoved || check == corm::SlotCheck::kFreed) {
+          // The block copy showed the object here a moment ago: it moved (or was freed) in
+          // between. Scan again rather than report a move as a free.
+          check = corm::SlotCheck::kOk;
+          changed = true;
+        } else if (check == corm::SlotCheck::kOk) {
+          Impl::Inc(c.header_rechecks);
+          uint64_t after = 0;
+          st = co_await sched.read(at, &after, sizeof(after));
+          if (!st.ok()) co_return st.WithContext("scan_read " + Describe(p) + " (header recheck)");
+          changed = before != HeaderOf(copy) || after != HeaderOf(copy);
         }
-        p.version_hint = h.version;
-        co_return corm::DecodePayload(
-            copy, addr, std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
       }
+    }
+    const corm::Header h = corm::Header::Unpack(HeaderOf(copy));
+    if (check == corm::SlotCheck::kOk && !changed) {
+      if (addr != p.offset) {
+        p.offset = addr;
+        Impl::Inc(c.corrections);
+      }
+      p.version_hint = h.version;
+      co_return corm::DecodePayload(copy, addr,
+                                    std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+    }
+    switch (check) {
+      case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
       case corm::SlotCheck::kLocked:
-        Impl::Inc(check == corm::SlotCheck::kTorn ? c.torn_retries : c.locked_retries);
+        Impl::Inc(changed                           ? c.recheck_failures
+                  : check == corm::SlotCheck::kTorn ? c.torn_retries
+                                                    : c.locked_retries);
         ++retries;
         if (!backoff.Wait()) {
-          co_return Status::TimedOut("scan_read " + Describe(p) + ": slot stayed " +
-                                     std::string(corm::SlotCheckName(check)) +
-                                     " for the whole retry budget of " +
-                                     std::to_string(options_.retry_budget.count()) + " ms (" +
-                                     std::to_string(retries) + " retries)");
+          co_return Status::TimedOut(
+              "scan_read " + Describe(p) + ": slot stayed " + RetryReason(changed, check) +
+              " for the whole retry budget of " + std::to_string(options_.retry_budget.count()) +
+              " ms (" + std::to_string(retries) + " retries)");
         }
         continue;
       case corm::SlotCheck::kMoved:

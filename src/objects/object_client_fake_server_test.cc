@@ -2,13 +2,15 @@
 // "objects" region and answers OBJ_INFO (and canned replies for other opcodes). The test crafts
 // slot images with the real layout code — locked, torn, moved, freed, homed elsewhere — so every
 // branch of the one-sided read path and every malformed-reply check runs deterministically,
-// which a real server under load almost never produces.
+// which a real server under load almost never produces. The header-recheck (seqlock) tests change
+// the fake's memory between the steps of a read through the client's test seam.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,6 +19,7 @@
 
 #include "farmem/objects.h"
 #include "node/node_test_util.h"
+#include "objects/object_client_internal.h"
 #include "objects/object_wire.h"
 #include "server/corm/object_layout.h"
 
@@ -412,6 +415,266 @@ TEST_F(FakeServerTest, MalformedRepliesAreProtocolErrors) {
   ASSERT_TRUE(cr.ok()) << cr.status().ToString();
   EXPECT_EQ(cr->merges, 2u);
   EXPECT_EQ(cr->stats.value("rounds", 0), 1);
+}
+
+// ---- Header recheck (ReadValidation::kVersionsAndHeaderRecheck) -------------------------------
+
+using objects_internal::ReadStage;
+
+// Runs `action(offset, copy)` at `stage` of the next `times` one-sided reads (times < 0: always),
+// through the client's test seam; removes the hook when destroyed.
+class Interpose {
+ public:
+  using Action = std::function<void(uint64_t offset, std::span<uint8_t> copy)>;
+  Interpose(ReadStage stage, int times, Action action)
+      : stage_(stage), left_(times), action_(std::move(action)) {
+    objects_internal::SetReadHookForTesting(&Run, this);
+  }
+  ~Interpose() { objects_internal::SetReadHookForTesting(nullptr, nullptr); }
+  Interpose(const Interpose&) = delete;
+  Interpose& operator=(const Interpose&) = delete;
+  // How often the stage was reached (whether or not the action still ran).
+  int reached() const { return reached_.load(); }
+
+ private:
+  static void Run(void* ctx, ReadStage stage, uint64_t offset, std::span<uint8_t> copy) {
+    auto* self = static_cast<Interpose*>(ctx);
+    if (stage != self->stage_) return;
+    self->reached_.fetch_add(1);
+    if (self->left_ == 0) return;
+    if (self->left_ > 0) --self->left_;
+    self->action_(offset, copy);
+  }
+
+  ReadStage stage_;
+  int left_;
+  Action action_;
+  std::atomic<int> reached_{0};
+};
+
+ObjectClientOptions Validation(ReadValidation v, int budget_ms = 2000) {
+  ObjectClientOptions o;
+  o.validation = v;
+  o.retry_budget = std::chrono::milliseconds(budget_ms);
+  return o;
+}
+
+TEST(ReadValidationChoice, OnlyNativeTcpIsTrustedWithoutARecheck) {
+  using objects_internal::UsesHeaderRecheck;
+  EXPECT_FALSE(UsesHeaderRecheck(ReadValidation::kAuto, "tcp"));
+  EXPECT_TRUE(UsesHeaderRecheck(ReadValidation::kAuto, "fabric:shm"));
+  EXPECT_TRUE(UsesHeaderRecheck(ReadValidation::kAuto, "fabric:tcp;ofi_rxm"));
+  EXPECT_TRUE(UsesHeaderRecheck(ReadValidation::kAuto, "fabric:verbs;ofi_rxm"));
+  EXPECT_FALSE(UsesHeaderRecheck(ReadValidation::kVersions, "fabric:shm"));
+  EXPECT_TRUE(UsesHeaderRecheck(ReadValidation::kVersionsAndHeaderRecheck, "tcp"));
+
+  using objects_internal::CheckHeaderWord;
+  corm::Header h{0x1234, false, false, true, 9, 3};
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kOk);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 4), corm::SlotCheck::kMoved);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1235, 0xffff, 3), corm::SlotCheck::kMoved);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x9999, 0, 3), corm::SlotCheck::kOk) << "offset-only";
+  corm::Header locked = h, compacting = h, freed = h;
+  locked.locked = true;
+  compacting.compacting = true;
+  freed.allocated = false;
+  freed.locked = true;  // freed is reported first, as CheckSlot does
+  EXPECT_EQ(CheckHeaderWord(locked.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kLocked);
+  EXPECT_EQ(CheckHeaderWord(compacting.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kLocked);
+  EXPECT_EQ(CheckHeaderWord(freed.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kFreed);
+}
+
+TEST_F(FakeServerTest, ValidationModeIsCheckedAndAutoTrustsNativeTcp) {
+  std::vector<std::string> servers{fake_->address()};
+  ObjectClientOptions bad;
+  bad.validation = static_cast<ReadValidation>(7);
+  auto c = ObjectClient::Connect(*node_, servers, bad);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().ToString();
+
+  const uint64_t off = kBlock + 128;
+  auto pay = Payload(40, 3);
+  fake_->Put(off, kC64, 5, pay, 2);
+  std::vector<std::byte> out(40);
+  ObjectClient& autoc = Client();  // the fake and the client run native TCP
+  ObjectClient& forced = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck));
+  for (ObjectClient* cl : {&autoc, &forced}) {
+    Ptr p = P(off, kC64, 5);
+    ASSERT_TRUE(cl->direct_read(p, out).ok());
+    EXPECT_TRUE(Same(out, pay));
+    ASSERT_TRUE(cl->scan_read(p, out).ok());
+    EXPECT_TRUE(Same(out, pay));
+  }
+  EXPECT_EQ(autoc.stats().header_rechecks, 0u);
+  EXPECT_EQ(forced.stats().header_rechecks, 2u);
+  EXPECT_EQ(forced.stats().recheck_failures, 0u);
+}
+
+// The case the recheck exists for: a transport that loaded the slot's header word (and version
+// bytes) after a write W completed, but some payload words before W stored them. The copy is
+// consistent as far as CheckSlot can tell; only a header read that completed before the copy
+// began shows that W happened in between.
+TEST_F(FakeServerTest, HeaderRecheckRejectsAnOutOfOrderCopyThatPassesTheVersionCheck) {
+  const uint64_t off = 2 * kBlock + 72;  // ≡ 8 (mod 64): a line version inside the payload
+  const size_t cap = corm::PayloadCapacity(72);
+  auto old_pay = Payload(cap, 5), new_pay = Payload(cap, 100);
+  std::vector<uint8_t> mixed(cap);  // (vector::insert here trips a GCC 12 -Warray-bounds)
+  for (size_t i = 0; i < cap; ++i) mixed[i] = i < cap / 2 ? old_pay[i] : new_pay[i];
+  auto torn_copy = [&](uint64_t at, std::span<uint8_t> copy) {
+    fake_->Put(at, kC72, 7, new_pay, 21);  // W completes during the copy ...
+    corm::Header h{7, false, false, true, 21, static_cast<uint32_t>(at / kBlock)};
+    corm::EncodeSlot(copy, at, h, mixed);  // ... which holds W's header, half of its payload
+    ASSERT_EQ(corm::CheckSlot(copy, at, 7, 0xffff), corm::SlotCheck::kOk);
+  };
+  std::vector<std::byte> out(cap);
+
+  // Versions only: the copy is accepted. This is why that mode is for ordered copies only, and
+  // it shows that the copy below really passes every version check.
+  {
+    fake_->Put(off, kC72, 7, old_pay, 20);
+    ObjectClient& c = Client(Validation(ReadValidation::kVersions));
+    Interpose torn(ReadStage::kAfterCopy, 1, torn_copy);
+    Ptr p = P(off, kC72, 7);
+    ASSERT_TRUE(c.direct_read(p, out).ok());
+    EXPECT_TRUE(Same(out, mixed));
+  }
+  for (bool scan : {false, true}) {
+    SCOPED_TRACE(scan ? "scan_read" : "direct_read");
+    fake_->Put(off, kC72, 7, old_pay, 20);
+    ObjectClient& c = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck));
+    Interpose torn(ReadStage::kAfterCopy, 1, torn_copy);
+    Ptr p = P(off, kC72, 7);
+    Result<size_t> r = scan ? c.scan_read(p, out) : c.direct_read(p, out);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(Same(out, new_pay)) << "the retry reads W's value";
+    EXPECT_EQ(p.version_hint, 21);
+    const ObjectClientStats st = c.stats();
+    EXPECT_EQ(st.recheck_failures, 1u);
+    EXPECT_EQ(st.header_rechecks, 2u);
+    EXPECT_EQ(st.torn_retries, 0u);
+    EXPECT_EQ(torn.reached(), 2);
+  }
+}
+
+// A write that completes between the first header read and the copy, or between the copy and the
+// second header read, changes the header: the copy is retried (conservatively: it may have been
+// whole) and the retry returns the new value.
+TEST_F(FakeServerTest, HeaderRecheckRetriesWhenAWriteLandsBetweenTheReads) {
+  const uint64_t off = 3 * kBlock + 3 * 64;
+  auto old_pay = Payload(50, 1), new_pay = Payload(50, 77);
+  std::vector<std::byte> out(50);
+  for (ReadStage stage : {ReadStage::kBeforeCopy, ReadStage::kAfterCopy}) {
+    for (bool scan : {false, true}) {
+      SCOPED_TRACE(std::string(stage == ReadStage::kBeforeCopy ? "before" : "after") +
+                   " the copy, " + (scan ? "scan_read" : "direct_read"));
+      fake_->Put(off, kC64, 0x77, old_pay, 250);
+      ObjectClient& c = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck));
+      Interpose write(stage, 1, [&](uint64_t at, std::span<uint8_t>) {
+        fake_->Put(at, kC64, 0x77, new_pay, 251);
+      });
+      Ptr p = P(off, kC64, 0x77);
+      Result<size_t> r = scan ? c.scan_read(p, out) : c.direct_read(p, out);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(Same(out, new_pay));
+      EXPECT_EQ(c.stats().recheck_failures, 1u);
+    }
+  }
+  // A slot that changes between every pair of reads is given up after the retry budget.
+  ObjectClient& c = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck, 20));
+  uint8_t version = 1;
+  Interpose busy(ReadStage::kAfterCopy, -1, [&](uint64_t at, std::span<uint8_t>) {
+    fake_->Put(at, kC64, 0x77, new_pay, ++version);
+  });
+  Ptr p = P(off, kC64, 0x77);
+  Result<size_t> r = c.direct_read(p, out);
+  EXPECT_EQ(r.status().code(), Code::kTimedOut) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("changing"), std::string_view::npos) << r.status().ToString();
+  EXPECT_GT(c.stats().recheck_failures, 0u);
+}
+
+// In recheck mode the first header read alone settles locked, moved and freed slots (no copy),
+// and every other outcome of the version-only tests stays the same.
+TEST_F(FakeServerTest, HeaderRecheckKeepsEveryOtherOutcome) {
+  ObjectClient& c = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck, 20));
+  Interpose copies(ReadStage::kAfterCopy, 0, [](uint64_t, std::span<uint8_t>) {});
+  std::vector<std::byte> out(60);
+
+  // Decoding at every alignment.
+  for (uint64_t slot = 0; slot < 8; ++slot) {
+    const uint64_t off = kBlock + slot * 72;
+    auto pay = Payload(corm::PayloadCapacity(72), static_cast<uint8_t>(off));
+    fake_->Put(off, kC72, 0x1234, pay, 9);
+    Ptr p = P(off, kC72, 0x1234);
+    std::vector<std::byte> all(pay.size());
+    ASSERT_TRUE(c.direct_read(p, all).ok());
+    EXPECT_TRUE(Same(all, pay));
+  }
+  const int copied = copies.reached();
+  EXPECT_EQ(copied, 8);
+
+  // Locked: retried, then TimedOut, without ever copying the slot.
+  const uint64_t off = 2 * kBlock + 72;
+  fake_->Put(off, kC72, 7, Payload(60, 5), 20, /*locked=*/true);
+  Ptr p = P(off, kC72, 7);
+  Result<size_t> r = c.direct_read(p, out);
+  EXPECT_EQ(r.status().code(), Code::kTimedOut);
+  EXPECT_NE(r.status().message().find("locked"), std::string_view::npos);
+  EXPECT_GT(c.stats().locked_retries, 0u);
+  EXPECT_EQ(copies.reached(), copied);
+
+  // Torn (a newer version byte in the copy): retried as torn.
+  fake_->Put(off, kC72, 7, Payload(60, 5), 20);
+  fake_->PokeByte(off, 56, 21);
+  r = c.direct_read(p, out);
+  EXPECT_EQ(r.status().code(), Code::kTimedOut);
+  EXPECT_NE(r.status().message().find("torn"), std::string_view::npos);
+  EXPECT_GT(c.stats().torn_retries, 0u);
+  EXPECT_EQ(c.scan_read(p, out).status().code(), Code::kTimedOut);
+
+  // Another object, or ours homed elsewhere, in the slot: moved (from the header alone).
+  const int before_moved = copies.reached();
+  fake_->Put(off, kC72, 8, Payload(60, 5), 20);
+  EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
+  fake_->Put(off, kC72, 7, Payload(60, 5), 20, false, /*home=*/6);
+  EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
+  Result<size_t> s = c.scan_read(p, out);
+  EXPECT_EQ(s.status().code(), Code::kNotFound) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("homed elsewhere"), std::string_view::npos);
+  fake_->Clear(off, kC72);
+  EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
+  EXPECT_EQ(copies.reached(), before_moved) << "decided by the first header read";
+
+  // Offset-only: a free slot is NotFound.
+  const uint64_t o = 5 * kBlock + 3 * 256;
+  fake_->Put(o, kCOff, 0, Payload(200, 4), 1);
+  Ptr q = P(o, kCOff, 0);
+  std::vector<std::byte> big(200);
+  ASSERT_TRUE(c.direct_read(q, big).ok());
+  fake_->Clear(o, kCOff);
+  EXPECT_EQ(c.direct_read(q, big).status().code(), Code::kNotFound);
+}
+
+// scan_read copies the found slot again and re-reads its header; an object that moves between
+// the block copy and the slot copy is searched for again, not reported freed.
+TEST_F(FakeServerTest, HeaderRecheckScanFollowsAnObjectThatMovesDuringTheScan) {
+  ObjectClient& c = Client(Validation(ReadValidation::kVersionsAndHeaderRecheck));
+  const uint64_t old_off = 6 * kBlock + 5 * 64, mid_off = 6 * kBlock + 20 * 64,
+                 new_off = 6 * kBlock + 60 * 64;
+  auto pay = Payload(50, 9);
+  fake_->Put(old_off, kC64, 0x0bad, Payload(50, 0), 1);  // another object took the old slot
+  fake_->Put(mid_off, kC64, 0x1111, pay, 4);
+  Interpose move(ReadStage::kBeforeCopy, 1, [&](uint64_t at, std::span<uint8_t>) {
+    EXPECT_EQ(at, mid_off);
+    fake_->Put(new_off, kC64, 0x1111, pay, 4);  // compaction moved it on
+    fake_->Clear(mid_off, kC64);
+  });
+  Ptr p = P(old_off, kC64, 0x1111);
+  std::vector<std::byte> out(50);
+  Result<size_t> r = c.read_any(p, out);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(p.offset, new_off);
+  EXPECT_TRUE(Same(out, pay));
+  EXPECT_EQ(c.stats().recheck_failures, 1u);
+  EXPECT_EQ(c.stats().scans, 2u);
 }
 
 TEST(FakeServerConnect, RegionKeyMismatchIsRefused) {
