@@ -17,8 +17,10 @@ BlockSnapshot SnapshotLocked(const detail::Block& b) {
   s.capacity = b.capacity;
   s.occupied = b.occupied;
   if (b.mode == ClassMode::kIds) {
-    s.ids.reserve(b.id_to_slot.size());
-    for (const auto& [id, slot] : b.id_to_slot) s.ids.push_back(id);
+    s.ids.reserve(b.live.load(std::memory_order_relaxed));
+    for (uint32_t slot = 0; slot < b.slots; ++slot) {
+      if (b.occupied[slot]) s.ids.push_back(b.slot_id[slot]);
+    }
   }
   return s;
 }
@@ -91,11 +93,11 @@ Result<BlockSnapshot> Compactor::Snapshot(uint32_t vblock) {
 
 std::vector<Compactor::Candidate> Compactor::Collect(uint32_t size_class) {
   std::vector<Candidate> out;
-  // Ask every worker for its low-occupancy blocks of the class (under its lock, so the
-  // generation read is stable: it only changes under the owner's lock).
+  // Ask every worker for its low-occupancy blocks of the class (under its lists lock, so the
+  // generation read is stable: it only changes while the struct is in no list).
   for (auto& w : store_.workers_) {
-    std::lock_guard<std::mutex> lock(w->mu_);
-    for (detail::Block* b : w->by_class_[size_class]) {
+    std::lock_guard<std::mutex> lock(w->lists_mu_);
+    for (detail::Block* b : w->lists_[size_class].blocks) {
       if (b->dead.load(std::memory_order_acquire)) continue;
       const uint32_t live = b->live.load(std::memory_order_relaxed);
       const uint32_t cap = store_.class_capacity_[size_class];
@@ -319,12 +321,9 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     store_.table_[v].store(&dst, std::memory_order_release);
     dst.vblocks.push_back(v);
   }
-  for (const Move& m : plan) {
-    dst.occupied[m.to] = 1;
-    dst.slot_id[m.to] = src.slot_id[m.from];
-    if (dst.mode == ClassMode::kIds) dst.id_to_slot[src.slot_id[m.from]] = m.to;
-  }
+  for (const Move& m : plan) dst.AddObject(m.to, src.slot_id[m.from]);
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
+  store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list
   // 5. Release the moved objects.
   for (const Move& m : plan) {
     uint8_t* to = dst_base + size_t{m.to} * size;
@@ -333,7 +332,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   // 6. The source's physical pages are unreachable now: punch them.
   const uint32_t src_pblock = src.pblock;
   src.vblocks.clear();
-  src.id_to_slot.clear();
+  src.ids.Clear();
   std::fill(src.occupied.begin(), src.occupied.end(), 0);
   store_.MarkDeadLocked(src);
   Status punch = ba.ReleasePhysical(src_pblock);

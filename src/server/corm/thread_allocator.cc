@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <string>
 #include <thread>
@@ -98,6 +99,101 @@ int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint1
   return -1;
 }
 
+// ---- IdTable / Block -------------------------------------------------------------------------
+
+namespace detail {
+
+void IdTable::Reset(uint32_t slots, uint32_t capacity) {
+  slots_ = slots;
+  count_ = 0;
+  size_t size = 0;
+  if (capacity > 0 && slots > kScanMaxSlots) size = std::bit_ceil(size_t{2} * capacity);
+  // Block structs are recycled across classes: drop a bigger table instead of keeping it.
+  if (entries_.size() != size) {
+    std::vector<uint16_t>(size).swap(entries_);
+    std::vector<uint64_t>((size + 63) / 64).swap(used_);
+  } else {
+    std::fill(used_.begin(), used_.end(), 0);
+  }
+  mask_ = size == 0 ? 0 : static_cast<uint32_t>(size - 1);
+  shift_ = size == 0 ? 32 : 32 - std::countr_zero(size);
+}
+
+void IdTable::Clear() {
+  std::fill(used_.begin(), used_.end(), 0);
+  count_ = 0;
+}
+
+uint32_t IdTable::Find(uint16_t id, std::span<const uint16_t> slot_id,
+                       std::span<const uint8_t> occupied) const {
+  if (entries_.empty()) {
+    const uint32_t n = std::min<uint32_t>(slots_, static_cast<uint32_t>(slot_id.size()));
+    for (uint32_t s = 0; s < n; ++s) {
+      if (occupied[s] && slot_id[s] == id) return s;
+    }
+    return kNotFound;
+  }
+  // At least half the entries are free, so the probe ends; the bound is belt and braces.
+  uint32_t i = Home(id);
+  for (uint32_t n = 0; n <= mask_ && Used(i); ++n, i = (i + 1) & mask_) {
+    if (slot_id[entries_[i]] == id) return entries_[i];
+  }
+  return kNotFound;
+}
+
+bool IdTable::Insert(uint32_t slot, std::span<const uint16_t> slot_id) {
+  if (entries_.empty()) {
+    ++count_;
+    return true;
+  }
+  if (count_ >= mask_) return false;  // keep one free entry so every probe ends
+  uint32_t i = Home(slot_id[slot]);
+  while (Used(i)) i = (i + 1) & mask_;
+  entries_[i] = static_cast<uint16_t>(slot);
+  SetUsed(i, true);
+  ++count_;
+  return true;
+}
+
+bool IdTable::Erase(uint32_t slot, std::span<const uint16_t> slot_id) {
+  if (entries_.empty()) {
+    if (count_ == 0) return false;
+    --count_;
+    return true;
+  }
+  uint32_t i = Home(slot_id[slot]);
+  uint32_t n = 0;
+  for (; n <= mask_ && Used(i) && entries_[i] != slot; ++n) i = (i + 1) & mask_;
+  if (n > mask_ || !Used(i)) return false;
+  // Backward-shift deletion: move later entries of the probe run into the hole when the hole
+  // lies on their probe path (between their home and their position), so lookups never need
+  // tombstones.
+  for (uint32_t j = (i + 1) & mask_; Used(j); j = (j + 1) & mask_) {
+    const uint32_t home = Home(slot_id[entries_[j]]);
+    if (((j - home) & mask_) >= ((j - i) & mask_)) {
+      entries_[i] = entries_[j];
+      i = j;
+    }
+  }
+  SetUsed(i, false);
+  --count_;
+  return true;
+}
+
+void Block::AddObject(uint32_t slot, uint16_t id) {
+  occupied[slot] = 1;
+  slot_id[slot] = id;
+  if (mode == ClassMode::kIds) (void)ids.Insert(slot, slot_id);
+}
+
+void Block::RemoveObject(uint32_t slot) {
+  if (mode == ClassMode::kIds) (void)ids.Erase(slot, slot_id);
+  occupied[slot] = 0;
+  if (slot < first_free) first_free = slot;
+}
+
+}  // namespace detail
+
 // ---- ThreadAllocator ------------------------------------------------------------------------
 
 uint16_t ThreadAllocator::PickId(const detail::Block& b, uint32_t id_space) {
@@ -105,12 +201,12 @@ uint16_t ThreadAllocator::PickId(const detail::Block& b, uint32_t id_space) {
   // random start bounds the worst case when the block's ID space is nearly full.
   for (int i = 0; i < 8; ++i) {
     const auto id = static_cast<uint16_t>(rng_() % id_space);
-    if (!b.id_to_slot.contains(id)) return id;
+    if (b.FindSlot(id) == detail::IdTable::kNotFound) return id;
   }
   const auto start = static_cast<uint32_t>(rng_() % id_space);
   for (uint32_t i = 0; i < id_space; ++i) {
     const auto id = static_cast<uint16_t>((start + i) % id_space);
-    if (!b.id_to_slot.contains(id)) return id;
+    if (b.FindSlot(id) == detail::IdTable::kNotFound) return id;
   }
   return 0;  // unreachable: callers ensure live < capacity <= id_space
 }
@@ -225,15 +321,24 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->mode = class_mode_[c];
   b->owner = w.index();
   b->pblock = g.pblock;
+  b->first_free = 0;
   b->vblocks.assign(1, g.vblock);
   b->occupied.assign(b->slots, 0);
   b->slot_id.assign(b->slots, 0);
-  b->id_to_slot.clear();
+  b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
   table_[g.vblock].store(b, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(w.lists_mu_);
+    auto& lists = w.lists_[c];
+    b->list_pos = static_cast<uint32_t>(lists.blocks.size());
+    lists.blocks.push_back(b);
+    b->avail_pos = static_cast<uint32_t>(lists.avail.size());
+    lists.avail.push_back(b);
+    b->in_avail = true;
+  }
   b->mu.Unlock();
-  w.by_class_[c].push_back(b);
   return b;
 }
 
@@ -241,13 +346,17 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
   const uint32_t v = b.primary();
   uint32_t slot = UINT32_MAX;
   // First free slot; with IDs the offset carries no meaning, so first-fit keeps blocks dense.
-  for (uint32_t i = 0; i < b.slots; ++i) {
+  // first_free (raised here, lowered by frees) makes filling a block linear, not quadratic.
+  for (uint32_t i = b.first_free; i < b.slots; ++i) {
     if (!b.occupied[i]) {
       slot = i;
       break;
     }
   }
   if (slot == UINT32_MAX) return Status::Internal("CoRM block has no free slot despite live count");
+  if (b.mode == ClassMode::kIds && b.ids.size() >= b.capacity) {
+    return Status::Internal("CoRM block's ID table is full despite live count");
+  }
   uint16_t id = 0;
   if (b.mode == ClassMode::kIds) id = w.PickId(b, 1u << options_.id_bits);
   uint8_t* addr = SlotAddr(v, slot, b.slot_size);
@@ -265,12 +374,12 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
   h.allocated = true;
   h.version = static_cast<uint8_t>(prev.version + 1);
   h.home_block = v;
-  std::vector<uint8_t> image(b.slot_size);
+  thread_local std::vector<uint8_t> image;  // no heap allocation per object
+  image.assign(b.slot_size, 0);
   EncodeSlot(image, reinterpret_cast<uint64_t>(addr), h, {});
   PublishSlot(addr, image);
-  b.occupied[slot] = 1;
-  b.slot_id[slot] = id;
-  if (b.mode == ClassMode::kIds) b.id_to_slot.emplace(id, slot);
+  b.AddObject(slot, id);
+  b.first_free = slot + 1;
   b.live.fetch_add(1, std::memory_order_relaxed);
   return ObjectPtr{reinterpret_cast<uint64_t>(addr), id, b.size_class, v};
 }
@@ -285,40 +394,28 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
     Status failure;
     {
       std::lock_guard<std::mutex> lock(w.mu_);
-      auto& list = w.by_class_[c];
-      // Purge dead blocks (merged away or emptied) of every class; only the owner recycles
-      // their structs, so a struct is never in two lists.
-      if (w.dead_pending_.exchange(0, std::memory_order_acq_rel) != 0) {
-        for (auto& blocks : w.by_class_) {
-          for (size_t i = 0; i < blocks.size();) {
-            detail::Block* b = blocks[i];
-            if (b->dead.load(std::memory_order_acquire) && b->mu.Lock(options_.op_timeout)) {
-              ++b->generation;
-              b->mu.Unlock();
-              RecycleBlockStruct(b);
-              blocks[i] = blocks.back();
-              blocks.pop_back();
-              continue;
-            }
-            // Lock timeout: keep it and purge on a later pass.
-            if (b->dead.load(std::memory_order_acquire)) w.dead_pending_.fetch_add(1);
-            ++i;
-          }
+      RecycleDeadLocked(w);
+      // O(1) amortised: every pass either allocates or drops a full block from `avail` (only
+      // possible if a merge filled it after SyncAvailLocked ran; kept as a safety net). The
+      // bound only guards against a concurrent merge storm; then a new block is as good.
+      for (int pass = 0; pass < 64; ++pass) {
+        detail::Block* b = nullptr;
+        {
+          std::lock_guard<std::mutex> lists_lock(w.lists_mu_);
+          const auto& avail = w.lists_[c].avail;
+          if (!avail.empty()) b = avail.back();
         }
-      }
-      const size_t n = list.size();
-      size_t& hint = w.hint_[c];
-      for (size_t k = 0; k < n; ++k) {
-        const size_t i = (hint + k) % n;
-        detail::Block* b = list[i];
-        if (b->live.load(std::memory_order_relaxed) >= class_capacity_[c]) continue;
+        if (b == nullptr) break;
+        // b may die meanwhile (a free empties it) but is not recycled: that needs w.mu_.
         if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
-        if (!b->dead.load(std::memory_order_relaxed) && b->live.load() < b->capacity) {
+        if (!b->dead.load(std::memory_order_relaxed) &&
+            b->live.load(std::memory_order_relaxed) < b->capacity) {
           auto r = AllocInBlockLocked(w, *b);
+          SyncAvailLocked(*b);
           b->mu.Unlock();
-          hint = i;
           return r;
         }
+        SyncAvailLocked(*b);
         b->mu.Unlock();
       }
       auto nb = NewBlockLocked(w, c);
@@ -326,8 +423,8 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
         detail::Block* b = *nb;
         if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
         auto r = AllocInBlockLocked(w, *b);
+        SyncAvailLocked(*b);
         b->mu.Unlock();
-        hint = list.size() - 1;
         return r;
       }
       failure = nb.status();
@@ -392,12 +489,11 @@ Result<detail::Block*> Store::LockBlockOf(const ObjectPtr& p, bool exclusive) {
 Result<uint32_t> Store::ResolveSlotLocked(const detail::Block& b, const ObjectPtr& p) const {
   uint32_t slot;
   if (b.mode == ClassMode::kIds) {
-    auto it = b.id_to_slot.find(p.id);
-    if (it == b.id_to_slot.end()) {
+    slot = b.FindSlot(p.id);
+    if (slot == detail::IdTable::kNotFound) {
       return Status::NotFound("object " + std::to_string(p.id) + " not found at " + Hex(p.addr) +
                               " (freed?)");
     }
-    slot = it->second;
   } else {
     slot = static_cast<uint32_t>((p.addr - reinterpret_cast<uint64_t>(ba_->VAddr(p.block))) /
                                  b.slot_size);
@@ -459,9 +555,9 @@ Status Store::Free(const ObjectPtr& p) {
     if (!CasHeader(addr, old, freed.Pack())) {
       return Status::Internal("CoRM header changed under the exclusive block lock");
     }
-    b->occupied[slot] = 0;
-    if (b->mode == ClassMode::kIds) b->id_to_slot.erase(b->slot_id[slot]);
+    b->RemoveObject(slot);
     b->live.fetch_sub(1, std::memory_order_relaxed);
+    if (b->live.load(std::memory_order_relaxed) != 0) SyncAvailLocked(*b);
     FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(h.home_block));
     if (b->live.load(std::memory_order_relaxed) == 0) return RetireBlockLocked(*b);
     if (refs == 0) return MaybeReleaseAliasLocked(*b, h.home_block);
@@ -481,16 +577,83 @@ Status Store::RetireBlockLocked(detail::Block& b) {
   b.vblocks.clear();
   Status st = ba_->ReleasePhysical(b.pblock);
   if (first.ok() && !st.ok()) first = st;
-  b.id_to_slot.clear();
+  b.ids.Clear();
   MarkDeadLocked(b);
   return first;
 }
 
 void Store::MarkDeadLocked(detail::Block& b) {
-  // The owner recycles the struct when it next purges its lists.
   b.live.store(0, std::memory_order_relaxed);
   b.dead.store(true, std::memory_order_release);
-  workers_[b.owner]->dead_pending_.fetch_add(1, std::memory_order_release);
+  ThreadAllocator& w = *workers_[b.owner];
+  std::lock_guard<std::mutex> lock(w.lists_mu_);
+  if (b.list_pos == detail::kNoPos) return;  // already dead
+  auto& lists = w.lists_[b.size_class];
+  // Swap-remove from both lists (O(1)); the owner recycles the struct on its next Alloc.
+  if (b.in_avail) {
+    detail::Block* last = lists.avail.back();
+    lists.avail[b.avail_pos] = last;
+    last->avail_pos = b.avail_pos;
+    lists.avail.pop_back();
+    b.avail_pos = detail::kNoPos;
+    b.in_avail = false;
+  }
+  detail::Block* last = lists.blocks.back();
+  lists.blocks[b.list_pos] = last;
+  last->list_pos = b.list_pos;
+  lists.blocks.pop_back();
+  b.list_pos = detail::kNoPos;
+  w.dead_.push_back(&b);
+}
+
+void Store::SyncAvailLocked(detail::Block& b) {
+  const bool want = !b.dead.load(std::memory_order_relaxed) &&
+                    b.live.load(std::memory_order_relaxed) < b.capacity;
+  if (want == b.in_avail) return;
+  ThreadAllocator& w = *workers_[b.owner];
+  std::lock_guard<std::mutex> lock(w.lists_mu_);
+  auto& avail = w.lists_[b.size_class].avail;
+  if (want) {
+    b.avail_pos = static_cast<uint32_t>(avail.size());
+    avail.push_back(&b);
+  } else {
+    detail::Block* last = avail.back();
+    avail[b.avail_pos] = last;
+    last->avail_pos = b.avail_pos;
+    avail.pop_back();
+    b.avail_pos = detail::kNoPos;
+  }
+  b.in_avail = want;
+}
+
+void Store::RecycleDeadLocked(ThreadAllocator& w) {
+  std::vector<detail::Block*> dead;
+  {
+    std::lock_guard<std::mutex> lock(w.lists_mu_);
+    if (w.dead_.empty()) return;
+    dead.swap(w.dead_);
+  }
+  std::vector<detail::Block*> busy;
+  for (detail::Block* b : dead) {
+    // A stale thread may still hold the dead block's lock briefly: do not wait, retry later.
+    if (!b->mu.TryLock()) {
+      busy.push_back(b);
+      continue;
+    }
+    ++b->generation;
+    // Pooled structs keep no per-slot metadata: after compaction frees many blocks, it would
+    // otherwise stay allocated until the structs are reused.
+    std::vector<uint8_t>().swap(b->occupied);
+    std::vector<uint16_t>().swap(b->slot_id);
+    std::vector<uint32_t>().swap(b->vblocks);
+    b->ids.Reset(0, 0);
+    b->mu.Unlock();
+    RecycleBlockStruct(b);
+  }
+  if (!busy.empty()) {
+    std::lock_guard<std::mutex> lock(w.lists_mu_);
+    w.dead_.insert(w.dead_.end(), busy.begin(), busy.end());
+  }
 }
 
 Status Store::MaybeReleaseAliasLocked(detail::Block& b, uint32_t v) {
@@ -609,9 +772,9 @@ ClassStats Store::Stats(uint32_t size_class) {
   if (size_class >= classes_.count()) return s;
   s.slot_size = classes_.at(size_class).slot_size;
   for (auto& w : workers_) {
-    std::lock_guard<std::mutex> lock(w->mu_);
-    for (detail::Block* b : w->by_class_[size_class]) {
-      if (b->dead.load(std::memory_order_acquire) || b->owner != w->index()) continue;
+    std::lock_guard<std::mutex> lock(w->lists_mu_);
+    for (detail::Block* b : w->lists_[size_class].blocks) {
+      if (b->dead.load(std::memory_order_acquire)) continue;
       ++s.blocks;
       s.live_objects += b->live.load(std::memory_order_relaxed);
       s.capacity_slots += class_capacity_[size_class];
