@@ -1,7 +1,7 @@
 // ObjectClient tests: OBJ_INFO decoding and pointer validation without a server, then end-to-end
 // against an in-process MemoryServer on loopback (tcp and fabric shm): round trips through every
-// read path, free/double free, forged pointers, release_ptr, and compaction with both pointer
-// correction modes (pointers corrected in place, every survivor intact).
+// read path (and read validation mode), free/double free, forged pointers, release_ptr, and
+// compaction with both pointer correction modes (pointers corrected in place, survivors intact).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -259,6 +259,44 @@ TEST_P(ObjectClientE2E, RoundTripThroughEveryReadPath) {
   EXPECT_GT(st.scans, 0u);
   EXPECT_GT(st.rpc_reads, 0u);
   EXPECT_EQ(st.corrections, 0u);
+}
+
+TEST_P(ObjectClientE2E, ReadValidationFollowsTheTransportAndCanBeForced) {
+  const size_t max = client_->server_info(0).max_object_size();
+  const bool native_tcp = GetParam() == "tcp";
+  for (ReadValidation mode : {ReadValidation::kAuto, ReadValidation::kVersions,
+                              ReadValidation::kVersionsAndHeaderRecheck}) {
+    SCOPED_TRACE("validation " + std::to_string(static_cast<int>(mode)));
+    ObjectClientOptions o;
+    o.validation = mode;
+    auto c = env_->Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ObjectClient& cl = **c;
+    uint64_t index = 0;
+    for (size_t size : {size_t{24}, size_t{1000}, max}) {
+      Result<Ptr> a = cl.alloc(size);
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      Ptr p = *a;
+      ASSERT_TRUE(cl.write(p, objects_test::MakeValue(size, ++index, 3)).ok());
+      std::vector<std::byte> out(size);
+      for (int path = 0; path < 3; ++path) {
+        Result<size_t> r = path == 0   ? cl.direct_read(p, out)
+                           : path == 1 ? cl.scan_read(p, out)
+                                       : cl.read_any(p, out);
+        ASSERT_TRUE(r.ok()) << path << ": " << r.status().ToString();
+        const auto v = objects_test::CheckValue(out);
+        EXPECT_TRUE(v.checksum_ok && v.index == index && v.seq == 3) << path;
+      }
+    }
+    // Nothing writes concurrently: every recheck passes, and only the recheck mode (chosen, or
+    // picked by kAuto for a transport other than native TCP) rechecks at all.
+    const bool recheck = mode == ReadValidation::kVersionsAndHeaderRecheck ||
+                         (mode == ReadValidation::kAuto && !native_tcp);
+    const ObjectClientStats st = cl.stats();
+    EXPECT_EQ(st.header_rechecks, recheck ? 9u : 0u);
+    EXPECT_EQ(st.recheck_failures, 0u);
+    EXPECT_EQ(st.direct_ok, 6u);
+  }
 }
 
 TEST_P(ObjectClientE2E, BadSizesAndServersAreRejectedBeforeSending) {
