@@ -187,6 +187,10 @@ Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout) {
   // well within that, so a loaded thread never yields.
   constexpr int kIdlePollsBeforeYield = 64;
   const auto deadline = ObjClock::now() + timeout;
+  static const std::chrono::microseconds idle_sleep = [] {
+    const char* e = std::getenv("FARMEM_BENCH_IDLE_SLEEP_US");
+    return std::chrono::microseconds(e ? std::atoll(e) : 20);
+  }();
   int idle = 0;
   while (sched.live_tasks() > 0) {
     if (sched.poll_once()) {
@@ -197,7 +201,10 @@ Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout) {
     idle = 0;
     if (ObjClock::now() > deadline)
       return Status::TimedOut("benchmark tasks still running at deadline");
-    std::this_thread::yield();
+    if (idle_sleep.count() > 0)
+      std::this_thread::sleep_for(idle_sleep);
+    else
+      std::this_thread::yield();
   }
   return Status::OK();
 }

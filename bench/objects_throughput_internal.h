@@ -79,10 +79,10 @@ Result<std::vector<Ptr>> LoadObjects(ObjectClient& client, Scheduler& sched, uin
 Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptrs,
                    std::span<const uint64_t> indices, int inflight);
 
-// Drives `sched` until all its tasks finished or `timeout` passed, like Scheduler::run, but yields
-// the CPU after a run of empty polls: benchmark threads outnumber the cores (8 clients + the
-// server's NIC thread on 2 CPUs), and a thread spinning on nothing would steal the time slices
-// the threads that have work need.
+// Drives `sched` until all its tasks finished or `timeout` passed, like Scheduler::run, but gives
+// the CPU away after a run of empty polls (sleeps FARMEM_BENCH_IDLE_SLEEP_US, default 20 us; 0 =
+// sched_yield): benchmark threads outnumber the cores (8 clients + the server's NIC thread on
+// 2 CPUs), and a thread spinning on nothing would steal the time slices the others need.
 Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout);
 
 // Start barrier for client threads: each thread calls Arrive() after its set-up and waits in
