@@ -151,7 +151,8 @@ class ObjectClient {
   Task<Result<size_t>> direct_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
   // Reads the whole home block one-sidedly, finds the object by ID, corrects p, returns its bytes.
   Task<Result<size_t>> scan_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
-  // direct_read, then on kMoved correct the pointer (options().correction) and read again.
+  // direct_read, then on kMoved correct the pointer (options().correction) and read again. A scan
+  // that misses the object is confirmed by asking the server before NotFound is returned.
   Task<Result<size_t>> read_any(Scheduler& sched, Ptr& p, std::span<std::byte> out);
   // Declares p's old address dead so the server can reuse its virtual block; p is re-homed.
   Task<Status> release_ptr(Scheduler& sched, Ptr& p);

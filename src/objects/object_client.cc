@@ -839,7 +839,12 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
 Task<Result<size_t>> ObjectClient::read_any(Scheduler& sched, Ptr& p, std::span<std::byte> out) {
   Result<size_t> r = co_await direct_read(sched, p, out);
   if (r.ok() || r.status().code() != Code::kMoved) co_return r;
-  if (options_.correction == Correction::kScan) co_return co_await scan_read(sched, p, out);
+  if (options_.correction == Correction::kScan) {
+    r = co_await scan_read(sched, p, out);
+    // A block copy that overlaps the remap of a multi-page block can mix old and new pages and
+    // miss the object; only the server's answer (LOCATE below) is authoritative for "freed".
+    if (r.ok() || r.status().code() != Code::kNotFound) co_return r;
+  }
   // Ask the owner, then read at the corrected address. The object may move again between the
   // two (another compaction round): repeat within the retry budget.
   Backoff backoff(options_.retry_budget, options_.max_backoff);
