@@ -132,11 +132,19 @@ def plot(doc, out):
 
 
 def main():
+    usage = "usage: plot_objects_memory.py objects_memory.json [out.png]"
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(usage)
+        return 0
     if len(sys.argv) not in (2, 3):
-        print("usage: plot_objects_memory.py objects_memory.json [out.png]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
-    with open(sys.argv[1]) as f:
-        doc = json.load(f)
+    try:
+        with open(sys.argv[1]) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"plot_objects_memory.py: cannot read {sys.argv[1]}: {e}", file=sys.stderr)
+        return 1
     if len(sys.argv) == 3:
         try:
             plot(doc, sys.argv[2])
