@@ -284,6 +284,11 @@ struct ObjectClient::Impl {
 
   static void Inc(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
+  // Counts a rejected copy (torn, locked, or changed under a header recheck) and waits before
+  // the next attempt; TimedOut once the retry budget is spent.
+  Status CountAndBackOff(std::string_view op, const Ptr& p, bool changed, corm::SlotCheck check,
+                         Backoff& backoff, uint64_t& retries, std::chrono::milliseconds budget);
+
   Result<Scheduler*> Blocking() {
     if (!sched) {
       auto made = node->make_scheduler();
@@ -295,6 +300,20 @@ struct ObjectClient::Impl {
 
   Node* node = nullptr;
 };
+
+Status ObjectClient::Impl::CountAndBackOff(std::string_view op, const Ptr& p, bool changed,
+                                           corm::SlotCheck check, Backoff& backoff,
+                                           uint64_t& retries, std::chrono::milliseconds budget) {
+  Inc(changed                           ? counters.recheck_failures
+      : check == corm::SlotCheck::kTorn ? counters.torn_retries
+                                        : counters.locked_retries);
+  ++retries;
+  if (backoff.Wait()) return Status::OK();
+  return Status::TimedOut(std::string(op) + " " + Describe(p) + ": slot stayed " +
+                          RetryReason(changed, check) + " for the whole retry budget of " +
+                          std::to_string(budget.count()) + " ms (" + std::to_string(retries) +
+                          " retries)");
+}
 
 namespace {
 
@@ -713,16 +732,8 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
       case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
       case corm::SlotCheck::kLocked:
-        Impl::Inc(changed                           ? c.recheck_failures
-                  : check == corm::SlotCheck::kTorn ? c.torn_retries
-                                                    : c.locked_retries);
-        ++retries;
-        if (!backoff.Wait()) {
-          co_return Status::TimedOut(
-              "direct_read " + Describe(p) + ": slot stayed " + RetryReason(changed, check) +
-              " for the whole retry budget of " + std::to_string(options_.retry_budget.count()) +
-              " ms (" + std::to_string(retries) + " retries)");
-        }
+        FARMEM_CO_RETURN_IF_ERROR(impl_->CountAndBackOff("direct_read", p, changed, check, backoff,
+                                                         retries, options_.retry_budget));
         continue;
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
@@ -815,16 +826,8 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
       case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
       case corm::SlotCheck::kLocked:
-        Impl::Inc(changed                           ? c.recheck_failures
-                  : check == corm::SlotCheck::kTorn ? c.torn_retries
-                                                    : c.locked_retries);
-        ++retries;
-        if (!backoff.Wait()) {
-          co_return Status::TimedOut(
-              "scan_read " + Describe(p) + ": slot stayed " + RetryReason(changed, check) +
-              " for the whole retry budget of " + std::to_string(options_.retry_budget.count()) +
-              " ms (" + std::to_string(retries) + " retries)");
-        }
+        FARMEM_CO_RETURN_IF_ERROR(impl_->CountAndBackOff("scan_read", p, changed, check, backoff,
+                                                         retries, options_.retry_budget));
         continue;
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
