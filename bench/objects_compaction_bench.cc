@@ -330,6 +330,13 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
       fmt::print("  dip {}  recovery {}  corrections {}  scans {}  moved {}  locked retries {}\n",
                  Pct(s.dip), Pct(s.recovery), r.stats.corrections, r.stats.scans, r.stats.moved,
                  r.stats.locked_retries);
+      fmt::print(
+          "  after the lazy pointer corrections: last quarter {} ({} of before); first bucket "
+          "at >= 95 % of before: {}\n",
+          FormatRate(s.tail_mean * per_s), Pct(s.recovery_tail),
+          s.recovered_after_ms >= 0
+              ? fmt::format("{} ms after compaction ended", s.recovered_after_ms)
+              : std::string("none"));
       if (!s.missing.empty()) fmt::print("  note: {}\n", s.missing);
     }
     std::fflush(stdout);
@@ -427,6 +434,9 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
                       {"after_mean", s.after_mean},
                       {"dip", s.dip},
                       {"recovery", s.recovery},
+                      {"tail_mean", s.tail_mean},
+                      {"recovery_tail", s.recovery_tail},
+                      {"recovered_after_ms", s.recovered_after_ms},
                       {"missing", s.missing}};
       jr.push_back(std::move(x));
     }

@@ -282,12 +282,14 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
   TimelineSummary s;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   s.dip = s.recovery = s.before_mean = s.during_min = s.during_mean = s.after_mean = nan;
+  s.tail_mean = s.recovery_tail = nan;
   if (bucket_ms <= 0 || compact_end_ms < compact_start_ms) {
     s.missing = "invalid timeline (bucket size or compaction interval)";
     return s;
   }
   double before_sum = 0, during_sum = 0, after_sum = 0;
   double during_min = std::numeric_limits<double>::infinity();
+  std::vector<size_t> after;  // indices of the after buckets
   for (size_t b = 0; b < counts.size(); ++b) {
     const int64_t lo = static_cast<int64_t>(b) * bucket_ms, hi = lo + bucket_ms;
     const double c = static_cast<double>(counts[b]);
@@ -300,6 +302,7 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
       // (lo > start also puts an instantaneous compaction at a bucket edge into "during".)
       after_sum += c;
       ++s.after_buckets;
+      after.push_back(b);
     } else {
       during_sum += c;
       during_min = std::min(during_min, c);
@@ -320,6 +323,22 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
   const bool base_ok = s.before_buckets && s.before_mean > 0;
   if (base_ok && s.during_buckets) s.dip = 1.0 - s.during_min / s.before_mean;
   if (base_ok && s.after_buckets) s.recovery = s.after_mean / s.before_mean;
+  if (!after.empty()) {
+    const size_t tail = std::max<size_t>(1, after.size() / 4);
+    double sum = 0;
+    for (size_t i = after.size() - tail; i < after.size(); ++i)
+      sum += static_cast<double>(counts[after[i]]);
+    s.tail_mean = sum / static_cast<double>(tail);
+    if (base_ok) {
+      s.recovery_tail = s.tail_mean / s.before_mean;
+      for (size_t b : after) {
+        if (static_cast<double>(counts[b]) >= 0.95 * s.before_mean) {
+          s.recovered_after_ms = static_cast<int64_t>(b) * bucket_ms - compact_end_ms;
+          break;
+        }
+      }
+    }
+  }
   for (size_t i = 0; i < why.size(); ++i) s.missing += (i ? "; " : "") + why[i];
   return s;
 }

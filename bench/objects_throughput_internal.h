@@ -120,10 +120,16 @@ void QuietBenchLogging();
 //   after  = buckets that begin at or after compaction end
 // dip = 1 - min(during) / mean(before); recovery = mean(after) / mean(before). A figure that
 // lacks its buckets (or a zero baseline) is NaN and `missing` says why.
+// Also, because moved pointers are corrected lazily (the first read of each moved object after
+// compaction pays for the correction), where the rate ends up: recovery_tail = mean of the last
+// quarter of the after buckets (at least one) / mean(before), and recovered_after_ms = from
+// compaction end to the start of the first after bucket at >= 95 % of mean(before) (-1: none).
 struct TimelineSummary {
   size_t before_buckets = 0, during_buckets = 0, after_buckets = 0;
   double before_mean = 0, during_min = 0, during_mean = 0, after_mean = 0;
   double dip = 0, recovery = 0;
+  double tail_mean = 0, recovery_tail = 0;
+  int64_t recovered_after_ms = -1;
   std::string missing;
 };
 TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t bucket_ms,

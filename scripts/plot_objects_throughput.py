@@ -95,7 +95,7 @@ def plot_compaction(doc, out, plt):
         ax.set_ylabel("reads / s (thousands)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"correction: {r['correction']} — dip {fmt(s.get('dip'), '.1%')}, "
-                     f"recovery {fmt(s.get('recovery'), '.1%')}" + (f" — ERROR {r['error']}" if "error" in r else ""),
+                     f"recovery {fmt(s.get('recovery'), '.1%')} (last quarter {fmt(s.get('recovery_tail'), '.1%')})" + (f" — ERROR {r['error']}" if "error" in r else ""),
                      fontsize=9)
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)

@@ -114,6 +114,25 @@ TEST(BenchTimeline, DipAndRecovery) {
   EXPECT_DOUBLE_EQ(s.dip, 0.4);
   EXPECT_DOUBLE_EQ(s.recovery, 0.98);
   EXPECT_TRUE(s.missing.empty()) << s.missing;
+  // Last quarter of 7 after buckets = the last one; 98 >= 95: recovered at the first after bucket
+  // (1300 ms), 50 ms after compaction ended.
+  EXPECT_DOUBLE_EQ(s.tail_mean, 98.0);
+  EXPECT_DOUBLE_EQ(s.recovery_tail, 0.98);
+  EXPECT_EQ(s.recovered_after_ms, 50);
+}
+
+TEST(BenchTimeline, LazyCorrectionShowsInTheTail) {
+  // before 100; during 10; after: a slow correction pass (50) then faster than before (120).
+  std::vector<uint64_t> counts{100, 100, 100, 100, 10, 50, 50, 50, 50, 120, 120, 120, 120};
+  TimelineSummary s = SummarizeTimeline(counts, 100, 400, 500, 0);
+  EXPECT_EQ(s.after_buckets, 8u);
+  EXPECT_DOUBLE_EQ(s.recovery, (4 * 50 + 4 * 120) / 8.0 / 100.0);
+  EXPECT_DOUBLE_EQ(s.tail_mean, 120.0);  // last 2 of 8
+  EXPECT_DOUBLE_EQ(s.recovery_tail, 1.2);
+  EXPECT_EQ(s.recovered_after_ms, 400);  // bucket 9 starts at 900 ms, compaction ended at 500
+  // Never back to 95 %: -1.
+  std::vector<uint64_t> low{100, 100, 10, 90, 90};
+  EXPECT_EQ(SummarizeTimeline(low, 100, 200, 300, 0).recovered_after_ms, -1);
 }
 
 TEST(BenchTimeline, WarmupBucketsAreNotTheBaseline) {
