@@ -13,10 +13,12 @@ struct ObjectsCompactionOptions {
   uint64_t objects = 0;         // 0 = 1 M (100 k with --quick)
   size_t size = 32;
   double free_fraction = 0.75;  // objects freed (at random, fixed seed) before the reader starts
-  double seconds = 0;           // whole timeline; 0 = 8 s (4 s with --quick)
-  double compact_at = 0;        // when compaction is triggered; 0 = 2 s (1 s with --quick)
+  double seconds = 0;           // whole timeline; 0 = 30 s (8 s with --quick)
+  double compact_at = 0;        // when compaction is triggered; 0 = 5 s (2 s with --quick)
   int inflight = 8;             // reads the reader thread keeps in flight
   int bucket_ms = 100;
+  // The server's compaction pace (objects.compaction.max_merges_per_second; 0 = unpaced).
+  uint32_t merges_per_second = 500;
   bool quick = false;
   std::string json_path = "objects_compaction.json";
 };

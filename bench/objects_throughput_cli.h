@@ -54,10 +54,10 @@ inline CLI::App* AddObjectsCompactionBenchCommand(CLI::App& bench, ObjectsCompac
   cmd->add_option("--free-fraction", o.free_fraction, "fraction of objects freed at random")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
-  cmd->add_option("--seconds", o.seconds, "timeline length per strategy (default 8; --quick: 4)")
+  cmd->add_option("--seconds", o.seconds, "timeline length per strategy (default 30; --quick: 8)")
       ->check(CLI::Range(0.1, 600.0));
   cmd->add_option("--compact-at", o.compact_at,
-                  "seconds into the timeline when compaction starts (default 2; --quick: 1)")
+                  "seconds into the timeline when compaction starts (default 5; --quick: 2)")
       ->check(CLI::Range(0.01, 600.0));
   cmd->add_option("--inflight", o.inflight, "reads the reader thread keeps in flight")
       ->capture_default_str()
@@ -65,6 +65,9 @@ inline CLI::App* AddObjectsCompactionBenchCommand(CLI::App& bench, ObjectsCompac
   cmd->add_option("--bucket-ms", o.bucket_ms, "timeline bucket")
       ->capture_default_str()
       ->check(CLI::Range(10, 10000));
+  cmd->add_option("--merges-per-second", o.merges_per_second,
+                  "the server's compaction pace (0 = unpaced)")
+      ->capture_default_str();
   cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 20 s)");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;

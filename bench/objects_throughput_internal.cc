@@ -68,6 +68,7 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
         setup.correction == "scan" ? Correction::kScan : Correction::kAskOwner;
     config.objects.compaction.interval_ms = setup.background_compaction ? 100 : 0;
     config.objects.compaction.max_merges_per_round = setup.max_merges_per_round;
+    config.objects.compaction.max_merges_per_second = setup.max_merges_per_second;
     auto server = MemoryServer::Create(config);
     if (!server.ok()) return fail(server.status().WithContext("creating the memory server"));
     if (Status st = (*server)->start(); !st.ok())
@@ -182,15 +183,17 @@ Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptr
   return s.error;
 }
 
-Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout) {
+Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout,
+                      std::optional<std::chrono::microseconds> idle_sleep_override) {
   // ~a few microseconds of polling before giving the CPU away: completions at full speed arrive
   // well within that, so a loaded thread never yields.
   constexpr int kIdlePollsBeforeYield = 64;
   const auto deadline = ObjClock::now() + timeout;
-  static const std::chrono::microseconds idle_sleep = [] {
+  static const std::chrono::microseconds default_idle_sleep = [] {
     const char* e = std::getenv("FARMEM_BENCH_IDLE_SLEEP_US");
     return std::chrono::microseconds(e ? std::atoll(e) : 20);
   }();
+  const std::chrono::microseconds idle_sleep = idle_sleep_override.value_or(default_idle_sleep);
   int idle = 0;
   while (sched.live_tasks() > 0) {
     if (sched.poll_once()) {
@@ -281,7 +284,8 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
                                   size_t skip_buckets) {
   TimelineSummary s;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  s.dip = s.recovery = s.before_mean = s.during_min = s.during_mean = s.after_mean = nan;
+  s.dip = s.worst_bucket_dip = s.recovery = s.before_mean = s.during_min = s.during_mean =
+      s.after_mean = nan;
   s.tail_mean = s.recovery_tail = nan;
   if (bucket_ms <= 0 || compact_end_ms < compact_start_ms) {
     s.missing = "invalid timeline (bucket size or compaction interval)";
@@ -321,7 +325,10 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
   if (!s.after_buckets) why.push_back("compaction did not end before the last bucket");
   if (s.before_buckets && s.before_mean <= 0) why.push_back("no read completed before compaction");
   const bool base_ok = s.before_buckets && s.before_mean > 0;
-  if (base_ok && s.during_buckets) s.dip = 1.0 - s.during_min / s.before_mean;
+  if (base_ok && s.during_buckets) {
+    s.dip = 1.0 - s.during_mean / s.before_mean;
+    s.worst_bucket_dip = 1.0 - s.during_min / s.before_mean;
+  }
   if (base_ok && s.after_buckets) s.recovery = s.after_mean / s.before_mean;
   if (!after.empty()) {
     const size_t tail = std::max<size_t>(1, after.size() / 4);

@@ -110,7 +110,9 @@ struct ObjectClientStats {
 };
 
 struct CompactResult {
-  uint32_t merges = 0;   // blocks merged away in this round
+  uint32_t merges = 0;  // blocks merged away in this round
+  // The server stopped the round at its time budget (1 s of paced merging): ask again.
+  bool partial = false;
   nlohmann::json stats;  // server's compaction counters after the round
 };
 

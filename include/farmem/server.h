@@ -33,6 +33,8 @@ struct ObjectsConfig {
     uint32_t interval_ms = 100;  // leader thread period; 0 = no leader (only COMPACT RPCs and
                                  // allocation failures compact)
     uint32_t max_merges_per_round = 64;
+    // Pace of threshold and COMPACT rounds (allocation failures are never paced); 0 = unpaced.
+    uint32_t max_merges_per_second = 500;
   } compaction;
 };
 

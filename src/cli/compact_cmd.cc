@@ -59,6 +59,11 @@ int RunCompact(const CompactOptions& options) {
   std::string out = fmt::format(
       "compacted {} ({}): {} merge(s)\n", options.address,
       options.size_class ? fmt::format("class {}", *options.size_class) : "all classes", r->merges);
+  if (r->partial) {
+    out +=
+        "the server paces compaction and stopped this round at its time budget: run again to "
+        "continue\n";
+  }
   if (before >= 0 && after >= 0) {
     out +=
         fmt::format("physical bytes held: {} -> {}\n", FormatBytes(static_cast<uint64_t>(before)),

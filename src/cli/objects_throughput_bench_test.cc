@@ -111,7 +111,8 @@ TEST(BenchTimeline, DipAndRecovery) {
   EXPECT_DOUBLE_EQ(s.during_min, 60.0);
   EXPECT_DOUBLE_EQ(s.during_mean, 220.0 / 3);
   EXPECT_DOUBLE_EQ(s.after_mean, 98.0);
-  EXPECT_DOUBLE_EQ(s.dip, 0.4);
+  EXPECT_DOUBLE_EQ(s.dip, 1.0 - 220.0 / 300);  // mean of the during buckets
+  EXPECT_DOUBLE_EQ(s.worst_bucket_dip, 0.4);   // the lowest one
   EXPECT_DOUBLE_EQ(s.recovery, 0.98);
   EXPECT_TRUE(s.missing.empty()) << s.missing;
   // Last quarter of 7 after buckets = the last one; 98 >= 95: recovered at the first after bucket
@@ -152,6 +153,7 @@ TEST(BenchTimeline, CompactionInsideOneBucketAndAtAnEdge) {
   EXPECT_EQ(s.during_buckets, 1u);
   EXPECT_EQ(s.after_buckets, 2u);
   EXPECT_DOUBLE_EQ(s.dip, 0.2);
+  EXPECT_DOUBLE_EQ(s.worst_bucket_dip, 0.2);
   // An instantaneous compaction exactly at a bucket edge still has a "during" bucket.
   TimelineSummary e = SummarizeTimeline(counts, 100, 200, 200, 0);
   EXPECT_EQ(e.before_buckets, 2u);

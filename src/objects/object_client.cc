@@ -640,6 +640,7 @@ Task<Result<CompactResult>> ObjectClient::compact(Scheduler& sched, uint16_t ser
   }
   CompactResult out;
   out.merges = j["merges"].get<uint32_t>();
+  out.partial = j.contains("partial") && j["partial"].is_boolean() && j["partial"].get<bool>();
   if (j.contains("compaction")) out.stats = j["compaction"];
   co_return out;
 }

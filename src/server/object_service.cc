@@ -21,6 +21,9 @@ namespace wire = object_wire;
 
 namespace {
 
+// How long one OBJ_COMPACT may merge before it answers (a paced round can take longer).
+constexpr std::chrono::milliseconds kCompactRpcBudget{1000};
+
 static_assert(wire::kOpCompact < wire::kLastObjectsOpcode);
 
 template <typename T>
@@ -146,8 +149,8 @@ Status ValidateObjectsConfig(const ServerConfig& config) {
   }
   if (o.compaction.max_merges_per_round == 0) {
     return Status::InvalidArgument(
-        "objects.compaction.max_merges_per_round (--objects-compaction-max-merges) must be at "
-        "least 1");
+        "objects.compaction.max_merges_per_round (--objects-compaction-max-merges-per-round) must "
+        "be at least 1");
   }
   return Status::OK();
 }
@@ -185,6 +188,7 @@ Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig&
   corm::CompactionOptions co;
   co.default_threshold = c.compaction.threshold;
   co.max_merges_per_round = c.compaction.max_merges_per_round;
+  co.max_merges_per_second = c.compaction.max_merges_per_second;
   co.interval = std::chrono::milliseconds(std::max<uint32_t>(1, c.compaction.interval_ms));
   s->compactor_ = std::make_unique<corm::Compactor>(*s->store_, co);
 
@@ -418,9 +422,12 @@ Status ObjectService::Compact(const RpcCall& call, std::vector<std::byte>& reply
   if (req->reserved[0] != 0 || req->reserved[1] != 0 || req->reserved[2] != 0) {
     return Status::Protocol("OBJ_COMPACT reserved fields must be 0");
   }
+  // Paced rounds can be long: answer after at most kCompactRpcBudget of merging (the client's
+  // RPC timeout is 5 s by default) and say so; the caller asks again for the rest.
+  const auto deadline = std::chrono::steady_clock::now() + kCompactRpcBudget;
   Result<uint32_t> merges = Status::Internal("unset");
   if (req->size_class == wire::kAllClasses) {
-    merges = compactor_->CompactAll();
+    merges = compactor_->CompactAll(deadline);
   } else {
     const size_t classes = store_->classes().count();
     if (req->size_class >= classes) {
@@ -428,10 +435,12 @@ Status ObjectService::Compact(const RpcCall& call, std::vector<std::byte>& reply
                                      " does not exist (the store has " + std::to_string(classes) +
                                      " classes)");
     }
-    merges = compactor_->CompactClass(req->size_class);
+    merges = compactor_->CompactClass(req->size_class, deadline);
   }
   if (!merges.ok()) return merges.status();
+  const bool partial = std::chrono::steady_clock::now() >= deadline;
   const nlohmann::json j = {{"merges", *merges},
+                            {"partial", partial},
                             {"compaction", CompactionJson(compactor_->stats())}};
   const std::string text = j.dump();
   const auto* b = reinterpret_cast<const std::byte*>(text.data());
@@ -455,7 +464,8 @@ nlohmann::json ObjectService::Stats() const {
                  {"compaction",
                   {{"threshold", c.compaction.threshold},
                    {"interval_ms", c.compaction.interval_ms},
-                   {"max_merges_per_round", c.compaction.max_merges_per_round}}}};
+                   {"max_merges_per_round", c.compaction.max_merges_per_round},
+                   {"max_merges_per_second", c.compaction.max_merges_per_second}}}};
   j["region"] = {{"name", region_.name}, {"length", region_.length}};
 
   corm::Store& store = *store_;

@@ -587,6 +587,35 @@ TEST_F(ObjectServiceTest, WorkerSelectionByConnectionAndRandom) {
   EXPECT_EQ(server_->stats()["objects"]["config"]["worker_selection"], "random");
 }
 
+TEST_F(ObjectServiceTest, PacedCompactAnswersWithinItsBudgetAndSaysPartial) {
+  ObjectsConfig oc = TestObjects();
+  oc.compaction.max_merges_per_second = 2;  // 3 of the 7 possible merges fit in the 1 s budget
+  ASSERT_NO_FATAL_FAILURE(Start(oc));
+  std::vector<wire::WirePtr> ptrs;
+  for (int i = 0; i < 8 * 36; ++i) {
+    auto p = Alloc(100);
+    ASSERT_TRUE(p.ok());
+    ptrs.push_back(*p);
+  }
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % 9 != 0) {
+      ASSERT_TRUE(Free(ptrs[i]).ok());
+    }
+  }
+  const uint16_t cls = ptrs[0].size_class;
+  auto c = Compact(cls);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*c)["partial"].get<bool>()) << c->dump();
+  const uint64_t first = (*c)["merges"];
+  EXPECT_GE(first, 1u);
+  EXPECT_LE(first, 4u) << "1 s at 2 merges/s (plus one batch)";
+  EXPECT_EQ(server_->stats()["objects"]["config"]["compaction"]["max_merges_per_second"], 2);
+  // Asking again continues where the budget stopped.
+  auto again = Compact(cls);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_GE((*again)["merges"].get<uint64_t>(), 1u) << again->dump();
+}
+
 TEST_F(ObjectServiceTest, LeaderThreadCompactsFragmentedClasses) {
   ObjectsConfig oc = TestObjects();
   oc.compaction.interval_ms = 5;

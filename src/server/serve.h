@@ -45,6 +45,7 @@ struct ServeOptions {
   double objects_compaction_threshold = 0.3;
   uint32_t objects_compaction_interval_ms = 100;  // 0 = no leader thread
   uint32_t objects_compaction_max_merges_per_round = 64;
+  uint32_t objects_compaction_max_merges_per_second = 500;  // 0 = unpaced
 };
 
 // Flags registered on a CLI11 app (or subcommand); keeps the Option handles so the config file

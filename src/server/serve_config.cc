@@ -86,6 +86,12 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
                      o.objects_compaction_max_merges_per_round,
                      "bound on block merges per compaction round")
           ->capture_default_str());
+  add("objects-compaction-max-merges-per-second",
+      app.add_option("--objects-compaction-max-merges-per-second",
+                     o.objects_compaction_max_merges_per_second,
+                     "pace of compaction rounds, merges per second (0 = unpaced; allocation "
+                     "failures are never paced)")
+          ->capture_default_str());
 }
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address) {
@@ -183,6 +189,8 @@ Status ApplyConfigKey(ServeFlags& flags, std::string key, const nlohmann::json& 
       {"objects-compaction-interval-ms", [&] { return num(o.objects_compaction_interval_ms); }},
       {"objects-compaction-max-merges-per-round",
        [&] { return num(o.objects_compaction_max_merges_per_round); }},
+      {"objects-compaction-max-merges-per-second",
+       [&] { return num(o.objects_compaction_max_merges_per_second); }},
   };
   auto it = setters.find(key);
   if (it == setters.end()) return Status::InvalidArgument("unknown config key '" + key + "'");
@@ -283,6 +291,7 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   obj.compaction.threshold = o.objects_compaction_threshold;
   obj.compaction.interval_ms = o.objects_compaction_interval_ms;
   obj.compaction.max_merges_per_round = o.objects_compaction_max_merges_per_round;
+  obj.compaction.max_merges_per_second = o.objects_compaction_max_merges_per_second;
   FARMEM_RETURN_IF_ERROR(ValidateObjectsConfig(c));
   return c;
 }

@@ -120,6 +120,7 @@ TEST(ServeConfigTest, ObjectStoreDefaults) {
   EXPECT_DOUBLE_EQ(o.compaction.threshold, 0.3);
   EXPECT_EQ(o.compaction.interval_ms, 100u);
   EXPECT_EQ(o.compaction.max_merges_per_round, 64u);
+  EXPECT_EQ(o.compaction.max_merges_per_second, 500u);
 }
 
 TEST(ServeConfigTest, ObjectStoreFlags) {
@@ -145,7 +146,9 @@ TEST(ServeConfigTest, ObjectStoreFlags) {
                     "--objects-compaction-interval-ms",
                     "0",
                     "--objects-compaction-max-merges-per-round",
-                    "8"});
+                    "8",
+                    "--objects-compaction-max-merges-per-second",
+                    "0"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const ObjectsConfig& o = c->objects;
   EXPECT_EQ(o.block_size, 65536u);
@@ -159,6 +162,7 @@ TEST(ServeConfigTest, ObjectStoreFlags) {
   EXPECT_DOUBLE_EQ(o.compaction.threshold, 0.5);
   EXPECT_EQ(o.compaction.interval_ms, 0u);
   EXPECT_EQ(o.compaction.max_merges_per_round, 8u);
+  EXPECT_EQ(o.compaction.max_merges_per_second, 0u);
   auto off = Resolve({"--objects-enabled", "false"});
   ASSERT_TRUE(off.ok()) << off.status().ToString();
   EXPECT_FALSE(off->objects.enabled);

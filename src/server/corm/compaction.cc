@@ -11,6 +11,8 @@
 namespace farmem::corm {
 namespace {
 
+constexpr std::chrono::milliseconds kPaceBatch{10};
+
 BlockSnapshot SnapshotLocked(const detail::Block& b) {
   BlockSnapshot s;
   s.mode = b.mode;
@@ -54,9 +56,20 @@ Compactor::Compactor(Store& store, CompactionOptions options)
   if (options_.compact_on_alloc_failure) {
     store_.SetAllocFailureHook([this](uint32_t size_class) {
       // Merge blocks of the failing class first, then everything else: any freed physical
-      // block serves the retry.
-      auto r = CompactClass(size_class);
-      if (r.ok() && *r == 0) (void)CompactAll();
+      // block serves the retry. Unpaced, and a paced round in progress is sped up.
+      urgent_.fetch_add(1);
+      { std::lock_guard<std::mutex> lk(thread_mu_); }
+      cv_.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(round_mu_);
+        auto r = CompactClassLocked(size_class, /*paced=*/false);
+        if (r.ok() && *r == 0) {
+          for (uint32_t c = 0; c < store_.classes().count(); ++c) {
+            (void)CompactClassLocked(c, /*paced=*/false);
+          }
+        }
+      }
+      urgent_.fetch_sub(1);
     });
   }
 }
@@ -110,15 +123,37 @@ std::vector<Compactor::Candidate> Compactor::Collect(uint32_t size_class) {
   return out;
 }
 
-Result<uint32_t> Compactor::CompactClass(uint32_t size_class) {
+Result<uint32_t> Compactor::CompactClass(uint32_t size_class, Deadline deadline) {
   if (size_class >= store_.classes().count()) {
     return Status::InvalidArgument("size class " + std::to_string(size_class) + " does not exist");
   }
   std::lock_guard<std::mutex> lock(round_mu_);
-  return CompactClassLocked(size_class);
+  return CompactClassLocked(size_class, /*paced=*/true, deadline);
 }
 
-Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class) {
+void Compactor::Pace() {
+  if (options_.max_merges_per_second == 0) return;
+  std::unique_lock<std::mutex> lk(thread_mu_);
+  // Merges run in batches of about kPaceBatch worth of the rate: one wake-up per batch instead of
+  // one per merge. On a loaded machine each wake-up preempts a busy thread (a reader or the NIC
+  // thread), and that costs clients more than the merge itself.
+  const auto now = std::chrono::steady_clock::now();
+  if (next_merge_ <= now) return;
+  cv_.wait_until(lk, next_merge_ + kPaceBatch, [this] { return stop_ || urgent_.load() > 0; });
+}
+
+void Compactor::MergeDone() {
+  if (options_.max_merges_per_second == 0) return;
+  using Clock = std::chrono::steady_clock;
+  const auto gap = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(1.0 / static_cast<double>(options_.max_merges_per_second)));
+  std::lock_guard<std::mutex> lk(thread_mu_);
+  // After an idle spell the schedule restarts one batch before now: at most one batch to
+  // "catch up" (and the batch a Pace() oversleep leaves is not lost).
+  next_merge_ = std::max(next_merge_, Clock::now() - kPaceBatch) + gap;
+}
+
+Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class, bool paced, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.rounds;
@@ -136,6 +171,10 @@ Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class) {
     for (size_t j = cands.size(); j-- > i + 1 && attempts < options_.max_attempts_per_source;) {
       if (gone[j] || cands[i].live + cands[j].live > cap) continue;
       ++attempts;
+      // Only merges count against the pace: a rejected attempt is cheap and invisible to
+      // clients.
+      if (paced) Pace();
+      if (deadline && std::chrono::steady_clock::now() >= *deadline) return merges;
       auto r = TryMerge(cands[i], cands[j]);
       if (!r.ok()) {
         if (first_error.ok()) first_error = r.status();
@@ -145,6 +184,7 @@ Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class) {
         gone[i] = true;
         cands[j].live += cands[i].live;
         ++merges;
+        if (paced) MergeDone();
         break;
       }
     }
@@ -154,12 +194,13 @@ Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class) {
   return merges;
 }
 
-Result<uint32_t> Compactor::CompactAll() {
+Result<uint32_t> Compactor::CompactAll(Deadline deadline) {
   std::lock_guard<std::mutex> lock(round_mu_);
   uint32_t total = 0;
   Status first_error;
   for (uint32_t c = 0; c < store_.classes().count(); ++c) {
-    auto r = CompactClassLocked(c);
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) break;
+    auto r = CompactClassLocked(c, /*paced=*/true, deadline);
     if (r.ok()) {
       total += *r;
     } else if (first_error.ok()) {
@@ -176,7 +217,7 @@ Result<uint32_t> Compactor::RunOnce() {
   for (uint32_t c = 0; c < store_.classes().count(); ++c) {
     const ClassStats cs = store_.Stats(c);
     if (cs.blocks < 2 || cs.fragmentation <= Threshold(c)) continue;
-    auto r = CompactClassLocked(c);
+    auto r = CompactClassLocked(c, /*paced=*/true);
     if (r.ok()) total += *r;
   }
   return total;

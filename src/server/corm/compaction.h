@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -22,9 +23,15 @@ struct CompactionOptions {
   std::vector<double> class_thresholds;  // per class override (empty or one entry per class)
   // Blocks above this occupancy (live / capacity) are not collected.
   double max_candidate_occupancy = 0.9;
-  uint32_t max_merges_per_round = 64;       // bound on blocks compacted per round (pause length)
-  uint32_t max_attempts_per_source = 8;     // partner blocks tried per source block
-  std::chrono::milliseconds interval{100};  // leader thread period
+  uint32_t max_merges_per_round = 64;  // bound on blocks compacted per round (pause length)
+  // Pace of threshold and on-demand rounds: merges are spread so that no more than this many
+  // happen per second (0 = as fast as possible). Every merge costs clients something (TLB
+  // shootdowns of the remap, first-touch faults, one pointer correction per moved object), so an
+  // unpaced burst of thousands of merges shows up as a throughput dip. Allocation failures are
+  // never paced: a waiting allocation makes a paced round run at full speed.
+  uint32_t max_merges_per_second = 0;
+  uint32_t max_attempts_per_source = 8;         // partner blocks tried per source block
+  std::chrono::milliseconds interval{100};      // leader thread period
   std::chrono::milliseconds lock_timeout{100};  // a busy block is skipped this round
   bool compact_on_alloc_failure = true;
 };
@@ -64,10 +71,12 @@ class Compactor {
   double Threshold(uint32_t size_class) const;
 
   // One compaction round for a class: collect low-occupancy blocks from every worker, merge
-  // least-occupied first. Returns the number of merges.
-  Result<uint32_t> CompactClass(uint32_t size_class);
+  // least-occupied first. Returns the number of merges. A round also ends at `deadline` (paced
+  // rounds can be long; an RPC handler must answer within the client's timeout).
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+  Result<uint32_t> CompactClass(uint32_t size_class, Deadline deadline = std::nullopt);
   // On demand ("farmem compact"): one round for every class.
-  Result<uint32_t> CompactAll();
+  Result<uint32_t> CompactAll(Deadline deadline = std::nullopt);
   // Classes above their threshold only (what the leader thread runs).
   Result<uint32_t> RunOnce();
 
@@ -93,7 +102,13 @@ class Compactor {
   // Merges src into dst. false when the blocks changed, collide or are busy.
   Result<bool> TryMerge(const Candidate& src, const Candidate& dst);
   Result<bool> MergeLocked(detail::Block& src, detail::Block& dst);
-  Result<uint32_t> CompactClassLocked(uint32_t size_class);
+  Result<uint32_t> CompactClassLocked(uint32_t size_class, bool paced,
+                                      Deadline deadline = std::nullopt);
+  // Waits until the next merge may start under max_merges_per_second. Does not wait while an
+  // allocation failure waits for the round or once Stop() was called (the round then finishes
+  // at full speed, bounded by max_merges_per_round as without pacing).
+  void Pace();
+  void MergeDone();  // a paced merge happened: the next one waits one gap
 
   Store& store_;
   const CompactionOptions options_;
@@ -103,9 +118,14 @@ class Compactor {
   CompactionStats stats_;
 
   std::mutex thread_mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;  // leader period and pacing waits; both end on stop_ / urgent_
   bool stop_ = false;
   std::thread leader_;
+
+  // Pacing state, guarded by thread_mu_: the earliest start of the next paced merge.
+  std::chrono::steady_clock::time_point next_merge_{};
+  // Allocation failures waiting for round_mu_: while > 0, paced rounds stop sleeping.
+  std::atomic<uint32_t> urgent_{0};
 };
 
 }  // namespace farmem::corm

@@ -267,6 +267,87 @@ TEST(Compaction, LeaderThreadCompactsAboveThreshold) {
   EXPECT_GT(comp.stats().compactions, 0u);
 }
 
+// 500 objects of 100 B with 4 of every 5 freed: dozens of mergeable blocks in one class.
+std::vector<ObjectPtr> SparseHeap(Store& st) {
+  std::vector<ObjectPtr> ptrs, kept;
+  for (int i = 0; i < 500; ++i) ptrs.push_back(*st.Alloc(100, 0));
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % 5 != 0) {
+      EXPECT_TRUE(st.Free(ptrs[i]).ok());
+    } else {
+      kept.push_back(ptrs[i]);
+    }
+  }
+  return kept;
+}
+
+TEST(Compaction, PacedRoundsSpreadTheirMerges) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.max_merges_per_round = 1000;
+  co.max_merges_per_second = 200;
+  Compactor comp(st, co);
+  std::vector<ObjectPtr> kept = SparseHeap(st);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = comp.CompactClass(kept[0].size_class);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GT(*r, 10u);
+  // A lower bound only (sleeps never end early): the first merges of a round may run as one
+  // batch of 10 ms worth of the rate (2 merges), every further one waits 1/200 s.
+  EXPECT_GE(elapsed, (*r - 3) / 200.0) << *r << " merges";
+  std::vector<uint8_t> out(100);
+  for (ObjectPtr p : kept) {
+    ASSERT_TRUE(st.Read(p, out).ok());
+  }
+}
+
+TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
+  auto o = Opts(16);
+  o.max_physical_bytes = 8 * 4096;
+  auto s = Store::Create(o);
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.max_merges_per_round = 1000;
+  co.max_merges_per_second = 2;  // a paced round over this heap would take seconds
+  Compactor comp(st, co);
+  std::vector<ObjectPtr> ptrs;
+  while (true) {
+    auto p = st.Alloc(400, 0);
+    if (!p.ok()) break;
+    ptrs.push_back(*p);
+  }
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % 4 != 0) {
+      ASSERT_TRUE(st.Free(ptrs[i]).ok());
+    }
+  }
+  std::thread round([&] { EXPECT_TRUE(comp.CompactAll().ok()); });
+  // Let the paced round take the round lock (its first merge frees one block) and sleep, then
+  // allocate three blocks' worth of another class: the failure hook must get through the paced
+  // round (it stops sleeping) and free the rest.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto first = st.Alloc(40, 1);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const uint32_t per_block = st.classes().at(first->size_class).slots_per_block;
+  for (uint32_t i = 1; i < 3 * per_block; ++i) {
+    auto p = st.Alloc(40, 1);
+    ASSERT_TRUE(p.ok()) << i << ": " << p.status().ToString();
+  }
+  round.join();
+  std::vector<uint8_t> out(400);
+  for (size_t i = 0; i < ptrs.size(); i += 4) {
+    ObjectPtr q = ptrs[i];
+    EXPECT_TRUE(st.Read(q, out).ok());
+  }
+}
+
 // ---- merge probability ---------------------------------------------------------------------
 
 double ClosedForm(double n, double s, double b1, double b2) {
