@@ -209,30 +209,55 @@ TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
   EXPECT_FALSE(st.Read(stale, out).ok());
 }
 
-TEST(Compaction, AllocationFailureTriggersCompaction) {
+// Frees every object of `ptrs` but each n-th one; returns the survivors.
+std::vector<ObjectPtr> KeepEveryNth(Store& st, const std::vector<ObjectPtr>& ptrs, size_t n) {
+  std::vector<ObjectPtr> kept;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % n == 0) {
+      kept.push_back(ptrs[i]);
+    } else {
+      EXPECT_TRUE(st.Free(ptrs[i]).ok());
+    }
+  }
+  return kept;
+}
+
+// Fills the store with 400 B objects until allocation fails, then keeps 1 of every 4: with a
+// small physical budget, the budget is then full of sparse blocks.
+std::vector<ObjectPtr> FillBudgetThenThin(Store& st) {
+  std::vector<ObjectPtr> ptrs;
+  while (true) {
+    auto p = st.Alloc(400, 0);
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code(), Code::kResourceExhausted);
+      break;
+    }
+    ptrs.push_back(*p);
+  }
+  return KeepEveryNth(st, ptrs, 4);
+}
+
+// 500 objects of 100 B with 4 of every 5 freed: dozens of mergeable blocks in one class.
+std::vector<ObjectPtr> SparseHeap(Store& st) {
+  std::vector<ObjectPtr> ptrs;
+  for (int i = 0; i < 500; ++i) ptrs.push_back(*st.Alloc(100, 0));
+  return KeepEveryNth(st, ptrs, 5);
+}
+
+StoreOptions SmallBudget() {
   auto o = Opts(16);
   o.max_physical_bytes = 8 * 4096;
-  auto s = Store::Create(o);
+  return o;
+}
+
+TEST(Compaction, AllocationFailureTriggersCompaction) {
+  auto s = Store::Create(SmallBudget());
   ASSERT_TRUE(s.ok());
   Store& st = **s;
   CompactionOptions co;
   co.max_candidate_occupancy = 1.0;
   Compactor comp(st, co);
-  std::vector<ObjectPtr> ptrs;
-  while (true) {
-    auto p = st.Alloc(400, 0);
-    if (!p.ok()) {
-      ASSERT_EQ(p.status().code(), Code::kResourceExhausted);
-      break;
-    }
-    ptrs.push_back(*p);
-  }
-  // Free 3 of every 4: the budget is full of sparse blocks.
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    if (i % 4 != 0) {
-      ASSERT_TRUE(st.Free(ptrs[i]).ok());
-    }
-  }
+  FillBudgetThenThin(st);
   // A different class needs a fresh block; the failure hook compacts and the retry succeeds.
   auto p = st.Alloc(40, 1);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -248,14 +273,7 @@ TEST(Compaction, LeaderThreadCompactsAboveThreshold) {
   co.default_threshold = 0.5;
   co.max_candidate_occupancy = 1.0;
   Compactor comp(st, co);
-  std::vector<ObjectPtr> ptrs;
-  for (int i = 0; i < 500; ++i) ptrs.push_back(*st.Alloc(100, 0));
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    if (i % 5 != 0) {
-      ASSERT_TRUE(st.Free(ptrs[i]).ok());
-    }
-  }
-  const uint32_t c = ptrs[0].size_class;
+  const uint32_t c = SparseHeap(st)[0].size_class;
   EXPECT_GT(comp.FragmentationRatio(c), 0.5);
   ASSERT_TRUE(comp.Start().ok());
   // Wait (bounded) for the leader to bring the ratio under the threshold.
@@ -265,20 +283,6 @@ TEST(Compaction, LeaderThreadCompactsAboveThreshold) {
   comp.Stop();
   EXPECT_LE(comp.FragmentationRatio(c), 0.5);
   EXPECT_GT(comp.stats().compactions, 0u);
-}
-
-// 500 objects of 100 B with 4 of every 5 freed: dozens of mergeable blocks in one class.
-std::vector<ObjectPtr> SparseHeap(Store& st) {
-  std::vector<ObjectPtr> ptrs, kept;
-  for (int i = 0; i < 500; ++i) ptrs.push_back(*st.Alloc(100, 0));
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    if (i % 5 != 0) {
-      EXPECT_TRUE(st.Free(ptrs[i]).ok());
-    } else {
-      kept.push_back(ptrs[i]);
-    }
-  }
-  return kept;
 }
 
 TEST(Compaction, PacedRoundsSpreadTheirMerges) {
@@ -307,9 +311,7 @@ TEST(Compaction, PacedRoundsSpreadTheirMerges) {
 }
 
 TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
-  auto o = Opts(16);
-  o.max_physical_bytes = 8 * 4096;
-  auto s = Store::Create(o);
+  auto s = Store::Create(SmallBudget());
   ASSERT_TRUE(s.ok());
   Store& st = **s;
   CompactionOptions co;
@@ -317,17 +319,7 @@ TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
   co.max_merges_per_round = 1000;
   co.max_merges_per_second = 2;  // a paced round over this heap would take seconds
   Compactor comp(st, co);
-  std::vector<ObjectPtr> ptrs;
-  while (true) {
-    auto p = st.Alloc(400, 0);
-    if (!p.ok()) break;
-    ptrs.push_back(*p);
-  }
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    if (i % 4 != 0) {
-      ASSERT_TRUE(st.Free(ptrs[i]).ok());
-    }
-  }
+  std::vector<ObjectPtr> kept = FillBudgetThenThin(st);
   std::thread round([&] { EXPECT_TRUE(comp.CompactAll().ok()); });
   // Let the paced round take the round lock (its first merge frees one block) and sleep, then
   // allocate three blocks' worth of another class: the failure hook must get through the paced
@@ -342,10 +334,7 @@ TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
   }
   round.join();
   std::vector<uint8_t> out(400);
-  for (size_t i = 0; i < ptrs.size(); i += 4) {
-    ObjectPtr q = ptrs[i];
-    EXPECT_TRUE(st.Read(q, out).ok());
-  }
+  for (ObjectPtr q : kept) EXPECT_TRUE(st.Read(q, out).ok());
 }
 
 // ---- merge probability ---------------------------------------------------------------------
