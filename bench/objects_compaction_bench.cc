@@ -19,6 +19,7 @@
 
 #include "bench_stats.h"
 #include "farmem/objects.h"
+#include "machine_info.h"
 #include "objects_throughput_internal.h"
 #include "target_process.h"
 
@@ -323,17 +324,17 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
     servers.push_back(std::move(t).value());
     setups.push_back(s);
   }
-  nlohmann::json machine = bench::ObjectsBenchMachineInfo();
+  nlohmann::json machine = bench::MachineInfo();
   fmt::print(
       "{}: backend {}, {} objects x {} B, {:.0f} % freed at random, {} reads in flight, "
       "compaction at {:.1f} s, {:.1f} s per strategy, {} ms buckets\n",
       kProg, o.backend, o.objects, o.size, o.free_fraction * 100, o.inflight, o.compact_at,
       o.seconds, o.bucket_ms);
-  if (double busy = bench::ObjectsBenchCpuBusy(std::chrono::milliseconds(200)); busy >= 0) {
-    machine["cpu_busy_before_run"] = busy;
-    if (busy > 0.25)
+  if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
+    machine["cpu_busy_before_run"] = *busy;
+    if (*busy > 0.25)
       fmt::print("WARNING: {:.0f}% of the CPUs were busy before the run; figures will be noisy.\n",
-                 busy * 100);
+                 *busy * 100);
   }
 
   std::vector<RunResult> runs;

@@ -9,7 +9,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "bench_stats.h"
+#include "machine_info.h"
 
 extern char** environ;
 
@@ -181,33 +181,6 @@ std::string FindJemalloc(const std::string& configured, std::string& why_not) {
   }
   why_not = "libjemalloc.so.2 not found (Debian: apt-get install libjemalloc2)";
   return "";
-}
-
-// ---- machine info ----------------------------------------------------------------------------
-
-json MachineInfo() {
-  json m;
-  m["nproc"] = sysconf(_SC_NPROCESSORS_ONLN);
-  utsname u{};
-  if (uname(&u) == 0) {
-    m["kernel"] = fmt::format("{} {}", u.sysname, u.release);
-    m["arch"] = u.machine;
-  }
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      if (auto pos = line.find(':'); pos != std::string::npos) m["cpu"] = line.substr(pos + 2);
-      break;
-    }
-  }
-  if (double load[3]; getloadavg(load, 3) == 3) m["loadavg_at_start"] = {load[0], load[1], load[2]};
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  m["date"] = buf;
-  return m;
 }
 
 double Num(const json& j, const char* key) {

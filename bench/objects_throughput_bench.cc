@@ -19,6 +19,7 @@
 
 #include "bench_stats.h"
 #include "farmem/objects.h"
+#include "machine_info.h"
 #include "objects_throughput_internal.h"
 #include "redis_bench.h"
 #include "target_process.h"
@@ -360,7 +361,7 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
       redis = std::move(r).value();
   }
 
-  nlohmann::json machine = bench::ObjectsBenchMachineInfo();
+  nlohmann::json machine = bench::MachineInfo();
   const double slice = o.seconds / o.rounds;  // measured time of one round of a case
   const double warmup = WarmupFor(slice);
   fmt::print(
@@ -369,11 +370,11 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
       "reported), Zipf theta {}\n",
       kProg, o.backend, o.objects, o.size, fmt::join(o.clients, "/"), o.inflight, o.seconds,
       o.rounds, warmup, kZipfTheta);
-  if (double busy = bench::ObjectsBenchCpuBusy(std::chrono::milliseconds(200)); busy >= 0) {
-    machine["cpu_busy_before_run"] = busy;
-    if (busy > 0.25)
+  if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
+    machine["cpu_busy_before_run"] = *busy;
+    if (*busy > 0.25)
       fmt::print("WARNING: {:.0f}% of the CPUs were busy before the run; figures will be noisy.\n",
-                 busy * 100);
+                 *busy * 100);
   }
 
   auto ready = (*server)->Start(bench::kObjectsServerStartTimeout);

@@ -2,7 +2,6 @@
 // node, load/free phases, start gate, machine info and the timeline summary (see the header).
 #include "objects_throughput_internal.h"
 
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -227,51 +226,6 @@ bool StartGate::WaitForGo() const {
     std::this_thread::yield();
   }
   return true;
-}
-
-nlohmann::json ObjectsBenchMachineInfo() {
-  nlohmann::json m;
-  m["nproc"] = ::sysconf(_SC_NPROCESSORS_ONLN);
-  utsname u{};
-  if (::uname(&u) == 0) {
-    m["kernel"] = fmt::format("{} {}", u.sysname, u.release);
-    m["arch"] = u.machine;
-  }
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      if (auto pos = line.find(':'); pos != std::string::npos) m["cpu"] = line.substr(pos + 2);
-      break;
-    }
-  }
-  if (double load[3]; ::getloadavg(load, 3) == 3) m["loadavg"] = {load[0], load[1], load[2]};
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  m["date"] = buf;
-  return m;
-}
-
-double ObjectsBenchCpuBusy(std::chrono::milliseconds window) {
-  auto sample = [](uint64_t* total, uint64_t* idle) {
-    std::ifstream stat("/proc/stat");
-    std::string cpu;
-    uint64_t v[8] = {};
-    if (!(stat >> cpu) || cpu != "cpu") return false;
-    for (auto& x : v)
-      if (!(stat >> x)) return false;
-    *total = 0;
-    for (auto x : v) *total += x;
-    *idle = v[3] + v[4];
-    return true;
-  };
-  uint64_t t0, i0, t1, i1;
-  if (!sample(&t0, &i0)) return -1;
-  std::this_thread::sleep_for(window);
-  if (!sample(&t1, &i1) || t1 <= t0) return -1;
-  return std::clamp(1.0 - static_cast<double>(i1 - i0) / static_cast<double>(t1 - t0), 0.0, 1.0);
 }
 
 void QuietBenchLogging() {

@@ -106,11 +106,6 @@ class StartGate {
   std::atomic<bool> go_{false}, abort_{false};
 };
 
-// nproc, kernel, CPU model, load average and date of this run.
-nlohmann::json ObjectsBenchMachineInfo();
-// Fraction of all CPU time spent non-idle during `window` (/proc/stat); < 0 when unreadable.
-double ObjectsBenchCpuBusy(std::chrono::milliseconds window);
-
 // Quiet logging (warnings and errors) unless FARMEM_LOG asks for more: the server and client
 // nodes log every connection at info level, which would bury the benchmark's own lines.
 void QuietBenchLogging();

@@ -4,7 +4,6 @@
 #include "raw_bench.h"
 
 #include <sys/mman.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +28,7 @@
 #include "bench_stats.h"
 #include "common/log.h"
 #include "farmem/transport.h"
+#include "machine_info.h"
 #include "raw_bench_internal.h"
 #include "target_process.h"
 
@@ -584,55 +584,6 @@ void PrintTargets(const std::vector<TargetCheck>& targets) {
   std::fflush(stdout);
 }
 
-// Fraction of all CPU time spent non-idle during `window` (from /proc/stat), if readable.
-std::optional<double> CpuBusyFraction(std::chrono::milliseconds window) {
-  auto sample = []() -> std::optional<std::pair<uint64_t, uint64_t>> {
-    std::ifstream stat("/proc/stat");
-    std::string cpu;
-    uint64_t v[8] = {};
-    if (!(stat >> cpu) || cpu != "cpu") return std::nullopt;
-    for (auto& x : v)
-      if (!(stat >> x)) return std::nullopt;
-    uint64_t total = 0;
-    for (auto x : v) total += x;
-    return std::make_pair(total, v[3] + v[4]);  // idle + iowait
-  };
-  auto a = sample();
-  std::this_thread::sleep_for(window);
-  auto b = sample();
-  if (!a || !b || b->first <= a->first) return std::nullopt;
-  double total = static_cast<double>(b->first - a->first);
-  double idle = static_cast<double>(b->second - a->second);
-  return std::clamp(1.0 - idle / total, 0.0, 1.0);
-}
-
-nlohmann::json MachineInfo() {
-  nlohmann::json m;
-  m["nproc"] = ::sysconf(_SC_NPROCESSORS_ONLN);
-  utsname u{};
-  if (::uname(&u) == 0) {
-    m["kernel"] = fmt::format("{} {} {}", u.sysname, u.release, u.version);
-    m["arch"] = u.machine;
-    m["hostname"] = u.nodename;
-  }
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      if (auto pos = line.find(':'); pos != std::string::npos) m["cpu"] = line.substr(pos + 2);
-      break;
-    }
-  }
-  if (double load[3]; ::getloadavg(load, 3) == 3)
-    m["loadavg_at_start"] = {load[0], load[1], load[2]};
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  m["date"] = buf;
-  return m;
-}
-
 nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targets,
                       const RawBenchOptions& options, const nlohmann::json& machine) {
   nlohmann::json j;
@@ -745,7 +696,7 @@ int RunRawBench(const RawBenchOptions& options) {
     return 1;
   }
 
-  nlohmann::json machine = MachineInfo();
+  nlohmann::json machine = bench::MachineInfo();
   fmt::print("farmem bench raw: {} s per case (+{:.2f} s warm-up), in flight {}, {} CPUs, {}\n",
              options.seconds, WarmupFor(options.seconds), fmt::join(options.inflight, "/"),
              machine.value("nproc", 0L), machine.value("kernel", std::string("?")));
@@ -754,7 +705,7 @@ int RunRawBench(const RawBenchOptions& options) {
       "better), ops/baseline (higher is better).\n");
   // Every case busy-polls on both sides, so other load on the machine shows up directly in the
   // figures; say so rather than let a loaded run pass for a clean one.
-  if (auto busy = CpuBusyFraction(std::chrono::milliseconds(200))) {
+  if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
     machine["cpu_busy_before_run"] = *busy;
     if (*busy > 0.25)
       fmt::print(
