@@ -38,17 +38,8 @@ trap 'exit 130' INT TERM
 [[ -x "$FARMEM" ]] || fail "farmem binary not found or not executable: $FARMEM"
 [[ -x "$FARMEMD" ]] || fail "farmemd binary not found or not executable: $FARMEMD"
 
-# Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
-wait_ready() {
-  local file=$1 secs=$2 pid=$3 line
-  for _ in $(seq $((secs * 10))); do
-    line="$(grep -m1 '^farmemd ready: ' "$file" 2>/dev/null || true)"
-    if [[ -n "$line" ]]; then echo "$line"; return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+# wait_ready (shared with the other integration tests)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Waits up to $2 seconds for background process $1 to exit; sets EXIT_CODE (124 on timeout).
 wait_exit() {

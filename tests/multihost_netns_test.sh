@@ -128,17 +128,8 @@ probe "$NS1" "$IP02" # server 1 reaches the client's link-2 address through the 
 probe "$NS2" "$IP01"
 
 # --- helpers ---------------------------------------------------------------------------------------
-# Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
-wait_ready() {
-  local file=$1 secs=$2 pid=$3 line
-  for _ in $(seq $((secs * 10))); do
-    line="$(grep -m1 '^farmemd ready: ' "$file" 2>/dev/null || true)"
-    if [[ -n "$line" ]]; then echo "$line"; return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+# wait_ready (shared with the other integration tests)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Does `farmem demo` take its own data-path host? (Then the client binds a routable address.)
 CLIENT_HOST_FLAG=0
