@@ -1,6 +1,7 @@
 // A small C++20 coroutine scheduler over one transport Context (Storm's user-level threads).
 // User code reads like blocking calls (`co_await sched.read(...)`) while many operations are in
-// flight on one thread. Single-threaded: a Scheduler and its tasks belong to the thread running it.
+// flight on one thread, and `co_await sched.sleep_for(d)` waits without stalling the others.
+// Single-threaded: a Scheduler and its tasks belong to the thread running it.
 #pragma once
 
 #include <chrono>
@@ -8,8 +9,10 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <queue>
 #include <span>
 #include <utility>
 #include <vector>
@@ -189,6 +192,32 @@ class Scheduler {
     co_return RpcReply{c.reply_imm, c.reply_length};
   }
 
+  // Suspends the calling coroutine until `until` (checked on every poll_once, so the wake-up is as
+  // late as the thread's next poll); other coroutines of this scheduler keep running meanwhile.
+  class SleepAwaiter {
+   public:
+    SleepAwaiter(Scheduler* s, std::chrono::steady_clock::time_point until)
+        : sched_(s), until_(until) {}
+    bool await_ready() const noexcept { return std::chrono::steady_clock::now() >= until_; }
+    void await_suspend(std::coroutine_handle<> h) {
+      sched_->timers_.push(Timer{until_, sched_->timer_seq_++, h});
+    }
+    void await_resume() const noexcept {}
+
+   private:
+    Scheduler* sched_;
+    std::chrono::steady_clock::time_point until_;
+  };
+  SleepAwaiter sleep_until(std::chrono::steady_clock::time_point until) {
+    return SleepAwaiter(this, until);
+  }
+  template <typename Rep, typename Period>
+  SleepAwaiter sleep_for(std::chrono::duration<Rep, Period> d) {
+    return SleepAwaiter(this,
+                        std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(d));
+  }
+
   // Start `task` now; the scheduler owns it until it finishes. Exceptions escaping a spawned task
   // terminate the program (tasks report failures through Status).
   void spawn(Task<void> task) {
@@ -228,7 +257,8 @@ class Scheduler {
     if constexpr (!std::is_void_v<T>) return std::move(*out);
   }
 
-  // Poll completions once and resume their coroutines. Returns true if anything happened.
+  // Poll completions once and resume their coroutines, then resume the sleepers whose time has
+  // come. Returns true if anything happened.
   bool poll_once() {
     Completion batch[32];
     size_t n = ctx_->poll(std::span<Completion>(batch, 32));
@@ -238,11 +268,23 @@ class Scheduler {
       --waiting_;
       aw->waiter_.resume();
     }
+    if (!timers_.empty()) {
+      const auto now = std::chrono::steady_clock::now();
+      // Only timers due now: a sleeper resumed here that sleeps again waits for a later poll.
+      std::vector<std::coroutine_handle<>> due;
+      while (!timers_.empty() && timers_.top().until <= now) {
+        due.push_back(timers_.top().waiter);
+        timers_.pop();
+      }
+      for (auto h : due) h.resume();
+      n += due.size();
+    }
     if (n) reap();
     return n > 0;
   }
 
   size_t live_tasks() const { return tasks_.size(); }
+  size_t sleeping() const { return timers_.size(); }
 
  private:
   void reap() {
@@ -256,9 +298,20 @@ class Scheduler {
     }
   }
 
+  struct Timer {
+    std::chrono::steady_clock::time_point until;
+    uint64_t seq;  // FIFO among equal deadlines
+    std::coroutine_handle<> waiter;
+    bool operator>(const Timer& o) const {
+      return until != o.until ? until > o.until : seq > o.seq;
+    }
+  };
+
   std::unique_ptr<Context> ctx_;
   std::deque<Task<void>> tasks_;
   size_t waiting_ = 0;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
+  uint64_t timer_seq_ = 0;
 };
 
 }  // namespace farmem

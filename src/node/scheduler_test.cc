@@ -219,6 +219,51 @@ TEST_P(SchedulerTest, ManyRpcsInFlight) {
   EXPECT_EQ(ok, kTasks * 5);
 }
 
+TEST_P(SchedulerTest, SleepingTaskDoesNotStallTheOthers) {
+  // One task sleeps for 2 s; meanwhile another does 50 reads on the same scheduler. The sleeper
+  // must still be asleep when the reader is done (reads are ~µs each: a thread sleep in place of
+  // the timer would make the reader wait the whole 2 s and finish after the sleeper).
+  bool slept = false;
+  bool sleeper_done_before_reader = false;
+  int reads_ok = 0;
+  auto sleeper = [](Scheduler* s, bool* done) -> Task<void> {
+    co_await s->sleep_for(2s);
+    *done = true;
+  };
+  auto reader = [](SchedulerTest* t, int* ok, bool* sleeper_done, bool* early) -> Task<void> {
+    for (int i = 0; i < 50; ++i) {
+      uint64_t v = 0;
+      Status st = co_await t->sched_->read(t->Word(static_cast<size_t>(i)), &v, 8);
+      if (st.ok() && v == static_cast<uint64_t>(i) * 3 + 1) ++*ok;
+    }
+    *early = *sleeper_done;
+  };
+  sched_->spawn(sleeper(sched_.get(), &slept));
+  EXPECT_EQ(sched_->sleeping(), 1u);
+  sched_->block_on(reader(this, &reads_ok, &slept, &sleeper_done_before_reader));
+  EXPECT_EQ(reads_ok, 50);
+  EXPECT_FALSE(sleeper_done_before_reader);
+  ASSERT_TRUE(sched_->run(30s).ok());
+  EXPECT_TRUE(slept);
+  EXPECT_EQ(sched_->sleeping(), 0u);
+}
+
+TEST_P(SchedulerTest, SleepersWakeInDeadlineOrder) {
+  std::vector<int> order;
+  auto sleeper = [](Scheduler* s, std::chrono::milliseconds d, int id,
+                    std::vector<int>* out) -> Task<void> {
+    co_await s->sleep_for(d);
+    out->push_back(id);
+  };
+  sched_->spawn(sleeper(sched_.get(), 30ms, 3, &order));
+  sched_->spawn(sleeper(sched_.get(), 10ms, 1, &order));
+  sched_->spawn(sleeper(sched_.get(), 20ms, 2, &order));
+  sched_->spawn(sleeper(sched_.get(), 0ms, 0, &order));  // due at once: never suspends
+  EXPECT_EQ(order, std::vector<int>{0});
+  ASSERT_TRUE(sched_->run(30s).ok());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SchedulerTest, ::testing::Values("tcp", "fabric:shm"),
                          [](const auto& info) {
                            std::string n = info.param;

@@ -52,21 +52,21 @@ std::vector<std::byte> Encode(const T& msg) {
   return server_proto::Encode(msg);
 }
 
-// Exponential backoff for torn/locked copies. Sleeps the calling thread: other coroutines of the
-// same scheduler wait too, but their completions are queued, not lost, and the sleep is bounded
-// by max_backoff (256 µs by default) — a torn or locked slot is a short transient.
+// Exponential backoff for torn/locked copies (1 µs doubling up to max_backoff, 256 µs by
+// default). The caller waits with `co_await sched.sleep_for(...)`: only the retrying coroutine
+// waits, the scheduler's other coroutines keep going.
 class Backoff {
  public:
   Backoff(std::chrono::milliseconds budget, std::chrono::microseconds max)
       : deadline_(Clock::now() + budget), max_(std::max(max, std::chrono::microseconds(1))) {}
-  // False once the budget is spent (caller gives up); else sleeps and returns true.
-  bool Wait() {
+  // nullopt once the budget is spent (caller gives up); else how long to wait before retrying.
+  std::optional<std::chrono::microseconds> Next() {
     const auto now = Clock::now();
-    if (now >= deadline_) return false;
+    if (now >= deadline_) return std::nullopt;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now);
-    std::this_thread::sleep_for(std::min(cur_, left));
+    const auto wait = std::min(cur_, left);
     cur_ = std::min(cur_ * 2, max_);
-    return true;
+    return wait;
   }
 
  private:
@@ -284,10 +284,12 @@ struct ObjectClient::Impl {
 
   static void Inc(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
-  // Counts a rejected copy (torn, locked, or changed under a header recheck) and waits before
-  // the next attempt; TimedOut once the retry budget is spent.
-  Status CountAndBackOff(std::string_view op, const Ptr& p, bool changed, corm::SlotCheck check,
-                         Backoff& backoff, uint64_t& retries, std::chrono::milliseconds budget);
+  // Counts a rejected copy (torn, locked, or changed under a header recheck) and says how long to
+  // wait before the next attempt; TimedOut once the retry budget is spent.
+  Result<std::chrono::microseconds> CountAndBackOff(std::string_view op, const Ptr& p, bool changed,
+                                                    corm::SlotCheck check, Backoff& backoff,
+                                                    uint64_t& retries,
+                                                    std::chrono::milliseconds budget);
 
   Result<Scheduler*> Blocking() {
     if (!sched) {
@@ -301,14 +303,14 @@ struct ObjectClient::Impl {
   Node* node = nullptr;
 };
 
-Status ObjectClient::Impl::CountAndBackOff(std::string_view op, const Ptr& p, bool changed,
-                                           corm::SlotCheck check, Backoff& backoff,
-                                           uint64_t& retries, std::chrono::milliseconds budget) {
+Result<std::chrono::microseconds> ObjectClient::Impl::CountAndBackOff(
+    std::string_view op, const Ptr& p, bool changed, corm::SlotCheck check, Backoff& backoff,
+    uint64_t& retries, std::chrono::milliseconds budget) {
   Inc(changed                           ? counters.recheck_failures
       : check == corm::SlotCheck::kTorn ? counters.torn_retries
                                         : counters.locked_retries);
   ++retries;
-  if (backoff.Wait()) return Status::OK();
+  if (auto wait = backoff.Next()) return *wait;
   return Status::TimedOut(std::string(op) + " " + Describe(p) + ": slot stayed " +
                           RetryReason(changed, check) + " for the whole retry budget of " +
                           std::to_string(budget.count()) + " ms (" + std::to_string(retries) +
@@ -732,10 +734,13 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
     switch (check) {
       case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
-      case corm::SlotCheck::kLocked:
-        FARMEM_CO_RETURN_IF_ERROR(impl_->CountAndBackOff("direct_read", p, changed, check, backoff,
-                                                         retries, options_.retry_budget));
+      case corm::SlotCheck::kLocked: {
+        auto wait = impl_->CountAndBackOff("direct_read", p, changed, check, backoff, retries,
+                                           options_.retry_budget);
+        if (!wait.ok()) co_return wait.status();
+        co_await sched.sleep_for(*wait);
         continue;
+      }
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
         if (mask == 0) {
@@ -826,10 +831,13 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
     switch (check) {
       case corm::SlotCheck::kOk:  // changed
       case corm::SlotCheck::kTorn:
-      case corm::SlotCheck::kLocked:
-        FARMEM_CO_RETURN_IF_ERROR(impl_->CountAndBackOff("scan_read", p, changed, check, backoff,
-                                                         retries, options_.retry_budget));
+      case corm::SlotCheck::kLocked: {
+        auto wait = impl_->CountAndBackOff("scan_read", p, changed, check, backoff, retries,
+                                           options_.retry_budget);
+        if (!wait.ok()) co_return wait.status();
+        co_await sched.sleep_for(*wait);
         continue;
+      }
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
         co_return Status::NotFound(
@@ -856,10 +864,12 @@ Task<Result<size_t>> ObjectClient::read_any(Scheduler& sched, Ptr& p, std::span<
     FARMEM_CO_RETURN_IF_ERROR(co_await locate(sched, p));
     r = co_await direct_read(sched, p, out);
     if (r.ok() || r.status().code() != Code::kMoved) co_return r;
-    if (!backoff.Wait()) {
+    const auto wait = backoff.Next();
+    if (!wait) {
       co_return Status::TimedOut("read_any " + Describe(p) +
                                  ": the object kept moving for the whole retry budget");
     }
+    co_await sched.sleep_for(*wait);
   }
 }
 
