@@ -4,6 +4,7 @@
 // Single-threaded: a Scheduler and its tasks belong to the thread running it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <coroutine>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <queue>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -231,9 +233,15 @@ class Scheduler {
   // also has the transport's own timeout, so this only guards against a task that never ends).
   Status run(std::chrono::milliseconds timeout = std::chrono::hours(24)) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
+    IdleWait idle;
     while (!tasks_.empty()) {
-      if (!poll_once() && std::chrono::steady_clock::now() > deadline)
+      if (poll_once()) {
+        idle.Reset();
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
         return Status::TimedOut("scheduler: tasks still running at deadline");
+      idle.Wait();
     }
     return Status::OK();
   }
@@ -253,7 +261,14 @@ class Scheduler {
       *fin = true;
     };
     spawn(wrapper(std::move(task), &finished, &out));
-    while (!finished) poll_once();
+    IdleWait idle;
+    while (!finished) {
+      if (poll_once()) {
+        idle.Reset();
+      } else {
+        idle.Wait();
+      }
+    }
     if constexpr (!std::is_void_v<T>) return std::move(*out);
   }
 
@@ -287,6 +302,34 @@ class Scheduler {
   size_t sleeping() const { return timers_.size(); }
 
  private:
+  // What run() and block_on() do between empty polls: spin for kIdleSpin (a completion usually
+  // arrives within microseconds), then sleep in steps doubling from 1 µs to kIdleMaxSleep, so a
+  // thread waiting on a slow reply (a paced COMPACT, a timeout) gives its core away instead of
+  // spinning on it. The cost is at most one step of extra latency once a wait is that long.
+  class IdleWait {
+   public:
+    void Reset() { idle_ = false; }
+    void Wait() {
+      const auto now = std::chrono::steady_clock::now();
+      if (!idle_) {
+        idle_ = true;
+        idle_since_ = now;
+        step_ = std::chrono::microseconds(1);
+        return;
+      }
+      if (now - idle_since_ < kIdleSpin) return;
+      std::this_thread::sleep_for(step_);
+      step_ = std::min(step_ * 2, kIdleMaxSleep);
+    }
+
+   private:
+    static constexpr std::chrono::microseconds kIdleSpin{200};
+    static constexpr std::chrono::microseconds kIdleMaxSleep{1000};
+    bool idle_ = false;
+    std::chrono::steady_clock::time_point idle_since_{};
+    std::chrono::microseconds step_{1};
+  };
+
   void reap() {
     for (auto it = tasks_.begin(); it != tasks_.end();) {
       if (it->done()) {
