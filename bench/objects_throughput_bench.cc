@@ -529,7 +529,8 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
         "direct_read = ObjectClient::direct_read (one-sided, ID/lock/version checks); read = RPC",
         "each client thread has its own Scheduler on one shared client node and keeps `inflight` "
         "reads outstanding; redis: one connection per client thread, `inflight` GETs pipelined",
-        "zipf: Gray et al. (SIGMOD 1994) generator, rank r -> object r (rank 0 hottest)"};
+        "zipf: Gray et al. (SIGMOD 1994) generator; rank r reads object (r * step + n / 3) mod n, "
+        "step ~ 0.618 n coprime with n (scrambled like YCSB, so hot objects are not adjacent)"};
     nlohmann::json cases = nlohmann::json::array();
     for (const auto& c : report.cases) {
       nlohmann::json x = {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 
 namespace farmem::bench {
 
@@ -73,18 +74,41 @@ class ZipfGenerator {
   double zetan_ = 0, alpha_ = 0, eta_ = 0, half_pow_theta_ = 0;
 };
 
-// What a benchmark client draws its next key from: uniform or Zipf over n keys.
+// Spreads Zipf ranks over the key space, as YCSB's ScrambledZipfian does: without it the hottest
+// keys are 0, 1, 2, ... — adjacent objects in the same blocks and cache lines, which flatters every
+// system (and hides block-level effects). key = (rank * step + offset) mod n with gcd(step, n) = 1
+// is a bijection, so the key popularities are exactly the rank popularities; step ~ 0.618 n puts
+// consecutive ranks far apart.
+class RankScrambler {
+ public:
+  explicit RankScrambler(uint64_t n) : n_(n == 0 ? 1 : n) {
+    step_ = static_cast<uint64_t>(static_cast<double>(n_) * 0.6180339887498949);
+    if (step_ == 0) step_ = 1;
+    while (std::gcd(step_, n_) != 1) --step_;  // terminates: gcd(1, n) = 1
+    offset_ = n_ / 3;
+  }
+  uint64_t operator()(uint64_t rank) const {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(rank) * step_ + offset_) % n_);
+  }
+
+ private:
+  uint64_t n_, step_ = 1, offset_ = 0;
+};
+
+// What a benchmark client draws its next key from: uniform, or Zipf over n keys with its ranks
+// scrambled (RankScrambler).
 class KeyChooser {
  public:
   // zipf == nullptr: uniform. The generator must outlive the chooser.
   KeyChooser(uint64_t n, const ZipfGenerator* zipf, uint64_t seed)
-      : n_(n), zipf_(zipf), rng_(seed) {}
-  uint64_t Next() { return zipf_ ? zipf_->Next(rng_) : rng_.Below(n_); }
+      : n_(n), zipf_(zipf), rng_(seed), scramble_(n) {}
+  uint64_t Next() { return zipf_ ? scramble_(zipf_->Next(rng_)) : rng_.Below(n_); }
 
  private:
   uint64_t n_;
   const ZipfGenerator* zipf_;
   SplitMix64 rng_;
+  RankScrambler scramble_;
 };
 
 }  // namespace farmem::bench

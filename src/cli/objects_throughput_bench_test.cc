@@ -1,5 +1,6 @@
 // Tests of the pure parts of the object throughput/compaction benchmarks: the Zipf and uniform
 // key choosers (statistical, generous tolerances, fixed seeds) and the timeline dip/recovery math.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -80,6 +81,38 @@ TEST(BenchZipf, UniformChooserCoversKeysEvenly) {
   }
   // 10 000 expected per key, standard deviation ~100: +-10 % is ten sigma.
   for (uint64_t k = 0; k < kN; ++k) EXPECT_NEAR(hist[k], 10000.0, 1000.0) << "key " << k;
+}
+
+TEST(BenchZipf, RankScramblerIsABijectionThatSeparatesHotRanks) {
+  for (uint64_t n : {1ull, 2ull, 10ull, 100ull, 1000ull, 4096ull, 100003ull}) {
+    RankScrambler s(n);
+    std::vector<bool> seen(n, false);
+    for (uint64_t r = 0; r < n; ++r) {
+      const uint64_t k = s(r);
+      ASSERT_LT(k, n);
+      ASSERT_FALSE(seen[k]) << "n " << n << ": rank " << r << " collides";
+      seen[k] = true;
+    }
+  }
+  // The ten hottest ranks of a million keys land far apart (no two within 1000 keys).
+  RankScrambler s(1000000);
+  std::vector<uint64_t> hot;
+  for (uint64_t r = 0; r < 10; ++r) hot.push_back(s(r));
+  std::sort(hot.begin(), hot.end());
+  for (size_t i = 1; i < hot.size(); ++i) EXPECT_GT(hot[i] - hot[i - 1], 1000u);
+}
+
+TEST(BenchZipf, ScrambledChooserKeepsTheRankFrequencies) {
+  // The hottest key is the scrambled rank 0 and is drawn with rank 0's probability.
+  constexpr uint64_t kN = 1000;
+  ZipfGenerator zipf(kN, 0.99);
+  KeyChooser chooser(kN, &zipf, 7);
+  const uint64_t hottest = RankScrambler(kN)(0);
+  constexpr int kSamples = 200000;
+  int hits = 0;
+  for (int i = 0; i < kSamples; ++i) hits += chooser.Next() == hottest;
+  EXPECT_NEAR(static_cast<double>(hits) / kSamples, zipf.Probability(0),
+              0.05 * zipf.Probability(0));
 }
 
 TEST(BenchZipf, ChoosersWithTheSameSeedAgree) {
