@@ -472,6 +472,19 @@ Status CheckEmptyOrPtrReply(const RpcReply& r, size_t want, std::string_view op)
   return Status::OK();
 }
 
+// An RPC whose request is the pointer and whose reply is a pointer (LOCATE, RELEASE).
+Task<Result<wire::WirePtr>> PtrRpc(Scheduler& sched, PeerId peer, uint16_t opcode, const Ptr& p,
+                                   const char* op) {
+  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
+  std::byte reply[sizeof(wire::PtrReply)];
+  Result<RpcReply> r = co_await sched.rpc(peer, RpcImm(opcode), request, std::span(reply));
+  if (!r.ok()) co_return r.status().WithContext(std::string(op) + " " + Describe(p));
+  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), op));
+  wire::PtrReply msg;
+  std::memcpy(&msg, reply, sizeof(msg));
+  co_return msg.ptr;
+}
+
 }  // namespace
 
 // ---- RPC operations ----------------------------------------------------------------------------
@@ -575,40 +588,30 @@ Task<Status> ObjectClient::write(Scheduler& sched, Ptr& p, std::span<const std::
   co_return ApplyReplyPtr(info, msg.ptr, p, "write", impl_->counters.corrections);
 }
 
-// LOCATE and RELEASE share everything but the opcode and whether the offset may leave the block.
+// LOCATE and RELEASE differ in whether the offset may leave the block.
 Task<Status> ObjectClient::locate(Scheduler& sched, Ptr& p) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "locate"));
   const ObjectServerInfo& info = servers_[p.server];
   FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "locate"));
-  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
-  std::byte reply[sizeof(wire::PtrReply)];
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpLocate),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("locate " + Describe(p));
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "locate"));
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply, sizeof(msg));
+  Result<wire::WirePtr> w =
+      co_await PtrRpc(sched, impl_->servers[p.server].peer, wire::kOpLocate, p, "locate");
+  if (!w.ok()) co_return w.status();
   // Objects move only inside their home block as far as the pointer is concerned.
-  if (msg.ptr.offset / info.block_size != p.offset / info.block_size) {
+  if (w->offset / info.block_size != p.offset / info.block_size) {
     co_return Status::Protocol("locate: server moved " + Describe(p) + " to another block (" +
-                               Hex(msg.ptr.offset) + ")");
+                               Hex(w->offset) + ")");
   }
-  co_return ApplyReplyPtr(info, msg.ptr, p, "locate", impl_->counters.corrections);
+  co_return ApplyReplyPtr(info, *w, p, "locate", impl_->counters.corrections);
 }
 
 Task<Status> ObjectClient::release_ptr(Scheduler& sched, Ptr& p) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "release_ptr"));
   const ObjectServerInfo& info = servers_[p.server];
   FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(info, p, "release_ptr"));
-  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
-  std::byte reply[sizeof(wire::PtrReply)];
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpRelease),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("release_ptr " + Describe(p));
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "release_ptr"));
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply, sizeof(msg));
-  Result<Ptr> q = FromWire(info, msg.ptr, p.server, "release_ptr");
+  Result<wire::WirePtr> w =
+      co_await PtrRpc(sched, impl_->servers[p.server].peer, wire::kOpRelease, p, "release_ptr");
+  if (!w.ok()) co_return w.status();
+  Result<Ptr> q = FromWire(info, *w, p.server, "release_ptr");
   if (!q.ok()) co_return q.status();
   if (q->id != p.id || q->size_class != p.size_class) {
     co_return Status::Protocol("release_ptr: server re-homed another object (id " + Hex(q->id) +
