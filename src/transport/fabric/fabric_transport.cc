@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
@@ -66,6 +67,12 @@ constexpr auto kLookupRetryDelay = std::chrono::milliseconds(2);
 constexpr auto kMaxRetryBackoff = std::chrono::milliseconds(2);
 // The main progress thread keeps spinning while a queued send is due within this.
 constexpr auto kSendRetrySpin = std::chrono::microseconds(100);
+// libfabric 1.17's shm provider guards each endpoint's queues with a spinlock in shared memory. A
+// peer process killed while holding its lock leaves it held forever, and the next call that posts
+// to that peer spins in the provider for good. So before calling the provider for a same-host
+// peer we check (through a pidfd) that its process still runs: on every retry of a refused op
+// and, on the fast path, at most this often (a poll() per op would cost a syscall per read).
+constexpr auto kPeerLivenessInterval = std::chrono::milliseconds(1);
 
 // When to retry a destination blocked since `blocked_since`: after an eighth of the time it has
 // been blocked, at most kMaxRetryBackoff.
@@ -285,10 +292,16 @@ class Core : public std::enable_shared_from_this<Core> {
   struct PeerRec {
     std::vector<std::byte> name;                // AV-ready endpoint name (empty: unknown peer)
     std::atomic<uint32_t>* doorbell = nullptr;  // same-host peers (shm) only
+    int pidfd = -1;  // same-host peers (shm) only: the peer process, for liveness checks
   };
   PeerRec GetPeer(PeerId peer);
+  struct Mapping {
+    void* base = nullptr;
+    size_t size = 0;
+    int pidfd = -1;  // the process that owns the table (-1: kernel without pidfd_open)
+  };
   // Maps a peer's key-validity table; null when unavailable.
-  std::atomic<uint64_t>* RemoteTable(int32_t pid, int32_t fd, uint64_t id);
+  const Mapping* RemoteTable(int32_t pid, int32_t fd, uint64_t id);
 
   // Sends a message from the main endpoint (any thread). Queued if the provider is busy.
   Status SendMain(fi_addr_t dest, MsgType type, uint32_t imm, uint64_t seq, uint32_t status_code,
@@ -319,11 +332,6 @@ class Core : public std::enable_shared_from_this<Core> {
     uint32_t slot = 0;
     Access access = Access::kReadWrite;
   };
-  struct Mapping {
-    void* base = nullptr;
-    size_t size = 0;
-  };
-
   Status OpenKeyTable();
   Status PostMainRecv(RecvBuf* rb);
   void HandleMainCompletion(FiCtx* ctx, size_t len, const Status& error);
@@ -446,7 +454,10 @@ Core::~Core() {
   if (info_ != nullptr) fi_freeinfo(info_);
   if (table_ != nullptr) munmap(table_, kKeyTableSlots * sizeof(uint64_t));
   if (table_fd_ >= 0) close(table_fd_);
-  for (auto& [k, m] : remote_tables_) munmap(m.base, m.size);
+  for (auto& [k, m] : remote_tables_) {
+    munmap(m.base, m.size);
+    if (m.pidfd >= 0) close(m.pidfd);
+  }
 }
 
 Status Core::Open() {
@@ -723,10 +734,14 @@ Result<PeerId> Core::AddPeer(std::string_view address) {
   PeerRec rec;
   rec.name = AvName(info_, bytes);
   if (!suffix.empty()) {
-    std::atomic<uint64_t>* table =
+    const Mapping* table =
         RemoteTable(static_cast<int32_t>(nums[0]), static_cast<int32_t>(nums[1]), nums[2]);
-    // Without the table the peer is still reachable; it just wakes on its own timer.
-    if (table != nullptr) rec.doorbell = DoorbellOf(table);
+    // Without the table the peer is still reachable; it just wakes on its own timer (and its
+    // death is noticed only by timeouts).
+    if (table != nullptr) {
+      rec.doorbell = DoorbellOf(table->base);
+      rec.pidfd = table->pidfd;
+    }
   }
   const PeerId id = static_cast<PeerId>(peers_.size());
   peers_.push_back(std::move(rec));
@@ -740,16 +755,20 @@ Core::PeerRec Core::GetPeer(PeerId peer) {
   return peers_[peer];
 }
 
-std::atomic<uint64_t>* Core::RemoteTable(int32_t pid, int32_t fd, uint64_t id) {
+const Core::Mapping* Core::RemoteTable(int32_t pid, int32_t fd, uint64_t id) {
   std::lock_guard lock(remote_mu_);
   auto key = std::make_tuple(pid, fd, id);
   auto it = remote_tables_.find(key);
-  if (it != remote_tables_.end()) return static_cast<std::atomic<uint64_t>*>(it->second.base);
+  if (it != remote_tables_.end()) return &it->second;
+  // The pidfd is opened before the table: if the table then carries the peer's id, both name
+  // the same process (a reused pid would not hold a memfd with that id).
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   // Read-write: peers ring the doorbell word; key slots are only ever read by them.
   const int f = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (f < 0) {
     FARMEM_LOG_WARN("fabric: cannot open peer key table {}: {}", path, strerror(errno));
+    if (pidfd >= 0) close(pidfd);
     return nullptr;
   }
   const size_t bytes = kKeyTableSlots * sizeof(uint64_t);
@@ -757,16 +776,17 @@ std::atomic<uint64_t>* Core::RemoteTable(int32_t pid, int32_t fd, uint64_t id) {
   close(f);
   if (p == MAP_FAILED) {
     FARMEM_LOG_WARN("fabric: cannot map peer key table {}: {}", path, strerror(errno));
+    if (pidfd >= 0) close(pidfd);
     return nullptr;
   }
   auto* table = static_cast<std::atomic<uint64_t>*>(p);
   if (table[0].load(std::memory_order_acquire) != id) {
     // The fd number was reused by something else (peer restarted): not its table.
     munmap(p, bytes);
+    if (pidfd >= 0) close(pidfd);
     return nullptr;
   }
-  remote_tables_.emplace(key, Mapping{p, bytes});
-  return table;
+  return &remote_tables_.emplace(key, Mapping{p, bytes, pidfd}).first->second;
 }
 
 SendBuf* Core::TakeSendBuf() {
@@ -1213,6 +1233,12 @@ class FabricContext : public Context {
   void Issue(Op* op, KeyEntry* e);
   void Submit(Op* op);
   ssize_t CallProvider(Op* op);
+  // Whether a same-host peer's process has exited; checks at most every kPeerLivenessInterval
+  // unless `now_or_never` (then it always asks the kernel). Always false for remote peers.
+  bool PeerExited(PeerId peer, bool now_or_never);
+  static Status PeerExitedStatus(OpType type);
+  // Fails an op the provider never accepted; a failed key lookup fails the ops waiting for it.
+  void FailUnposted(Op* op, Status status);
   void SendLookup(const PeerKey& pk, KeyEntry* e);
   void FailEntry(const PeerKey& pk, const Status& status);
   void Finish(Op* op, Status status);
@@ -1242,6 +1268,9 @@ class FabricContext : public Context {
   struct PeerSlot {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     std::atomic<uint32_t>* doorbell = nullptr;
+    int pidfd = -1;       // same-host peers: the peer process (owned by Core)
+    bool exited = false;  // its process has exited (sticky: a new process is a new peer)
+    Clock::time_point liveness_checked;
     // Ops the provider refused with -FI_EAGAIN, in post order. Per peer, so ops to a dead peer
     // (rxm: -FI_EAGAIN forever) never hold up ops to other peers.
     std::deque<Op*> retry;
@@ -1369,7 +1398,25 @@ Result<fi_addr_t> FabricContext::PeerAddr(PeerId peer) {
   if (peers_.size() <= peer) peers_.resize(peer + 1);
   peers_[peer].addr = addr;
   peers_[peer].doorbell = rec.doorbell;
+  peers_[peer].pidfd = rec.pidfd;
   return addr;
+}
+
+bool FabricContext::PeerExited(PeerId peer, bool now_or_never) {
+  if (peer >= peers_.size()) return false;
+  PeerSlot& slot = peers_[peer];
+  if (slot.pidfd < 0 || slot.exited) return slot.exited;
+  const auto now = Clock::now();
+  if (!now_or_never && now - slot.liveness_checked < kPeerLivenessInterval) return false;
+  slot.liveness_checked = now;
+  // A pidfd polls readable once the process has exited (a zombie counts: it runs no more code
+  // and will never release a lock it held).
+  pollfd pfd{slot.pidfd, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+    slot.exited = true;
+    FARMEM_LOG_DEBUG("fabric: peer {} process exited; its operations fail from now on", peer);
+  }
+  return slot.exited;
 }
 
 void FabricContext::ResetPeer(PeerId peer, fi_addr_t addr) {
@@ -1621,6 +1668,10 @@ void FabricContext::Submit(Op* op) {
     peers_[op->peer].retry.push_back(op);
     return;
   }
+  if (PeerExited(op->peer, false)) {
+    FailUnposted(op, PeerExitedStatus(op->type));
+    return;
+  }
   const ssize_t r = CallProvider(op);
   if (r == 0) {
     op->refs++;
@@ -1636,7 +1687,25 @@ void FabricContext::Submit(Op* op) {
     retry_peers_.push_back(op->peer);
     return;
   }
-  Finish(op, FiStatus("posting " + std::string(OpTypeName(op->type)), r));
+  FailUnposted(op, FiStatus("posting " + std::string(OpTypeName(op->type)), r));
+}
+
+Status FabricContext::PeerExitedStatus(OpType type) {
+  return Status::Unavailable(std::string(OpTypeName(type)) + ": the peer process has exited");
+}
+
+void FabricContext::FailUnposted(Op* op, Status status) {
+  if (op->internal) {
+    const PeerKey pk{op->peer, op->key};
+    auto it = cache_.find(pk);
+    if (it != cache_.end() && it->second.lookup == op) {
+      it->second.lookup = nullptr;
+      FailEntry(pk, status.WithContext("key lookup"));
+    }
+    Finish(op, Status::OK());
+    return;
+  }
+  Finish(op, std::move(status));
 }
 
 void FabricContext::RetryQueued() {
@@ -1662,6 +1731,19 @@ void FabricContext::RetryPeer(PeerId peer, Clock::time_point now) {
     Unref(op);
   }
   if (q.empty() || now < peers_[peer].next_try) return;
+  if (PeerExited(peer, true)) {
+    while (!q.empty()) {
+      Op* op = q.front();
+      q.pop_front();
+      if (op->user_done) {
+        Unref(op);
+        continue;
+      }
+      op->refs--;
+      FailUnposted(op, PeerExitedStatus(op->type));
+    }
+    return;
+  }
   while (!q.empty()) {
     Op* op = q.front();
     if (op->user_done) {
@@ -1693,7 +1775,7 @@ void FabricContext::RetryPeer(PeerId peer, Clock::time_point now) {
       continue;
     }
     op->refs--;
-    Finish(op, FiStatus("posting " + std::string(OpTypeName(op->type)), r));
+    FailUnposted(op, FiStatus("posting " + std::string(OpTypeName(op->type)), r));
   }
 }
 
@@ -1787,7 +1869,8 @@ void FabricContext::HandleMessage(std::span<const std::byte> bytes) {
     e.prov_key = r.prov_key;
     e.read_only = (r.flags & kLookupReadOnly) != 0;
     if (r.table_pid != 0) {
-      e.valid = core_->RemoteTable(r.table_pid, r.table_fd, r.table_id);
+      const Core::Mapping* table = core_->RemoteTable(r.table_pid, r.table_fd, r.table_id);
+      e.valid = table ? static_cast<std::atomic<uint64_t>*>(table->base) : nullptr;
       e.table_head = e.valid;
       e.table_id = r.table_id;
       if (e.valid != nullptr) {
