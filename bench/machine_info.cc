@@ -2,10 +2,12 @@
 
 #include "machine_info.h"
 
+#include <sched.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
@@ -66,6 +68,19 @@ std::optional<double> CpuBusyFraction(std::chrono::milliseconds window) {
   const double total = static_cast<double>(b->first - a->first);
   const double idle = static_cast<double>(b->second - a->second);
   return std::clamp(1.0 - idle / total, 0.0, 1.0);
+}
+
+Status PinToCpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return Status::InvalidArgument(fmt::format("no CPU {}", c));
+    CPU_SET(c, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return Status::FromErrno(fmt::format("sched_setaffinity({} CPUs)", cpus.size()), errno);
+  }
+  return Status::OK();
 }
 
 }  // namespace farmem::bench

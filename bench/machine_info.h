@@ -4,8 +4,11 @@
 
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "farmem/status.h"
 
 namespace farmem::bench {
 
@@ -15,5 +18,8 @@ nlohmann::json MachineInfo();
 
 // Fraction of all CPU time spent non-idle during `window` (from /proc/stat); nullopt if unreadable.
 std::optional<double> CpuBusyFraction(std::chrono::milliseconds window);
+
+// Restricts the calling thread (and every thread it creates afterwards) to `cpus`.
+Status PinToCpus(const std::vector<int>& cpus);
 
 }  // namespace farmem::bench

@@ -308,6 +308,9 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
   setup.memory_bytes = bench::ObjectsServerMemory(o.objects, o.size);
   setup.max_merges_per_round = kMergesPerRound;
   setup.max_merges_per_second = o.merges_per_second;
+  const int ncpu = static_cast<int>(std::thread::hardware_concurrency());
+  const bool pin = o.pin && ncpu >= 2;
+  if (pin) setup.cpu = ncpu - 1;
   const Correction strategies[] = {Correction::kScan, Correction::kAskOwner};
   // One fresh server per strategy, forked before this process starts any thread.
   std::vector<std::unique_ptr<TargetProcess>> servers;
@@ -324,12 +327,22 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
     servers.push_back(std::move(t).value());
     setups.push_back(s);
   }
+  if (pin) {
+    // Still single-threaded: the reader and the client transport inherit the mask.
+    std::vector<int> client_cpus(static_cast<size_t>(ncpu - 1));
+    std::iota(client_cpus.begin(), client_cpus.end(), 0);
+    if (Status st = bench::PinToCpus(client_cpus); !st.ok()) {
+      fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+      return 1;
+    }
+  }
   nlohmann::json machine = bench::MachineInfo();
   fmt::print(
       "{}: backend {}, {} objects x {} B, {:.0f} % freed at random, {} reads in flight, "
       "compaction at {:.1f} s, {:.1f} s per strategy, {} ms buckets\n",
       kProg, o.backend, o.objects, o.size, o.free_fraction * 100, o.inflight, o.compact_at,
       o.seconds, o.bucket_ms);
+  if (pin) fmt::print("  pinned: server on CPU {}, this client on CPUs 0-{}\n", ncpu - 1, ncpu - 2);
   if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
     machine["cpu_busy_before_run"] = *busy;
     if (*busy > 0.25)
@@ -423,17 +436,20 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
     if (double load[3]; ::getloadavg(load, 3) == 3)
       machine["loadavg_at_end"] = {load[0], load[1], load[2]};
     j["machine"] = machine;
-    j["options"] = {{"backend", o.backend},
-                    {"objects", o.objects},
-                    {"size", o.size},
-                    {"free_fraction", o.free_fraction},
-                    {"seconds", o.seconds},
-                    {"compact_at", o.compact_at},
-                    {"inflight", o.inflight},
-                    {"bucket_ms", o.bucket_ms},
-                    {"merges_per_round", kMergesPerRound},
-                    {"merges_per_second", o.merges_per_second},
-                    {"quick", o.quick}};
+    j["options"] = {
+        {"backend", o.backend},
+        {"objects", o.objects},
+        {"size", o.size},
+        {"free_fraction", o.free_fraction},
+        {"seconds", o.seconds},
+        {"compact_at", o.compact_at},
+        {"inflight", o.inflight},
+        {"bucket_ms", o.bucket_ms},
+        {"merges_per_round", kMergesPerRound},
+        {"merges_per_second", o.merges_per_second},
+        {"pinned",
+         pin ? fmt::format("server on CPU {}, client on CPUs 0-{}", ncpu - 1, ncpu - 2) : "no"},
+        {"quick", o.quick}};
     j["notes"] = {
         "one reader thread, `inflight` coroutines, read_any over the live objects in index order; "
         "counts[b] = reads completed in [b*bucket_ms, (b+1)*bucket_ms)",

@@ -68,6 +68,8 @@ inline CLI::App* AddObjectsCompactionBenchCommand(CLI::App& bench, ObjectsCompac
   cmd->add_option("--merges-per-second", o.merges_per_second,
                   "the server's compaction pace (0 = unpaced)")
       ->capture_default_str();
+  cmd->add_flag("--pin,!--no-pin", o.pin,
+                "server process on the last CPU, reader on the others (default on)");
   cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 20 s)");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;

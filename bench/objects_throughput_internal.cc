@@ -2,6 +2,8 @@
 // node, load/free phases, start gate, machine info and the timeline summary (see the header).
 #include "objects_throughput_internal.h"
 
+#include "machine_info.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +49,10 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
   return [setup](int report_fd, int control_fd) {
     auto fail = [&](const Status& st) { (void)WriteMessage(report_fd, false, st.ToString()); };
     QuietBenchLogging();
+    if (setup.cpu >= 0) {
+      // Before the server starts its threads, so every one of them inherits the mask.
+      if (Status st = PinToCpus({setup.cpu}); !st.ok()) return fail(st);
+    }
     ServerConfig config;
     config.node.name = "farmemd-bench";
     config.node.bootstrap_host = "127.0.0.1";

@@ -46,6 +46,7 @@ struct ObjectsServerSetup {
   bool background_compaction = false;
   uint32_t max_merges_per_round = 1u << 20;
   uint32_t max_merges_per_second = 0;  // compaction pace (0 = unpaced)
+  int cpu = -1;                        // >= 0: the server process runs on this CPU only
 };
 
 // Memory budget for `objects` objects of `size` bytes: generous, so the store never runs out

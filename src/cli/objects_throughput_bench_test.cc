@@ -1,12 +1,16 @@
 // Tests of the pure parts of the object throughput/compaction benchmarks: the Zipf and uniform
 // key choosers (statistical, generous tolerances, fixed seeds) and the timeline dip/recovery math.
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "machine_info.h"
 #include "objects_throughput_internal.h"
 #include "zipf.h"
 
@@ -220,6 +224,34 @@ TEST(BenchTimeline, MissingPhasesAreReported) {
 
   TimelineSummary bad = SummarizeTimeline(counts, 100, 300, 200, 0);
   EXPECT_FALSE(bad.missing.empty());
+}
+
+// In a thread of its own, so the test process keeps its CPU mask.
+TEST(BenchPinning, PinsTheCallingThreadAndRejectsBadCpus) {
+  std::thread([] {
+    cpu_set_t before;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; ++c) {
+      if (CPU_ISSET(c, &before)) first = c;
+    }
+    ASSERT_GE(first, 0);
+    ASSERT_TRUE(PinToCpus({first}).ok());
+    cpu_set_t after;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(after), &after), 0);
+    EXPECT_EQ(CPU_COUNT(&after), 1);
+    EXPECT_TRUE(CPU_ISSET(first, &after));
+    // Threads created afterwards inherit the mask.
+    std::thread([first] {
+      cpu_set_t child;
+      ASSERT_EQ(sched_getaffinity(0, sizeof(child), &child), 0);
+      EXPECT_EQ(CPU_COUNT(&child), 1);
+      EXPECT_TRUE(CPU_ISSET(first, &child));
+    }).join();
+    EXPECT_EQ(PinToCpus({-1}).code(), Code::kInvalidArgument);
+    EXPECT_EQ(PinToCpus({CPU_SETSIZE}).code(), Code::kInvalidArgument);
+    EXPECT_FALSE(PinToCpus({}).ok());  // an empty mask is refused by the kernel
+  }).join();
 }
 
 }  // namespace
