@@ -70,7 +70,8 @@ enum class WorkerSelection : uint8_t { kByConnection = 0, kRandom = 1 };
 struct ObjectClientOptions {
   // Pointer correction used by read_any() (and direct_read() callers that ask for a fix).
   Correction correction = Correction::kScan;
-  // direct_read retries a torn or locked copy with exponential backoff for at most this long.
+  // direct_read retries a torn or locked copy with exponential backoff for at most this long
+  // (counted from the first retry).
   std::chrono::milliseconds retry_budget{2000};
   std::chrono::microseconds max_backoff{256};
   // How one-sided copies are validated (see ReadValidation).

@@ -44,10 +44,21 @@ void EncodeSlot(std::span<uint8_t> image, uint64_t addr, const Header& h,
 size_t DecodePayload(std::span<const uint8_t> image, uint64_t addr, std::span<uint8_t> out) {
   const size_t size = image.size();
   const size_t n = std::min(out.size(), PayloadCapacity(size));
-  size_t p = 0;
-  for (size_t i = kHeaderBytes; i < size && p < n; ++i) {
-    if (!IsVersionByte(addr, size, i)) out[p++] = image[i];
+  // Copies the runs between version bytes (each cacheline start inside the slot, then the tail
+  // byte) with memcpy: a per-byte IsVersionByte test cost ~3 % of a 32 B direct_read.
+  // The first line start after an 8-aligned addr is at least kHeaderBytes into the slot.
+  size_t copied = 0;
+  size_t i = kHeaderBytes;
+  size_t line = static_cast<size_t>((addr / kCacheLine + 1) * kCacheLine - addr);
+  while (copied < n && i < size - 1) {
+    const size_t stop = std::min(line, size - 1);  // the next version byte
+    const size_t run = std::min(stop - i, n - copied);
+    std::memcpy(out.data() + copied, image.data() + i, run);
+    copied += run;
+    i = stop + 1;
+    line += kCacheLine;
   }
+  assert(copied == n);
   return n;
 }
 

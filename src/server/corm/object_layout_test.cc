@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -50,6 +51,34 @@ TEST(ObjectLayout, EncodeDecodeRoundTripAtEveryAlignment) {
       ASSERT_EQ(DecodePayload(image, addr, out), payload.size());
       ASSERT_EQ(out, payload) << size << " @" << a;
       EXPECT_EQ(CheckSlot(image, addr, 0x1234, 0xFFFF), SlotCheck::kOk);
+    }
+  }
+}
+
+// DecodePayload copies runs between version bytes; compare it with a byte-by-byte decode for
+// every slot size up to 1 KiB, every alignment and output lengths from empty to past capacity.
+TEST(ObjectLayout, DecodeMatchesBytewiseDecodeForEveryLength) {
+  for (size_t size = 16; size <= 1024; size += 8) {
+    const size_t cap = PayloadCapacity(size);
+    for (uint64_t a = 0; a < 64; a += 8) {
+      const uint64_t addr = kBase + a;
+      const auto image = RandomPayload(size, static_cast<uint32_t>(size * 64 + a));
+      std::vector<uint8_t> expected;
+      for (size_t i = kHeaderBytes; i < size && expected.size() < cap; ++i) {
+        if (!IsVersionByte(addr, size, i)) expected.push_back(image[i]);
+      }
+      ASSERT_EQ(expected.size(), cap) << size << " @" << a;
+      for (size_t len : {size_t{0}, size_t{1}, size_t{7}, cap / 2, cap - std::min(cap, size_t{1}),
+                         cap, cap + 5}) {
+        std::vector<uint8_t> out(len, 0xEE);
+        const size_t n = std::min(len, cap);
+        ASSERT_EQ(DecodePayload(image, addr, out), n) << size << " @" << a << " len " << len;
+        ASSERT_TRUE(
+            std::equal(out.begin(), out.begin() + static_cast<ptrdiff_t>(n), expected.begin()))
+            << size << " @" << a << " len " << len;
+        // Bytes past the payload are left alone.
+        for (size_t k = n; k < len; ++k) ASSERT_EQ(out[k], 0xEE) << size << " @" << a;
+      }
     }
   }
 }
