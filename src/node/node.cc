@@ -168,13 +168,13 @@ class NodeImpl final : public Node {
     return out;
   }
 
-  Status register_rpc(uint16_t opcode, RpcFunction fn) override {
+  Status register_rpc(uint16_t opcode, RpcFunction fn, RpcExecution execution) override {
     if (opcode < kFirstUserOpcode) {
       return Status::InvalidArgument("opcode " + std::to_string(opcode) +
                                      " is reserved for the node (user opcodes start at " +
                                      std::to_string(kFirstUserOpcode) + ")");
     }
-    return dispatcher_.Register(opcode, std::move(fn));
+    return dispatcher_.Register(opcode, std::move(fn), execution);
   }
 
   Result<PeerInfo> connect(std::string_view bootstrap_address) override {

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -31,6 +32,7 @@ using namespace std::chrono_literals;
 constexpr uint16_t kOpEcho = kFirstUserOpcode;
 constexpr uint16_t kOpFail = kFirstUserOpcode + 1;
 constexpr uint16_t kOpThrow = kFirstUserOpcode + 2;
+constexpr uint16_t kOpInlineEcho = kFirstUserOpcode + 3;  // RpcExecution::kInline
 
 std::span<const std::byte> Bytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
@@ -68,6 +70,17 @@ class NodePair : public ::testing::TestWithParam<std::string> {
                                      throw std::logic_error("handler bug");
                                    })
                     .ok());
+    ASSERT_TRUE(server_
+                    ->register_rpc(
+                        kOpInlineEcho,
+                        [this](const RpcCall& call, std::vector<std::byte>& reply) -> Status {
+                          inline_thread_ = std::this_thread::get_id();
+                          if (call.request.empty()) return Status::InvalidArgument("empty");
+                          reply.assign(call.request.begin(), call.request.end());
+                          return Status::OK();
+                        },
+                        RpcExecution::kInline)
+                    .ok());
     memory_.assign(1 << 16, std::byte{0});
     auto info = server_->export_region("mem", memory_.data(), memory_.size());
     ASSERT_TRUE(info.ok()) << info.status().ToString();
@@ -101,6 +114,7 @@ class NodePair : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Node> client_;
   std::vector<std::byte> memory_;
   RegionInfo mem_info_;
+  std::atomic<std::thread::id> inline_thread_{};  // where the inline handler last ran
 };
 
 TEST_P(NodePair, ConnectLearnsPeerAndRegions) {
@@ -193,6 +207,28 @@ TEST_P(NodePair, RpcEchoAndErrors) {
   auto again = sched->block_on(sched->rpc(peer.id, RpcImm(kOpEcho), Bytes("still here"), reply));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->length, 10u);
+}
+
+// An inline handler answers from the transport's progress thread, errors included; worker
+// handlers keep working next to it.
+TEST_P(NodePair, InlineRpcAnswersFromTheProgressThread) {
+  PeerInfo peer = Connect();
+  auto sched = Sched();
+  ASSERT_NE(sched, nullptr);
+  std::vector<std::byte> reply(4096);
+  for (int i = 0; i < 100; ++i) {
+    const std::string msg = "inline " + std::to_string(i);
+    auto r = sched->block_on(sched->rpc(peer.id, RpcImm(kOpInlineEcho), Bytes(msg), reply));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(reply.data()), r->length), msg);
+  }
+  auto fail = sched->block_on(sched->rpc(peer.id, RpcImm(kOpInlineEcho), Bytes(""), reply));
+  EXPECT_EQ(fail.status().code(), Code::kInvalidArgument);
+  const std::thread::id progress = inline_thread_.load();
+  EXPECT_NE(progress, std::thread::id{});
+  EXPECT_NE(progress, std::this_thread::get_id());
+  auto echo = sched->block_on(sched->rpc(peer.id, RpcImm(kOpEcho), Bytes("worker"), reply));
+  ASSERT_TRUE(echo.ok()) << echo.status().ToString();
 }
 
 TEST_P(NodePair, ListRegionsSeesRegionsExportedAfterHandshake) {

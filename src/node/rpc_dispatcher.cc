@@ -1,9 +1,11 @@
 // RPC worker pool of a Node (see rpc_dispatcher.h). The progress thread only locks a mutex to
-// enqueue; handlers run on workers, each reusing one reply vector across calls.
+// enqueue; handlers run on workers, each reusing one reply vector across calls. Inline handlers
+// run on the progress thread without touching the mutex.
 #include "node/rpc_dispatcher.h"
 
 #include <exception>
 #include <string>
+#include <thread>
 
 #include "common/log.h"
 
@@ -16,15 +18,16 @@ RpcDispatcher::~RpcDispatcher() {
   Stop();
 }
 
-Status RpcDispatcher::Register(uint16_t opcode, RpcFunction fn) {
+Status RpcDispatcher::Register(uint16_t opcode, RpcFunction fn, RpcExecution execution) {
   if (!fn) return Status::InvalidArgument("empty RPC handler for opcode " + std::to_string(opcode));
   std::lock_guard lock(mu_);
   if (started_ || stopping_) {
     return Status::InvalidArgument("RPC handlers must be registered before the node starts");
   }
-  if (!handlers_.emplace(opcode, std::move(fn)).second) {
+  if (!handlers_.emplace(opcode, Handler{std::move(fn), execution}).second) {
     return Status::InvalidArgument("opcode " + std::to_string(opcode) + " already registered");
   }
+  if (execution == RpcExecution::kInline) any_inline_ = true;
   return Status::OK();
 }
 
@@ -34,6 +37,8 @@ Status RpcDispatcher::Start(int workers) {
   if (stopping_) return Status::Unavailable("RPC dispatcher stopped");
   if (started_) return Status::OK();
   started_ = true;
+  frozen_.store(true, std::memory_order_release);
+  serving_.store(true);
   workers_.reserve(static_cast<size_t>(workers));
   for (int i = 0; i < workers; ++i) {
     try {
@@ -48,6 +53,7 @@ Status RpcDispatcher::Start(int workers) {
 
 void RpcDispatcher::Submit(std::unique_ptr<IncomingRpc> rpc) {
   if (!rpc) return;
+  if (TryInline(rpc)) return;
   Status reject;
   {
     std::lock_guard lock(mu_);
@@ -69,12 +75,33 @@ void RpcDispatcher::Submit(std::unique_ptr<IncomingRpc> rpc) {
   cv_.notify_one();
 }
 
+bool RpcDispatcher::TryInline(std::unique_ptr<IncomingRpc>& rpc) {
+  if (!frozen_.load(std::memory_order_acquire) || !any_inline_) return false;
+  const auto opcode = static_cast<uint16_t>(rpc->imm() & 0xffffu);
+  auto it = handlers_.find(opcode);
+  if (it == handlers_.end() || it->second.execution != RpcExecution::kInline) return false;
+  inline_running_.fetch_add(1);
+  if (!serving_.load()) {
+    // Stopping (or start failed): the queued path answers with the right error.
+    inline_running_.fetch_sub(1);
+    return false;
+  }
+  // One reply buffer per progress thread, reused like a worker's.
+  thread_local std::vector<std::byte> reply;
+  Handle(*rpc, reply);
+  inline_served_++;
+  rpc.reset();
+  inline_running_.fetch_sub(1);
+  return true;
+}
+
 void RpcDispatcher::Stop() {
   std::lock_guard stop_lock(stop_mu_);
   std::deque<std::unique_ptr<IncomingRpc>> left;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    serving_.store(false);
     left.swap(queue_);
   }
   cv_.notify_all();
@@ -82,6 +109,8 @@ void RpcDispatcher::Stop() {
     if (t.joinable()) t.join();
   }
   workers_.clear();
+  // Inline handlers that saw serving_ set are finishing on the progress thread.
+  while (inline_running_.load() != 0) std::this_thread::yield();
   for (auto& rpc : left) {
     Status s = rpc->reply_error(Status::Unavailable("node stopping"));
     if (!s.ok()) FARMEM_LOG_DEBUG("rpc: could not fail queued RPC: {}", s.ToString());
@@ -95,6 +124,7 @@ RpcDispatcher::Stats RpcDispatcher::stats() const {
   s.unknown_opcode = unknown_opcode_.load();
   s.handler_errors = handler_errors_.load();
   s.exceptions = exceptions_.load();
+  s.inline_served = inline_served_.load();
   return s;
 }
 
@@ -128,7 +158,7 @@ void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
     call.request = rpc.payload();
     call.source = rpc.source();
     try {
-      st = it->second(call, reply);
+      st = it->second.fn(call, reply);
       if (!st.ok()) handler_errors_++;
     } catch (const std::exception& e) {
       exceptions_++;

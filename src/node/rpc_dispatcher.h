@@ -1,6 +1,7 @@
 // RPC dispatch of a Node: the transport's progress thread hands each arriving RPC to Submit()
 // (never blocks), a bounded queue buffers it, and worker threads run the registered handler and
-// answer. The handler table is frozen at Start(), so workers read it without locking.
+// answer; handlers registered RpcExecution::kInline run in Submit() itself. The handler table is
+// frozen at Start(), so workers and Submit() read it without locking.
 #pragma once
 
 #include <atomic>
@@ -28,6 +29,7 @@ class RpcDispatcher {
     uint64_t unknown_opcode = 0;  // rejected with NotFound
     uint64_t handler_errors = 0;  // handler returned a non-OK status
     uint64_t exceptions = 0;      // handler threw (answered with Internal)
+    uint64_t inline_served = 0;   // of `served`, run on the progress thread (kInline)
   };
 
   // `queue_capacity` RPCs may wait for a worker; `max_reply_bytes` is the transport's limit.
@@ -37,23 +39,38 @@ class RpcDispatcher {
   RpcDispatcher& operator=(const RpcDispatcher&) = delete;
 
   // Only before Start(); replaces nothing (a second registration of an opcode is an error).
-  Status Register(uint16_t opcode, RpcFunction fn);
+  Status Register(uint16_t opcode, RpcFunction fn, RpcExecution execution = RpcExecution::kWorker);
   Status Start(int workers);
   // Non-blocking; answers at once with an error when the queue is full or dispatch is stopped.
   void Submit(std::unique_ptr<IncomingRpc> rpc);
-  // Lets running handlers finish, joins the workers and fails still-queued RPCs with Unavailable.
-  // Idempotent.
+  // Lets running handlers finish (inline ones too), joins the workers and fails still-queued
+  // RPCs with Unavailable; afterwards no handler runs. Idempotent.
   void Stop();
 
   Stats stats() const;
 
  private:
+  struct Handler {
+    RpcFunction fn;
+    RpcExecution execution = RpcExecution::kWorker;
+  };
+
   void WorkerLoop();
+  // Runs an inline handler on the calling thread; false when it is not one (or not serving).
+  bool TryInline(std::unique_ptr<IncomingRpc>& rpc);
   void Handle(IncomingRpc& rpc, std::vector<std::byte>& reply);
 
   const size_t capacity_;
   const uint32_t max_reply_bytes_;
-  std::unordered_map<uint16_t, RpcFunction> handlers_;  // frozen once started_
+  std::unordered_map<uint16_t, Handler> handlers_;  // frozen once frozen_ is set
+  bool any_inline_ = false;                         // frozen with handlers_
+
+  // Inline calls race with Stop() without taking mu_ (Dekker-style, seq_cst): Submit counts
+  // itself in inline_running_, then reads serving_; Stop clears serving_, then waits for
+  // inline_running_ to drain. So after Stop() no inline handler runs.
+  std::atomic<bool> frozen_{false};   // handlers_ final (set by Start, never cleared)
+  std::atomic<bool> serving_{false};  // started and not stopping
+  std::atomic<int> inline_running_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -64,7 +81,7 @@ class RpcDispatcher {
   std::mutex stop_mu_;  // serializes Stop() callers
 
   std::atomic<uint64_t> served_{0}, queue_full_{0}, unknown_opcode_{0}, handler_errors_{0},
-      exceptions_{0};
+      exceptions_{0}, inline_served_{0};
 };
 
 }  // namespace farmem::node

@@ -1,13 +1,16 @@
 // Tests of the RPC dispatcher with in-memory IncomingRpc fakes: opcode routing, error and exception
-// replies, queue-full rejection, and what happens to queued RPCs at Stop(). No transport needed.
+// replies, queue-full rejection, what happens to queued RPCs at Stop(), and inline handlers
+// (run on the submitting thread; none runs after Stop()). No transport needed.
 // End-to-end RPCs over a real transport are in node_test.cc.
 #include "node/rpc_dispatcher.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -234,6 +237,105 @@ TEST(RpcDispatcher, SubmitBeforeStartIsUnavailable) {
   auto out = Call(d, 64, "");
   ASSERT_TRUE(out->Wait(5s));
   EXPECT_EQ(out->error.code(), Code::kUnavailable);
+}
+
+TEST(RpcDispatcher, InlineHandlerRunsOnTheSubmittingThread) {
+  ScopedWatchdog wd("InlineHandlerRunsOnTheSubmittingThread", 30s);
+  RpcDispatcher d(4, 16);
+  std::atomic<std::thread::id> ran_on{};
+  ASSERT_TRUE(d.Register(
+                   64,
+                   [&](const RpcCall& call, std::vector<std::byte>& reply) {
+                     ran_on = std::this_thread::get_id();
+                     return Echo(call, reply);
+                   },
+                   RpcExecution::kInline)
+                  .ok());
+  ASSERT_TRUE(d.Register(
+                   65, [](const RpcCall&, std::vector<std::byte>&) -> Status { throw 5; },
+                   RpcExecution::kInline)
+                  .ok());
+  ASSERT_TRUE(d.Register(66, Echo).ok());  // a worker handler next to inline ones
+  ASSERT_TRUE(d.Start(1).ok());
+
+  // Inline: answered before Submit returns, on this thread.
+  auto out = Call(d, 64, "abc");
+  ASSERT_TRUE(out->done);
+  EXPECT_TRUE(out->error.ok()) << out->error.ToString();
+  EXPECT_EQ(out->payload, "abc");
+  EXPECT_EQ(ran_on.load(), std::this_thread::get_id());
+  // The same checks as on a worker: exceptions and oversized replies become errors.
+  auto threw = Call(d, 65, "");
+  ASSERT_TRUE(threw->done);
+  EXPECT_EQ(threw->error.code(), Code::kInternal);
+  auto big = Call(d, 64, std::string(17, 'x'));
+  ASSERT_TRUE(big->done);
+  EXPECT_EQ(big->error.code(), Code::kResourceExhausted);
+  // Worker handlers still go through the queue.
+  auto queued = Call(d, 66, "w");
+  ASSERT_TRUE(queued->Wait(5s));
+  EXPECT_EQ(queued->payload, "w");
+
+  const auto stats = d.stats();
+  EXPECT_EQ(stats.served, 4u);
+  EXPECT_EQ(stats.inline_served, 3u);
+  EXPECT_EQ(stats.exceptions, 1u);
+
+  d.Stop();
+  auto late = Call(d, 64, "");
+  ASSERT_TRUE(late->Wait(5s));
+  EXPECT_EQ(late->error.code(), Code::kUnavailable);
+}
+
+// Stop() must wait for inline handlers already running on other threads, and none may start
+// after Stop() returns: submitters race Stop and every handler checks it runs while "alive".
+TEST(RpcDispatcher, StopWaitsForInlineHandlersAndNoneRunsAfter) {
+  ScopedWatchdog wd("StopWaitsForInlineHandlersAndNoneRunsAfter", 60s);
+  for (int round = 0; round < 20; ++round) {
+    RpcDispatcher d(64, 1 << 20);
+    std::atomic<bool> alive{true};
+    std::atomic<int> after_stop{0}, ran{0};
+    ASSERT_TRUE(d.Register(
+                     64,
+                     [&](const RpcCall&, std::vector<std::byte>& reply) {
+                       if (!alive.load()) after_stop++;
+                       ran++;
+                       std::this_thread::sleep_for(std::chrono::microseconds(50));
+                       if (!alive.load()) after_stop++;
+                       reply.push_back(std::byte{1});
+                       return Status::OK();
+                     },
+                     RpcExecution::kInline)
+                    .ok());
+    ASSERT_TRUE(d.Start(1).ok());
+    std::atomic<bool> go{true};
+    std::atomic<int> answered{0}, unavailable{0};
+    std::vector<std::thread> submitters;
+    for (int t = 0; t < 3; ++t) {
+      submitters.emplace_back([&] {
+        while (go.load()) {
+          auto out = Call(d, 64, "");
+          ASSERT_TRUE(out->Wait(5s));
+          if (out->error.ok()) {
+            answered++;
+          } else {
+            EXPECT_EQ(out->error.code(), Code::kUnavailable) << out->error.ToString();
+            unavailable++;
+          }
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + round % 5));
+    d.Stop();
+    alive = false;  // what the owner of the handler's state would now destroy
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    go = false;
+    for (auto& t : submitters) t.join();
+    EXPECT_EQ(after_stop.load(), 0) << "an inline handler ran after Stop() returned";
+    EXPECT_GT(ran.load(), 0);
+    EXPECT_EQ(answered.load(), ran.load());
+    EXPECT_GT(unavailable.load(), 0);
+  }
 }
 
 }  // namespace

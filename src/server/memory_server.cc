@@ -204,18 +204,22 @@ Status MemoryServer::start() {
   if (!impl->handlers_registered.exchange(true)) {
     // Every handler is counted; the node turns a returned error into an error reply, so a bad
     // request never takes the server down.
-    auto reg = [&](uint16_t op, Status (Impl::*fn)(const RpcCall&, std::vector<std::byte>&)) {
+    auto reg = [&](uint16_t op, Status (Impl::*fn)(const RpcCall&, std::vector<std::byte>&),
+                   RpcExecution execution = RpcExecution::kWorker) {
       return impl->node->register_rpc(
-          op, [impl, op, fn](const RpcCall& call, std::vector<std::byte>& reply) {
+          op,
+          [impl, op, fn](const RpcCall& call, std::vector<std::byte>& reply) {
             return impl->Counted(op, fn, call, reply);
-          });
+          },
+          execution);
     };
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpAllocRaw, &Impl::AllocRaw));
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpFreeRaw, &Impl::FreeRaw));
     FARMEM_RETURN_IF_ERROR(reg(proto::kOpStat, &Impl::Stat));
     if (impl->objects) {
       for (uint16_t op = kObjectsOpcodeBase; op <= object_wire::kLastObjectsOpcode; ++op) {
-        if (ObjectService::OpName(op) != nullptr) FARMEM_RETURN_IF_ERROR(reg(op, &Impl::Objects));
+        if (ObjectService::OpName(op) == nullptr) continue;
+        FARMEM_RETURN_IF_ERROR(reg(op, &Impl::Objects, ObjectService::Execution(op)));
       }
     }
   }

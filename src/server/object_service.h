@@ -32,6 +32,10 @@ class ObjectService {
 
   // STAT name of an object opcode ("obj_alloc", ...), nullptr for opcodes the service lacks.
   static const char* OpName(uint16_t opcode);
+  // Where the node runs an opcode's handler: OBJ_LOCATE inline on the progress thread (a lookup
+  // under a shared block lock, the ask-owner pointer correction clients wait on during
+  // compaction), everything else on RPC workers.
+  static RpcExecution Execution(uint16_t opcode);
   // Serves one object RPC (call.opcode must have an OpName). Thread-safe.
   Status Handle(const RpcCall& call, std::vector<std::byte>& reply);
 
