@@ -41,7 +41,8 @@ class RpcDispatcher {
   // Only before Start(); replaces nothing (a second registration of an opcode is an error).
   Status Register(uint16_t opcode, RpcFunction fn, RpcExecution execution = RpcExecution::kWorker);
   Status Start(int workers);
-  // Non-blocking; answers at once with an error when the queue is full or dispatch is stopped.
+  // Runs an inline handler right here; otherwise never blocks: queues the RPC, or answers at once
+  // with an error when the queue is full or dispatch is stopped.
   void Submit(std::unique_ptr<IncomingRpc> rpc);
   // Lets running handlers finish (inline ones too), joins the workers and fails still-queued
   // RPCs with Unavailable; afterwards no handler runs. Idempotent.
