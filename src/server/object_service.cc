@@ -240,8 +240,8 @@ const char* ObjectService::OpName(uint16_t opcode) {
 }
 
 RpcExecution ObjectService::Execution(uint16_t opcode) {
-  // Only LOCATE: READ is as short but is the RPC baseline the benchmarks compare direct_read
-  // with, and everything else allocates, frees, writes or compacts.
+  // Only LOCATE, a fixed-size lookup. READ and WRITE copy payloads of up to the largest class
+  // (which would hold the progress thread for the copy), and the rest allocate, free or compact.
   return opcode == wire::kOpLocate ? RpcExecution::kInline : RpcExecution::kWorker;
 }
 
