@@ -618,6 +618,16 @@ TEST_P(TransportConformance, ReadWriteRoundTripSizesAndOffsets) {
   EXPECT_TRUE(GuardIntact());
 }
 
+// With no read being served there is nothing to wait for: every backend answers at once, even
+// with a deadline already passed (docs/transport.md, wait_for_read_copies).
+TEST_P(TransportConformance, WaitForReadCopiesReturnsAtOnceWhenNoReadIsServed) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  ASSERT_OK(target_->wait_for_read_copies(std::chrono::steady_clock::now()));
+  std::vector<std::byte> back(4096);
+  ASSERT_OK(Read(*ctx_, Ref(0), back.data(), back.size()));  // a read has been served since
+  ASSERT_OK(target_->wait_for_read_copies(std::chrono::steady_clock::now()));
+}
+
 TEST_P(TransportConformance, DeliveryCompleteWriteIsSeenByOtherContexts) {
   ASSERT_NO_FATAL_FAILURE(StartPair());
   constexpr uint64_t kOff = 8192;

@@ -2195,6 +2195,12 @@ class FabricTransport : public Transport {
     return core_->Register(addr, len, access);
   }
   Status deregister_memory(RegionKey key) override { return core_->Deregister(key); }
+  // Copies of one-sided reads are made by the initiator (CMA), by the provider across several
+  // progress calls (tcp) or by a NIC: none can be waited for here. Clients over fabric validate
+  // every copy with a seqlock (docs/transport.md, "Copy order of one-sided reads").
+  Status wait_for_read_copies(std::chrono::steady_clock::time_point) override {
+    return Status::OK();
+  }
   Result<PeerId> add_peer(std::string_view address) override { return core_->AddPeer(address); }
   Result<std::unique_ptr<Context>> create_context() override {
     if (core_->stopped()) return Status::Unavailable("fabric transport stopped");

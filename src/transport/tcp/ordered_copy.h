@@ -12,12 +12,16 @@ namespace farmem::tcpwire {
 
 // Copies `len` bytes from `src` to `dst` (which may be unaligned; the ranges must not overlap).
 // When `src` and `len` are multiples of 8, every source word is read once, in ascending address
-// order, with an acquire load (std::atomic_ref), so:
+// order, with a seq_cst load (std::atomic_ref; on x86 and ARMv8 the same instruction as an
+// acquire load), so:
 //   - a word is never torn by a concurrent aligned 64-bit store;
 //   - if the copy saw a word stored by a writer before that writer's release store of a
 //     higher-addressed word, it also sees everything the writer stored before (acquire/release),
 //     which is what makes the CoRM tail-version check sound;
 //   - the loads are not a data race in the C++ model (TSan stays quiet against atomic writers).
+//   - a memory owner's grace period (common/copy_epoch.h) orders them against its seq_cst marker
+//     store: a copy that loaded a CoRM header before the compaction bits were set ends before the
+//     block is remapped (seq_cst, not acquire, is what that argument needs).
 // glibc memcpy gives none of this: it copies with vector loads, from both ends inward for some
 // sizes. Other shapes (unaligned source or length) are copied with memcpy: no object slot is
 // read that way.
@@ -32,12 +36,12 @@ inline bool CopyForRead(void* dst, const void* src, size_t len) {
   auto* d = static_cast<unsigned char*>(dst);
   size_t left = len / 8;
   // Four loads per iteration keep the loop overhead off the hot path (4 KiB reads); the loads
-  // themselves stay in program order (acquire loads are not reordered with later loads).
+  // themselves stay in program order (seq_cst loads are not reordered with later loads).
   while (left >= 4) {
-    const uint64_t w0 = std::atomic_ref<uint64_t>(s[0]).load(std::memory_order_acquire);
-    const uint64_t w1 = std::atomic_ref<uint64_t>(s[1]).load(std::memory_order_acquire);
-    const uint64_t w2 = std::atomic_ref<uint64_t>(s[2]).load(std::memory_order_acquire);
-    const uint64_t w3 = std::atomic_ref<uint64_t>(s[3]).load(std::memory_order_acquire);
+    const uint64_t w0 = std::atomic_ref<uint64_t>(s[0]).load(std::memory_order_seq_cst);
+    const uint64_t w1 = std::atomic_ref<uint64_t>(s[1]).load(std::memory_order_seq_cst);
+    const uint64_t w2 = std::atomic_ref<uint64_t>(s[2]).load(std::memory_order_seq_cst);
+    const uint64_t w3 = std::atomic_ref<uint64_t>(s[3]).load(std::memory_order_seq_cst);
     std::memcpy(d, &w0, 8);
     std::memcpy(d + 8, &w1, 8);
     std::memcpy(d + 16, &w2, 8);
@@ -47,7 +51,7 @@ inline bool CopyForRead(void* dst, const void* src, size_t len) {
     left -= 4;
   }
   while (left != 0) {
-    const uint64_t w = std::atomic_ref<uint64_t>(*s).load(std::memory_order_acquire);
+    const uint64_t w = std::atomic_ref<uint64_t>(*s).load(std::memory_order_seq_cst);
     std::memcpy(d, &w, 8);
     ++s;
     d += 8;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/copy_epoch.h"
 #include "common/log.h"
 #include "transport/tcp/frame_codec.h"
 #include "transport/tcp/ordered_copy.h"
@@ -176,6 +177,7 @@ struct ServerStats {
   std::atomic<uint64_t> frames{0};
   std::atomic<uint64_t> sends{0};
   std::atomic<uint64_t> protocol_errors{0};
+  std::atomic<uint64_t> read_copy_waits{0};
 };
 
 class ServerConn;
@@ -964,6 +966,14 @@ class TcpTransport final : public Transport {
     return Status::OK();
   }
 
+  Status wait_for_read_copies(std::chrono::steady_clock::time_point deadline) override {
+    // One NIC thread serves every read, each copy bracketed by read_copies_.
+    nic_->stats.read_copy_waits.fetch_add(1, std::memory_order_relaxed);
+    const CopyEpoch* nic[] = {&read_copies_};
+    if (WaitForCopies(nic, deadline)) return Status::OK();
+    return Status::TimedOut("tcp transport: a one-sided read copy is still in progress");
+  }
+
   Result<PeerId> add_peer(std::string_view address) override {
     std::string host;
     uint16_t port = 0;
@@ -992,6 +1002,7 @@ class TcpTransport final : public Transport {
     s.frames_served = nic_->stats.frames.load(std::memory_order_relaxed);
     s.send_calls = nic_->stats.sends.load(std::memory_order_relaxed);
     s.protocol_errors = nic_->stats.protocol_errors.load(std::memory_order_relaxed);
+    s.read_copy_waits = nic_->stats.read_copy_waits.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -1220,8 +1231,12 @@ class TcpTransport final : public Transport {
         if (p == nullptr) break;
         if (conn.closed || conn.write_shut) return true;
         uint8_t* out = w::EncodeReadResp(conn.wbuf, seq, f.read.length);
-        // Ascending aligned word loads, not memcpy: see ordered_copy.h.
-        w::CopyForRead(out, p, f.read.length);
+        // Ascending aligned word loads, not memcpy: see ordered_copy.h. The epoch lets a memory
+        // owner wait for this copy before it remaps the range (wait_for_read_copies).
+        {
+          CopyEpoch::Scope copying(read_copies_);
+          w::CopyForRead(out, p, f.read.length);
+        }
         (void)conn.SubmitLocked();
         return true;
       }
@@ -1350,7 +1365,8 @@ class TcpTransport final : public Transport {
   // Registered regions; the NIC thread holds it shared while touching region memory.
   std::shared_mutex regions_mu_;
   std::unordered_map<RegionKey, MemoryRegion> regions_;
-  std::mt19937_64 rng_;  // guarded by regions_mu_
+  std::mt19937_64 rng_;    // guarded by regions_mu_
+  CopyEpoch read_copies_;  // odd while the NIC thread copies region memory into a READ response
 
   // NIC thread only (and stop() after the thread joined).
   std::unordered_map<uint64_t, std::shared_ptr<ServerConn>> conns_;

@@ -27,6 +27,7 @@ struct TcpTransportStats {
   uint64_t frames_served = 0;    // request frames handled (hello included)
   uint64_t send_calls = 0;       // send() syscalls on target connections
   uint64_t protocol_errors = 0;  // connections closed for malformed frames or a wrong token
+  uint64_t read_copy_waits = 0;  // wait_for_read_copies calls (CoRM merges' grace periods)
 };
 
 // Both return InvalidArgument when the object is not from the TCP backend.
