@@ -190,6 +190,11 @@ Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig&
   co.max_merges_per_round = c.compaction.max_merges_per_round;
   co.max_merges_per_second = c.compaction.max_merges_per_second;
   co.interval = std::chrono::milliseconds(std::max<uint32_t>(1, c.compaction.interval_ms));
+  // A merge waits for the transport's one-sided copies in progress before it remaps (its grace
+  // period; fabric answers at once: its clients validate each copy with a seqlock instead).
+  co.wait_for_readers = [&transport = node.transport()](std::chrono::steady_clock::time_point d) {
+    return transport.wait_for_read_copies(d).ok();
+  };
   s->compactor_ = std::make_unique<corm::Compactor>(*s->store_, co);
 
   corm::BlockAllocator& ba = s->store_->blocks();

@@ -16,6 +16,7 @@
 #include "objects/object_wire.h"
 #include "server/corm/object_layout.h"
 #include "server/metrics_http.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace farmem {
 namespace {
@@ -495,6 +496,10 @@ TEST_P(ObjectCompactionTest, CompactFreesBlocksAndSurvivorsReadBackIntact) {
   EXPECT_LE(merges, kBlocks - 4u);  // 144 survivors need at least 4 blocks
   EXPECT_EQ((*c)["compaction"]["compactions"], merges);
   EXPECT_EQ((*c)["compaction"]["blocks_freed"], merges);
+  // Every merge waited for the NIC thread's one-sided copies in progress before its remap.
+  auto tcp = GetTcpTransportStats(server_->node().transport());
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  EXPECT_GE(tcp->read_copy_waits, merges);
   json after = server_->stats()["objects"];
   EXPECT_EQ(after["physical_bytes_held"], held_before - merges * 4096);
   EXPECT_EQ(ClassStat(cls)["blocks"], kBlocks - merges);

@@ -330,7 +330,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     }
   }
   // 2. Copy into the destination, re-laying version bytes for the new cacheline alignment. The
-  //    copies keep the compaction bit, so readers that reach them retry until step 5.
+  //    copies keep the compaction bit, so readers that reach them retry until step 6.
   std::vector<uint8_t> in(size), out(size);
   std::vector<uint64_t> dst_old_headers(plan.size());
   uint64_t relocated = 0;
@@ -343,21 +343,36 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     PublishSlot(to, out);
     if (plan[k].from != plan[k].to) ++relocated;
   }
-  // 3. Remap every virtual block showing the source onto the destination's physical pages.
+  // Undoes steps 1-2: source headers, destination slots.
+  auto unlock_and_forget_copies = [&] {
+    for (size_t u = 0; u < plan.size(); ++u) {
+      uint8_t* s2 = src_base + size_t{plan[u].from} * size;
+      StoreHeader(s2, LoadHeader(s2) & ~hdr::kCompactionBit);
+      StoreHeader(dst_base + size_t{plan[u].to} * size, dst_old_headers[u]);
+    }
+  };
+  // 3. Grace period. A one-sided copy that loaded a source header before step 1 may still be
+  //    running; after the remap its remaining loads would read the destination, which can hold
+  //    another object at that offset whose version bytes happen to match (1 in 256): the copy
+  //    would pass every check with the wrong bytes. Copies that start now see the compaction bit.
+  if (options_.wait_for_readers &&
+      !options_.wait_for_readers(std::chrono::steady_clock::now() + options_.lock_timeout)) {
+    unlock_and_forget_copies();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.skipped_busy;
+    return false;
+  }
+  // 4. Remap every virtual block showing the source onto the destination's physical pages.
   for (size_t k = 0; k < src.vblocks.size(); ++k) {
     Status st = ba.Remap(src.vblocks[k], dst.pblock);
     if (!st.ok()) {
-      // Roll back: source mappings, source headers, destination slots.
+      // Roll back: source mappings, then steps 1-2.
       for (size_t u = 0; u < k; ++u) (void)ba.Remap(src.vblocks[u], src.pblock);
-      for (size_t u = 0; u < plan.size(); ++u) {
-        uint8_t* s2 = src_base + size_t{plan[u].from} * size;
-        StoreHeader(s2, LoadHeader(s2) & ~hdr::kCompactionBit);
-        StoreHeader(dst_base + size_t{plan[u].to} * size, dst_old_headers[u]);
-      }
+      unlock_and_forget_copies();
       return st.WithContext("CoRM merge remap");
     }
   }
-  // 4. Metadata: the source's virtual blocks and objects now belong to the destination.
+  // 5. Metadata: the source's virtual blocks and objects now belong to the destination.
   for (uint32_t v : src.vblocks) {
     store_.table_[v].store(&dst, std::memory_order_release);
     dst.vblocks.push_back(v);
@@ -365,12 +380,12 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   for (const Move& m : plan) dst.AddObject(m.to, src.slot_id[m.from]);
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
   store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list
-  // 5. Release the moved objects.
+  // 6. Release the moved objects.
   for (const Move& m : plan) {
     uint8_t* to = dst_base + size_t{m.to} * size;
     StoreHeader(to, LoadHeader(to) & ~hdr::kCompactionBit);
   }
-  // 6. The source's physical pages are unreachable now: punch them.
+  // 7. The source's physical pages are unreachable now: punch them.
   const uint32_t src_pblock = src.pblock;
   src.vblocks.clear();
   src.ids.Clear();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -34,6 +35,15 @@ struct CompactionOptions {
   std::chrono::milliseconds interval{100};      // leader thread period
   std::chrono::milliseconds lock_timeout{100};  // a busy block is skipped this round
   bool compact_on_alloc_failure = true;
+  // A merge's grace period (docs/objects.md, "Compaction"): called with both blocks locked, after
+  // the compaction bits of the source objects are set and before the source is remapped. Must
+  // return true once every one-sided copy of store memory that was in progress when it was called
+  // has finished — such a copy may have loaded a source header before the bits, and would pair it
+  // with destination bytes after the remap — or false at `deadline` (now + lock_timeout), which
+  // abandons and rolls back the merge. Copiers bracket each copy with a CopyEpoch
+  // (common/copy_epoch.h); farmemd waits for its TCP NIC thread (Transport::wait_for_read_copies).
+  // Unset: no one copies store memory one-sidedly except under the block locks.
+  std::function<bool(std::chrono::steady_clock::time_point deadline)> wait_for_readers;
 };
 
 struct CompactionStats {
@@ -44,7 +54,9 @@ struct CompactionStats {
   uint64_t objects_copied = 0;
   uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
   uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
-  uint64_t skipped_busy = 0;       // merge attempts skipped on a lock timeout
+  // Merge attempts skipped: a block lock not taken, or a one-sided copy still running (grace
+  // period), within lock_timeout.
+  uint64_t skipped_busy = 0;
 };
 
 // What the merge predicate looks at in a block (also used by tests on real blocks).

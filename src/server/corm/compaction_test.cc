@@ -8,11 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "common/copy_epoch.h"
 
 namespace farmem::corm {
 namespace {
@@ -207,6 +211,164 @@ TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
   ObjectPtr stale = a[1].block != home ? a[1] : b[0];
   std::vector<uint8_t> out(200);
   EXPECT_FALSE(st.Read(stale, out).ok());
+}
+
+// Two objects X and Y of one class at the same offset of two different blocks, every other object
+// of those blocks freed, each written once (equal versions): the blocks merge, and the object of
+// the source block is moved because the other one holds its offset in the destination.
+struct SameOffsetPair {
+  ObjectPtr x, y;
+  std::vector<uint8_t> x_value, y_value;
+};
+
+SameOffsetPair MakeSameOffsetPair(Store& st) {
+  constexpr size_t kSize = 120;  // 2-3 cachelines: line versions and the tail are all checked
+  std::vector<ObjectPtr> all;
+  for (int i = 0; i < 60; ++i) {
+    auto p = st.Alloc(kSize, 0);
+    EXPECT_TRUE(p.ok());
+    all.push_back(*p);
+  }
+  SameOffsetPair pair;
+  bool found = false;
+  for (size_t i = 0; i < all.size() && !found; ++i) {
+    for (size_t j = i + 1; j < all.size() && !found; ++j) {
+      const uint64_t oi = all[i].addr - reinterpret_cast<uint64_t>(st.blocks().VAddr(all[i].block));
+      const uint64_t oj = all[j].addr - reinterpret_cast<uint64_t>(st.blocks().VAddr(all[j].block));
+      if (all[i].block != all[j].block && oi == oj) {
+        pair.x = all[i];
+        pair.y = all[j];
+        found = true;
+      }
+    }
+  }
+  EXPECT_TRUE(found) << "no two objects at the same offset of two blocks";
+  for (const ObjectPtr& p : all) {
+    if (p.addr != pair.x.addr && p.addr != pair.y.addr) {
+      EXPECT_TRUE(st.Free(p).ok());
+    }
+  }
+  pair.x_value = Content(1, kSize);
+  pair.y_value = Content(2, kSize);
+  EXPECT_TRUE(st.Write(pair.x, pair.x_value).ok());
+  EXPECT_TRUE(st.Write(pair.y, pair.y_value).ok());
+  return pair;
+}
+
+// Assembles a one-sided copy made in two parts: the header word loaded earlier, the rest now.
+SlotCheck FinishSplitCopy(Store& st, const ObjectPtr& p, uint64_t header,
+                          std::vector<uint8_t>& slot, std::vector<uint8_t>& value) {
+  slot.assign(st.SlotSize(p.size_class), 0);
+  std::memcpy(slot.data(), &header, 8);
+  ReadSlotWords(reinterpret_cast<const uint8_t*>(p.addr) + 8, slot.data() + 8, slot.size() - 8);
+  const SlotCheck c = CheckSlot(slot, p.addr, p.id, st.IdMask(p.size_class));
+  if (c == SlotCheck::kOk) DecodePayload(slot, p.addr, value);
+  return c;
+}
+
+// A reader that loaded an object's header before a merge set the compaction bits must finish its
+// copy before the merge remaps the home block: the merge's grace period waits for it. Without the
+// wait the rest of the copy reads the destination, where the other object sits at that offset
+// with the same version, and the copy passes every check with the other object's bytes.
+TEST(Compaction, MergeWaitsForACopyThatLoadedAHeaderBeforeTheCompactionBits) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CopyEpoch reader;
+  std::atomic<bool> grace_started{false}, merged{false};
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.lock_timeout = std::chrono::seconds(30);  // the reader below is slow on purpose
+  co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
+    grace_started.store(true);
+    const CopyEpoch* readers[] = {&reader};
+    return WaitForCopies(readers, deadline);
+  };
+  Compactor comp(st, co);
+  const SameOffsetPair pair = MakeSameOffsetPair(st);
+  ASSERT_FALSE(HasFailure());
+
+  // The copy: both headers now (whichever block turns out to be the source), the rest after the
+  // merge reached its grace period, or after the merge ended if it has none.
+  std::atomic<bool> headers_loaded{false};
+  uint64_t hx = 0, hy = 0;
+  std::vector<uint8_t> slot, x_read(pair.x_value.size()), y_read(pair.y_value.size());
+  SlotCheck cx = SlotCheck::kTorn, cy = SlotCheck::kTorn;
+  std::thread copier([&] {
+    CopyEpoch::Scope copying(reader);
+    hx = LoadHeader(reinterpret_cast<const void*>(pair.x.addr));
+    hy = LoadHeader(reinterpret_cast<const void*>(pair.y.addr));
+    headers_loaded.store(true);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!grace_started.load() && !merged.load() && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    cx = FinishSplitCopy(st, pair.x, hx, slot, x_read);
+    cy = FinishSplitCopy(st, pair.y, hy, slot, y_read);
+  });
+  while (!headers_loaded.load()) std::this_thread::yield();
+  ASSERT_EQ(Header::Unpack(hx).version, Header::Unpack(hy).version)
+      << "the pair must have equal versions for the wrong copy to pass the checks";
+  auto r = comp.CompactClass(pair.x.size_class);
+  merged.store(true);
+  copier.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 1u) << "the two blocks did not merge: the test proves nothing";
+  EXPECT_TRUE(grace_started.load());
+  // Both copies were made entirely before the remap: accepted, each with its own bytes.
+  EXPECT_EQ(cx, SlotCheck::kOk);
+  EXPECT_EQ(cy, SlotCheck::kOk);
+  EXPECT_EQ(x_read, pair.x_value) << (x_read == pair.y_value ? "X read with Y's bytes" : "");
+  EXPECT_EQ(y_read, pair.y_value) << (y_read == pair.x_value ? "Y read with X's bytes" : "");
+}
+
+// A copy that outlives lock_timeout makes the merge give up and undo itself: no compaction bit
+// left behind, every object readable at its old place, and the next round merges.
+TEST(Compaction, MergeIsAbandonedWhenACopyOutlivesTheGracePeriod) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CopyEpoch reader;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.lock_timeout = std::chrono::milliseconds(20);
+  co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
+    const CopyEpoch* readers[] = {&reader};
+    return WaitForCopies(readers, deadline);
+  };
+  Compactor comp(st, co);
+  const SameOffsetPair pair = MakeSameOffsetPair(st);
+  ASSERT_FALSE(HasFailure());
+  const uint32_t cls = pair.x.size_class;
+  const uint64_t blocks_before = st.blocks().Stats().physical_blocks_in_use;
+
+  reader.Enter();  // a copy that does not end while the round runs
+  auto r = comp.CompactClass(cls);
+  reader.Exit();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 0u);
+  EXPECT_GE(comp.stats().skipped_busy, 1u);
+  EXPECT_EQ(comp.stats().compactions, 0u);
+  EXPECT_EQ(st.blocks().Stats().physical_blocks_in_use, blocks_before);
+  for (const auto& [ptr, value] : {std::pair{pair.x, pair.x_value}, {pair.y, pair.y_value}}) {
+    const Header h = Header::Unpack(LoadHeader(reinterpret_cast<const void*>(ptr.addr)));
+    EXPECT_FALSE(h.compacting);
+    ObjectPtr p = ptr;
+    std::vector<uint8_t> out(value.size());
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, out));
+    EXPECT_EQ(p.addr, ptr.addr) << "the object moved although the merge was abandoned";
+    EXPECT_EQ(out, value);
+  }
+
+  r = comp.CompactClass(cls);  // no copy in progress now
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 1u);
+  for (const auto& [ptr, value] : {std::pair{pair.x, pair.x_value}, {pair.y, pair.y_value}}) {
+    ObjectPtr p = ptr;
+    std::vector<uint8_t> out(value.size());
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, out));
+    EXPECT_EQ(out, value);
+  }
 }
 
 // Frees every object of `ptrs` but each n-th one; returns the survivors.

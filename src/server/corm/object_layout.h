@@ -150,7 +150,7 @@ void ReLaySlot(std::span<const uint8_t> src, uint64_t src_addr, std::span<uint8_
 //   1. store the words that contain a version byte (line starts, tail) with the new version;
 //   2. store the remaining payload words with release order (each orders step 1 before it);
 //   3. store the header word (new version, lock released) with release order.
-// Reader protocol (ReadSlotWords): load words in ascending address order, each with acquire order.
+// Reader protocol (ReadSlotWords): load words in ascending address order, each at least acquire.
 // Why this is sound: the header is loaded first (acquire) and the tail word last. If any loaded
 // word came from a later write W's payload stores (release in W, acquire load here), every word W
 // stored before it, in particular its tail word, is visible to the later loads, so the tail
@@ -159,12 +159,14 @@ void ReLaySlot(std::span<const uint8_t> src, uint64_t src_addr, std::span<uint8_
 // are self-consistent. Residual risk: exactly 256*k writes completing during one read (8-bit
 // version wrap) — the same assumption FaRM/CoRM make.
 
-// Copies `len` bytes (multiple of 8) from 8-aligned live slot memory, ascending, acquire loads.
+// Copies `len` bytes (multiple of 8) from 8-aligned live slot memory, ascending. The loads are
+// seq_cst (acquire, plus what a merge's grace period needs: common/copy_epoch.h; on x86 and ARMv8
+// the same instruction as acquire), like the TCP NIC thread's CopyForRead.
 inline void ReadSlotWords(const void* src, void* dst, size_t len) {
   auto* s = static_cast<uint64_t*>(const_cast<void*>(src));
   auto* d = static_cast<uint8_t*>(dst);
   for (size_t i = 0; i < len / 8; ++i) {
-    const uint64_t w = std::atomic_ref<uint64_t>(s[i]).load(std::memory_order_acquire);
+    const uint64_t w = std::atomic_ref<uint64_t>(s[i]).load(std::memory_order_seq_cst);
     std::memcpy(d + i * 8, &w, 8);
   }
 }
@@ -176,10 +178,11 @@ inline uint64_t LoadHeader(const void* slot) {
 inline void StoreHeader(void* slot, uint64_t w) {
   std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(slot)).store(w, std::memory_order_release);
 }
-// CAS on the header word (acq_rel on success, acquire on failure).
+// CAS on the header word (seq_cst: a merge's compaction bits are the marker of its grace period,
+// common/copy_epoch.h; acquire on failure).
 inline bool CasHeader(void* slot, uint64_t& expected, uint64_t desired) {
   return std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(slot))
-      .compare_exchange_strong(expected, desired, std::memory_order_acq_rel,
+      .compare_exchange_strong(expected, desired, std::memory_order_seq_cst,
                                std::memory_order_acquire);
 }
 

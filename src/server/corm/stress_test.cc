@@ -1,5 +1,6 @@
 // Concurrency stress for CoRM: writers publish (sequence, checksum) values, one-sided readers copy
-// slots with atomic loads from the (possibly remapped) home address and run the consistency check,
+// slots with atomic loads from the (possibly remapped) home address — each copy bracketed by a
+// CopyEpoch the merges wait for, as the TCP NIC thread does — and run the consistency check,
 // an RPC-path reader uses Store::Read, a churn thread keeps fragmenting, and a compaction loop runs
 // throughout. No accepted read may be torn or older than the last write completed before it began.
 
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/copy_epoch.h"
 #include "server/corm/compaction.h"
 
 namespace farmem::corm {
@@ -67,9 +69,18 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
   auto s = Store::Create(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   Store& st = **s;
+  // The one-sided readers below copy store memory without locks, as the TCP NIC thread does:
+  // each copy is bracketed by the reader's epoch, and merges wait for copies in progress.
+  constexpr int kOneSidedReaders = 2;
+  CopyEpoch reader_epochs[kOneSidedReaders];
+  const CopyEpoch* readers[] = {&reader_epochs[0], &reader_epochs[1]};
   CompactionOptions co;
   co.max_candidate_occupancy = 1.0;
   co.max_merges_per_round = 8;
+  co.lock_timeout = std::chrono::seconds(5);  // a preempted reader must not make merges give up
+  co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
+    return WaitForCopies(readers, deadline);
+  };
   Compactor comp(st, co);
 
   // Fragmented start: 4 of every 5 objects freed, the rest tracked.
@@ -138,7 +149,11 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       bool done = false;
       while (!done) {
-        const SlotCheck c = OneSidedReadSlot(p.addr, p.id, mask, slot);
+        SlotCheck c;
+        {
+          CopyEpoch::Scope copying(reader_epochs[id]);
+          c = OneSidedReadSlot(p.addr, p.id, mask, slot);
+        }
         if (c == SlotCheck::kOk) {
           DecodePayload(slot, p.addr, value);
           uint32_t index;
@@ -150,7 +165,10 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
         } else if (c == SlotCheck::kMoved || c == SlotCheck::kFreed) {
           // Scan the home block one-sidedly (it shows wherever the object lives now).
           uint8_t* base = st.blocks().VAddr(p.block);
-          ReadSlotWords(base, block.data(), block.size());
+          {
+            CopyEpoch::Scope copying(reader_epochs[id]);
+            ReadSlotWords(base, block.data(), block.size());
+          }
           const int64_t off = ScanBlockImage(block, slot_size, p.id, mask);
           if (off >= 0) {
             p.addr = reinterpret_cast<uint64_t>(base) + off;
@@ -168,8 +186,7 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
       }
     }
   };
-  threads.emplace_back(one_sided_reader, 0);
-  threads.emplace_back(one_sided_reader, 1);
+  for (int id = 0; id < kOneSidedReaders; ++id) threads.emplace_back(one_sided_reader, id);
 
   // RPC-path reader.
   threads.emplace_back([&] {
