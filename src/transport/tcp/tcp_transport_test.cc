@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -434,6 +435,8 @@ TEST_F(TcpTransportTest, WaitForReadCopiesOrdersAChangeAfterTheReadsInProgress) 
   EXPECT_GT(rounds.load(), 0u);
   // Copies that overlapped a round: what the test exists for (none would make it vacuous).
   EXPECT_GT(mid_round, 0u) << "no read overlapped the owner's rounds: the test proved nothing";
+  std::printf("reads %llu rounds %llu mid-round reads %llu\n", (unsigned long long)reads,
+              (unsigned long long)rounds.load(), (unsigned long long)mid_round);
 }
 
 TEST_F(TcpTransportTest, RpcReplyAfterTransportStopIsDroppedWithStatus) {
