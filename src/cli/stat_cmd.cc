@@ -67,6 +67,12 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
         U(k, "rounds"), U(k, "compactions"), U(k, "blocks_freed"), FormatBytes(U(k, "bytes_moved")),
         U(k, "objects_copied"), U(k, "objects_relocated"), U(k, "collisions"),
         U(k, "skipped_busy"));
+    if (k.contains("grace_wait_ns")) {
+      out += fmt::format(
+          "grace periods (merges waiting for one-sided copies): {:.3f} ms in all, "
+          "longest {:.1f} us\n",
+          U(k, "grace_wait_ns") / 1e6, U(k, "grace_wait_max_ns") / 1e3);
+    }
   }
   return out;
 }

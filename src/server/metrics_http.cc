@@ -134,6 +134,9 @@ std::string StatsToPrometheus(const nlohmann::json& s) {
     for (const auto& m : counters) {
       Metric(out, m.name, "counter", m.help, nlohmann::json(U64(comp, m.key)));
     }
+    Metric(out, "farmem_objects_compaction_grace_wait_seconds_total", "counter",
+           "Time merges waited for one-sided copies in progress before remapping.",
+           nlohmann::json(static_cast<double>(U64(comp, "grace_wait_ns")) / 1e9));
     const nlohmann::json& classes = obj.contains("classes") ? obj["classes"] : nlohmann::json();
     struct {
       const char* key;

@@ -77,7 +77,9 @@ nlohmann::json CompactionJson(const corm::CompactionStats& s) {
           {"objects_copied", s.objects_copied},
           {"objects_relocated", s.objects_relocated},
           {"collisions", s.collisions},
-          {"skipped_busy", s.skipped_busy}};
+          {"skipped_busy", s.skipped_busy},
+          {"grace_wait_ns", s.grace_wait_ns},
+          {"grace_wait_max_ns", s.grace_wait_max_ns}};
 }
 
 const char* SelectionName(WorkerSelection s) {

@@ -500,6 +500,8 @@ TEST_P(ObjectCompactionTest, CompactFreesBlocksAndSurvivorsReadBackIntact) {
   auto tcp = GetTcpTransportStats(server_->node().transport());
   ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
   EXPECT_GE(tcp->read_copy_waits, merges);
+  EXPECT_LE((*c)["compaction"]["grace_wait_max_ns"].get<uint64_t>(),
+            (*c)["compaction"]["grace_wait_ns"].get<uint64_t>());
   json after = server_->stats()["objects"];
   EXPECT_EQ(after["physical_bytes_held"], held_before - merges * 4096);
   EXPECT_EQ(ClassStat(cls)["blocks"], kBlocks - merges);
@@ -684,6 +686,7 @@ TEST_F(ObjectServiceTest, StatAndPrometheusShowTheObjectStore) {
   EXPECT_NE(text.find("farmem_objects_live 3\n"), std::string::npos) << text;
   EXPECT_NE(text.find("farmem_objects_physical_bytes 8192\n"), std::string::npos);
   EXPECT_NE(text.find("farmem_objects_compactions_total 0\n"), std::string::npos);
+  EXPECT_NE(text.find("farmem_objects_compaction_grace_wait_seconds_total 0"), std::string::npos);
   EXPECT_NE(text.find("farmem_objects_class_fragmentation{class=\"" +
                       std::to_string(a->size_class) + "\",slot_size=\"112\"} "),
             std::string::npos)

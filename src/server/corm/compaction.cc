@@ -355,12 +355,20 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   //    running; after the remap its remaining loads would read the destination, which can hold
   //    another object at that offset whose version bytes happen to match (1 in 256): the copy
   //    would pass every check with the wrong bytes. Copies that start now see the compaction bit.
-  if (options_.wait_for_readers &&
-      !options_.wait_for_readers(std::chrono::steady_clock::now() + options_.lock_timeout)) {
-    unlock_and_forget_copies();
+  if (options_.wait_for_readers) {
+    const auto start = std::chrono::steady_clock::now();
+    const bool passed = options_.wait_for_readers(start + options_.lock_timeout);
+    const auto waited = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                  std::chrono::steady_clock::now() - start)
+                                                  .count());
     std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.skipped_busy;
-    return false;
+    stats_.grace_wait_ns += waited;
+    stats_.grace_wait_max_ns = std::max(stats_.grace_wait_max_ns, waited);
+    if (!passed) {
+      unlock_and_forget_copies();
+      ++stats_.skipped_busy;
+      return false;
+    }
   }
   // 4. Remap every virtual block showing the source onto the destination's physical pages.
   for (size_t k = 0; k < src.vblocks.size(); ++k) {

@@ -57,6 +57,10 @@ struct CompactionStats {
   // Merge attempts skipped: a block lock not taken, or a one-sided copy still running (grace
   // period), within lock_timeout.
   uint64_t skipped_busy = 0;
+  // Time merges spent in their grace period (waiting for one-sided copies in progress before the
+  // remap; only with wait_for_readers set): total and longest single wait.
+  uint64_t grace_wait_ns = 0;
+  uint64_t grace_wait_max_ns = 0;
 };
 
 // What the merge predicate looks at in a block (also used by tests on real blocks).

@@ -315,6 +315,8 @@ TEST(Compaction, MergeWaitsForACopyThatLoadedAHeaderBeforeTheCompactionBits) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(*r, 1u) << "the two blocks did not merge: the test proves nothing";
   EXPECT_TRUE(grace_started.load());
+  EXPECT_GT(comp.stats().grace_wait_ns, 0u);  // the merge waited for the copier
+  EXPECT_EQ(comp.stats().grace_wait_max_ns, comp.stats().grace_wait_ns);  // one merge, one wait
   // Both copies were made entirely before the remap: accepted, each with its own bytes.
   EXPECT_EQ(cx, SlotCheck::kOk);
   EXPECT_EQ(cy, SlotCheck::kOk);
