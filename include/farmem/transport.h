@@ -166,12 +166,12 @@ class Transport {
   // Grace period for owners that change what registered memory shows (CoRM remaps a merged
   // block's pages, docs/objects.md): OK once every one-sided read this transport's own threads
   // were copying out of registered memory when called has finished; kTimedOut at `deadline`.
-  // Before calling, publish with a seq_cst RMW a marker the copies check (the copier side of
-  // src/common/copy_epoch.h); then no copy mixes bytes from before and after the change.
-  // Where copies are not made in one step by this process's threads (fabric: CMA by the
-  // initiator, tcp provider sends spread over progress calls, NIC DMA) there is nothing to wait
-  // for: OK at once. Readers over those validate every copy with a seqlock, which a remap cannot
-  // fool either (docs/transport.md, "Copy order of one-sided reads").
+  // Before calling, publish with a seq_cst store or RMW a marker the copies check (the copier side
+  // of src/common/copy_epoch.h); then no copy mixes bytes from before and after the change. Where
+  // copies are not made in one step by this process's threads (fabric: CMA by the initiator, tcp
+  // provider sends spread over progress calls, NIC DMA) there is nothing to wait for: OK at once.
+  // Readers over those validate every copy with a seqlock, which a remap cannot fool either
+  // (docs/transport.md, "Copy order of one-sided reads").
   virtual Status wait_for_read_copies(std::chrono::steady_clock::time_point deadline) = 0;
 
   // Learn a peer by its local_address(); returns a PeerId valid for every Context of this

@@ -17,7 +17,7 @@ namespace farmem {
 // Protocol (store buffering; every access named below is seq_cst, no fences, so GCC's TSan, which
 // lacks fences, models it exactly):
 //   copier:   Enter() [value odd, seq_cst RMW]   load the marker (seq_cst) ... copy ...   Exit()
-//   changer:  store the marker (seq_cst RMW)   WaitForCopies(): snapshot (seq_cst load), then
+//   changer:  store the marker (seq_cst store or RMW)   WaitForCopies(): snapshot (seq_cst), then
 //             wait while a snapshot is odd and unchanged   ...   change the memory
 // In the single order of seq_cst operations, if the copier's marker load did not see the marker,
 // it precedes the marker store, so Enter precedes the snapshot, which therefore sees the copy's
