@@ -24,9 +24,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "objects/engine/compaction.h"
+#include "objects/engine/store.h"
 #include "objects_memory_trace.h"
-#include "server/corm/compaction.h"
-#include "server/corm/thread_allocator.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "farmem/status.h"
+#include "objects/format/size_classes.h"
 #include "objects_memory_trace.h"
-#include "server/corm/size_classes.h"
 
 namespace farmem {
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "farmem/coro.h"
+#include "farmem/opcodes.h"
 #include "farmem/status.h"
 #include "farmem/transport.h"
 
@@ -44,19 +45,6 @@ struct PeerInfo {
   std::string transport_address;
   std::vector<RegionInfo> regions;  // exported at handshake time
 };
-
-// Opcodes below this are reserved for the node itself; layers register theirs at or above it.
-inline constexpr uint16_t kFirstUserOpcode = 64;
-// Opcode ranges, one per layer, so layers never collide (each layer defines its opcodes as
-// base + n inside its range, in its own protocol header).
-inline constexpr uint16_t kServerOpcodeBase = 64;    // farmemd raw allocator: 64..79
-inline constexpr uint16_t kObjectsOpcodeBase = 80;   // CoRM objects: 80..111
-inline constexpr uint16_t kTieredOpcodeBase = 112;   // TeRM tiering: 112..127
-inline constexpr uint16_t kTxOpcodeBase = 128;       // Storm transactions: 128..159
-inline constexpr uint16_t kChannelOpcodeBase = 160;  // LOCO channels: 160..191
-inline constexpr uint16_t kRegionsOpcodeBase = 192;  // remote regions: 192..223
-// Node-internal opcode: list this node's exported regions (reply: the bootstrap region list).
-inline constexpr uint16_t kOpListRegions = 1;
 
 // An RPC as a handler sees it.
 struct RpcCall {

@@ -1,12 +1,12 @@
-// MemoryServer: the farmemd memory service as a library. A Node that exports memfd-backed raw pools
-// (ALLOC_RAW / FREE_RAW), the CoRM object store (object RPCs, one region "objects") and STAT; used
-// by the farmemd binary, `farmem serve` and the in-process `farmem demo`.
+// MemoryServer: the farmemd memory service as a library. A Node running a set of services —
+// "pools" (memfd-backed raw pools: ALLOC_RAW / FREE_RAW), "objects" (the CoRM object store) — and
+// STAT; used by the farmemd binary, `farmem serve` and the in-process `farmem demo`.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "farmem/node.h"
 #include "farmem/objects.h"
@@ -40,6 +40,9 @@ struct ObjectsConfig {
 
 struct ServerConfig {
   NodeConfig node;
+  // Services to run, by name, in start order; empty = every service this build contains
+  // (farmemd --services; "pools", "objects").
+  std::vector<std::string> services;
   // Memory budget: one virtual reservation of this size; pools are carved from it on demand.
   uint64_t memory_bytes = 256ull << 20;
   // Size of each pool (one memfd file, one registered region). A multiple of the page size.
@@ -51,6 +54,8 @@ struct ServerConfig {
 
 // Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.
 Status ValidateObjectsConfig(const ServerConfig& config);
+// Checks the service list (known names, no repeats) and every chosen service's settings.
+Status ValidateServerConfig(const ServerConfig& config);
 
 class MemoryServer {
  public:
@@ -66,8 +71,12 @@ class MemoryServer {
   // destructor too. Pools are unmapped when the server is destroyed.
   void stop();
 
-  // The STAT document (also what the STAT RPC returns); keys are described in docs/server.md.
-  nlohmann::json stats() const;
+  // The STAT document as JSON text (also what the STAT RPC returns); keys in docs/server.md.
+  std::string stats_json() const;
+  // The same figures as Prometheus text exposition (what GET /metrics serves).
+  std::string metrics_text() const;
+  // Names of the services running, in start order.
+  std::vector<std::string> services() const;
 
   Node& node();
   const ServerConfig& config() const;

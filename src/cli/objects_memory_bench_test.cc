@@ -8,9 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "objects/format/size_classes.h"
 #include "objects_memory_bench.h"
 #include "objects_memory_trace.h"
-#include "server/corm/size_classes.h"
 
 namespace farmem::bench {
 namespace {

@@ -1,5 +1,6 @@
-// A tiny HTTP/1.0 responder for Prometheus: GET /metrics returns the STAT document as Prometheus
-// text exposition. One request per connection, bounded request size, every wait has a timeout.
+// A tiny HTTP/1.0 responder for Prometheus: GET /metrics returns what `render` produces
+// (MemoryServer::metrics_text). One request per connection, bounded request size, every wait has
+// a timeout.
 #pragma once
 
 #include <atomic>
@@ -9,14 +10,9 @@
 #include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "farmem/status.h"
 
 namespace farmem {
-
-// STAT JSON (see docs/server.md) -> Prometheus text format 0.0.4.
-std::string StatsToPrometheus(const nlohmann::json& stats);
 
 class MetricsHttpServer {
  public:

@@ -44,7 +44,7 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
   if (flags.options.metrics_port >= 0) {
     auto m = MetricsHttpServer::Start(config->node.bootstrap_host,
                                       static_cast<uint16_t>(flags.options.metrics_port),
-                                      [&srv] { return StatsToPrometheus(srv.stats()); });
+                                      [&srv] { return srv.metrics_text(); });
     if (!m.ok()) return fail(m.status(), kExitUsage);
     metrics = std::move(*m);
     FARMEM_LOG_INFO("metrics: http://{}:{}/metrics", config->node.bootstrap_host, metrics->port());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "common/net/host_port.h"
 #include "server/serve.h"
 
 namespace farmem {
@@ -196,7 +197,8 @@ TEST(ServeConfigTest, ObjectStoreRejectsBadValues) {
   bad({"--objects-block-size", "5000"}, "power of two");
   bad({"--objects-block-size", "2048"}, "power of two");
   bad({"--objects-block-size", "2097152"}, "power of two");
-  bad({"--objects-block-size", "8589934592"}, "power of two");
+  // Too large for the setting's type: CLI11 refuses it while parsing (farmemd exits with 2).
+  EXPECT_THROW(Resolve({"--objects-block-size", "8589934592"}), CLI::ParseError);
   bad({"--objects-id-bits", "4"}, "id_bits");
   bad({"--objects-worker-selection", "roundrobin"}, "connection");
   bad({"--objects-correction", "guess"}, "owner");
@@ -214,14 +216,34 @@ TEST(ServeConfigTest, ObjectStoreRejectsBadValues) {
   unlink(threshold.c_str());
 }
 
+TEST(ServeConfigTest, ServicesAreChosenByName) {
+  unsetenv("FARMEM_TOKEN");
+  auto all = Resolve({});
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->services, (std::vector<std::string>{"pools", "objects"}));
+  auto pools = Resolve({"--services", "pools"});
+  ASSERT_TRUE(pools.ok()) << pools.status().ToString();
+  EXPECT_EQ(pools->services, (std::vector<std::string>{"pools"}));
+  auto unknown = Resolve({"--services", "pools,tiers"});
+  EXPECT_EQ(unknown.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("unknown service 'tiers'"), std::string_view::npos)
+      << unknown.status().ToString();
+  EXPECT_EQ(Resolve({"--services", "pools,pools"}).status().code(), Code::kInvalidArgument);
+  std::string path = WriteConfig(R"({"services": ["objects"]})");
+  auto from_file = Resolve({"--config", path});
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  EXPECT_EQ(from_file->services, (std::vector<std::string>{"objects"}));
+  unlink(path.c_str());
+}
+
 TEST(ServeConfigTest, ParseHostPort) {
-  auto a = ParseHostPort("[::1]:80");
+  auto a = net::ParseHostPort("[::1]:80");
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->first, "::1");
   EXPECT_EQ(a->second, 80);
-  EXPECT_FALSE(ParseHostPort(":80").ok());
-  EXPECT_FALSE(ParseHostPort("host:").ok());
-  EXPECT_FALSE(ParseHostPort("host:123456").ok());
+  EXPECT_FALSE(net::ParseHostPort(":80").ok());
+  EXPECT_FALSE(net::ParseHostPort("host:").ok());
+  EXPECT_FALSE(net::ParseHostPort("host:123456").ok());
 }
 
 }  // namespace

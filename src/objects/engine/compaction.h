@@ -1,0 +1,147 @@
+// CoRM compaction: per-class fragmentation ratio and triggers (threshold, allocation failure, on
+// demand), block collection from every worker, and the merge of two blocks (ID-collision check,
+// copy with compaction bits and re-laid versions, mmap remap, metadata merge, hole punch).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "farmem/status.h"
+#include "objects/engine/store.h"
+
+namespace farmem::corm {
+
+struct CompactionOptions {
+  // A class is compacted by RunOnce() when its fragmentation ratio exceeds its threshold.
+  double default_threshold = 0.3;
+  std::vector<double> class_thresholds;  // per class override (empty or one entry per class)
+  // Blocks above this occupancy (live / capacity) are not collected.
+  double max_candidate_occupancy = 0.9;
+  uint32_t max_merges_per_round = 64;  // bound on blocks compacted per round (pause length)
+  // Pace of threshold and on-demand rounds: merges are spread so that no more than this many
+  // happen per second (0 = as fast as possible). Every merge costs clients something (TLB
+  // shootdowns of the remap, first-touch faults, one pointer correction per moved object), so an
+  // unpaced burst of thousands of merges shows up as a throughput dip. Allocation failures are
+  // never paced: a waiting allocation makes a paced round run at full speed.
+  uint32_t max_merges_per_second = 0;
+  uint32_t max_attempts_per_source = 8;         // partner blocks tried per source block
+  std::chrono::milliseconds interval{100};      // leader thread period
+  std::chrono::milliseconds lock_timeout{100};  // a busy block is skipped this round
+  bool compact_on_alloc_failure = true;
+  // A merge's grace period (docs/objects.md, "Compaction"): called with both blocks locked, after
+  // the compaction bits of the source objects are set and before the source is remapped. Must
+  // return true once every one-sided copy of store memory that was in progress when it was called
+  // has finished — such a copy may have loaded a source header before the bits, and would pair it
+  // with destination bytes after the remap — or false at `deadline` (now + lock_timeout), which
+  // abandons and rolls back the merge. Copiers bracket each copy with a CopyEpoch
+  // (common/copy_epoch.h); farmemd waits for its TCP NIC thread (Transport::wait_for_read_copies).
+  // Unset: no one copies store memory one-sidedly except under the block locks.
+  std::function<bool(std::chrono::steady_clock::time_point deadline)> wait_for_readers;
+};
+
+struct CompactionStats {
+  uint64_t rounds = 0;
+  uint64_t compactions = 0;   // successful block merges
+  uint64_t blocks_freed = 0;  // physical blocks released by merges
+  uint64_t bytes_moved = 0;   // slot bytes copied into destination blocks
+  uint64_t objects_copied = 0;
+  uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
+  uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
+  // Merge attempts skipped: a block lock not taken, or a one-sided copy still running (grace
+  // period), within lock_timeout.
+  uint64_t skipped_busy = 0;
+  // Time merges spent in their grace period (waiting for one-sided copies in progress before the
+  // remap; only with wait_for_readers set): total and longest single wait.
+  uint64_t grace_wait_ns = 0;
+  uint64_t grace_wait_max_ns = 0;
+};
+
+// What the merge predicate looks at in a block (also used by tests on real blocks).
+struct BlockSnapshot {
+  ClassMode mode = ClassMode::kIds;
+  uint32_t capacity = 0;
+  std::vector<uint8_t> occupied;  // per slot
+  std::vector<uint16_t> ids;      // IDs of live objects (kIds)
+  uint32_t live() const;
+};
+
+// Thread-safe; one round runs at a time (rounds from the leader thread, on-demand calls and the
+// allocation-failure hook serialise on an internal mutex taken before any Store lock).
+// The Compactor must be destroyed before the Store and while no Alloc is running (it removes its
+// allocation-failure hook in the destructor).
+class Compactor {
+ public:
+  Compactor(Store& store, CompactionOptions options);
+  ~Compactor();
+  Compactor(const Compactor&) = delete;
+  Compactor& operator=(const Compactor&) = delete;
+
+  double FragmentationRatio(uint32_t size_class) { return store_.Stats(size_class).fragmentation; }
+  double Threshold(uint32_t size_class) const;
+
+  // One compaction round for a class: collect low-occupancy blocks from every worker, merge
+  // least-occupied first. Returns the number of merges. A round also ends at `deadline` (paced
+  // rounds can be long; an RPC handler must answer within the client's timeout).
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+  Result<uint32_t> CompactClass(uint32_t size_class, Deadline deadline = std::nullopt);
+  // On demand ("farmem compact"): one round for every class.
+  Result<uint32_t> CompactAll(Deadline deadline = std::nullopt);
+  // Classes above their threshold only (what the leader thread runs).
+  Result<uint32_t> RunOnce();
+
+  // Leader thread running RunOnce() every interval; Stop() joins it (also in the destructor).
+  Status Start();
+  void Stop();
+
+  CompactionStats stats() const;
+
+  // The merge predicate: b1 + b2 <= capacity, and no ID collision (kIds) or no occupied-offset
+  // overlap (kOffsetOnly).
+  static bool CanMerge(const BlockSnapshot& src, const BlockSnapshot& dst);
+  // Snapshot of the block that virtual block `vblock` maps to (tests, diagnostics).
+  Result<BlockSnapshot> Snapshot(uint32_t vblock);
+
+ private:
+  struct Candidate {
+    detail::Block* block;
+    uint64_t generation;
+    uint32_t live;
+  };
+  std::vector<Candidate> Collect(uint32_t size_class);
+  // Merges src into dst. false when the blocks changed, collide or are busy.
+  Result<bool> TryMerge(const Candidate& src, const Candidate& dst);
+  Result<bool> MergeLocked(detail::Block& src, detail::Block& dst);
+  Result<uint32_t> CompactClassLocked(uint32_t size_class, bool paced,
+                                      Deadline deadline = std::nullopt);
+  // Waits until the next merge may start under max_merges_per_second. Does not wait while an
+  // allocation failure waits for the round or once Stop() was called (the round then finishes
+  // at full speed, bounded by max_merges_per_round as without pacing).
+  void Pace();
+  void MergeDone();  // a paced merge happened: the next one waits one gap
+
+  Store& store_;
+  const CompactionOptions options_;
+  std::mutex round_mu_;  // one round at a time
+
+  mutable std::mutex stats_mu_;
+  CompactionStats stats_;
+
+  std::mutex thread_mu_;
+  std::condition_variable cv_;  // leader period and pacing waits; both end on stop_ / urgent_
+  bool stop_ = false;
+  std::thread leader_;
+
+  // Pacing state, guarded by thread_mu_: the earliest start of the next paced merge.
+  std::chrono::steady_clock::time_point next_merge_{};
+  // Allocation failures waiting for round_mu_: while > 0, paced rounds stop sleeping.
+  std::atomic<uint32_t> urgent_{0};
+};
+
+}  // namespace farmem::corm

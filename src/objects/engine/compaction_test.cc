@@ -1,0 +1,584 @@
+// Tests for CoRM compaction: every live object keeps its content after random alloc/free and
+// compaction (read via its old pointer through the remap, corrected by scan and by the owner),
+// release_ptr frees alias virtual blocks, allocation failure triggers compaction, and the
+// empirical merge probability of random blocks matches C(n-b1, b2) / C(n, b2).
+
+#include "objects/engine/compaction.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/copy_epoch.h"
+
+namespace farmem::corm {
+namespace {
+
+StoreOptions Opts(int id_bits, bool hybrid = true) {
+  StoreOptions o;
+  o.block_size = 4096;
+  o.id_bits = id_bits;
+  o.hybrid = hybrid;
+  o.workers = 2;
+  o.reserve_bytes = 256 << 20;
+  o.pool_bytes = 4 << 20;
+  o.seed = 1234 + id_bits;
+  return o;
+}
+
+std::vector<uint8_t> Content(uint64_t key, size_t n) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = key * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+// One-sided read with pointer correction by a one-sided scan of the home block.
+bool OneSidedReadCorrecting(Store& st, ObjectPtr& p, std::vector<uint8_t>& out) {
+  std::vector<uint8_t> slot(st.SlotSize(p.size_class));
+  const uint16_t mask = st.IdMask(p.size_class);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const SlotCheck c = OneSidedReadSlot(p.addr, p.id, mask, slot);
+    if (c == SlotCheck::kOk) {
+      DecodePayload(slot, p.addr, out);
+      return true;
+    }
+    if (c == SlotCheck::kMoved || c == SlotCheck::kFreed) {
+      const size_t bs = st.blocks().block_size();
+      std::vector<uint8_t> block(bs);
+      uint8_t* base = st.blocks().VAddr(p.block);
+      ReadSlotWords(base, block.data(), bs);
+      const int64_t off = ScanBlockImage(block, st.SlotSize(p.size_class), p.id, mask);
+      if (off < 0) return false;
+      p.addr = reinterpret_cast<uint64_t>(base) + off;
+    }
+  }
+  return false;
+}
+
+struct Live {
+  ObjectPtr ptr;
+  uint64_t key;
+  size_t size;
+};
+
+class CompactionContent : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(CompactionContent, EveryLiveObjectSurvives) {
+  const auto [id_bits, hybrid] = GetParam();
+  auto s = Store::Create(Opts(id_bits, hybrid));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_merges_per_round = 100000;
+  co.max_attempts_per_source = 64;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+
+  std::mt19937_64 rng(99 + id_bits);
+  const size_t sizes[] = {5, 24, 60, 100, 230, 500};
+  std::vector<Live> objs;
+  for (uint64_t k = 0; k < 6000; ++k) {
+    const size_t n = sizes[rng() % 6];
+    auto p = st.Alloc(n, static_cast<uint32_t>(rng() % 2));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    ObjectPtr q = *p;
+    ASSERT_TRUE(st.Write(q, Content(k, n)).ok());
+    objs.push_back({q, k, n});
+  }
+  std::shuffle(objs.begin(), objs.end(), rng);
+  const size_t keep = objs.size() / 4;
+  for (size_t i = keep; i < objs.size(); ++i) ASSERT_TRUE(st.Free(objs[i].ptr).ok());
+  objs.resize(keep);
+
+  const uint64_t before = st.blocks().Stats().physical_bytes_held;
+  for (int round = 0; round < 10; ++round) {
+    auto r = comp.CompactAll();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (*r == 0) break;
+  }
+  const uint64_t after = st.blocks().Stats().physical_bytes_held;
+  const CompactionStats cs = comp.stats();
+  EXPECT_GT(cs.compactions, 0u);
+  EXPECT_LT(after, before);
+  EXPECT_EQ(cs.blocks_freed, (before - after) / 4096);
+  if (id_bits >= 12) {
+    EXPECT_GT(cs.objects_relocated, 0u);  // IDs let objects change offset
+  }
+  if (id_bits == 0) {
+    EXPECT_EQ(cs.objects_relocated, 0u);  // offset-only never moves an object
+  }
+  EXPECT_EQ(st.Stats().live_objects, objs.size());
+
+  uint64_t corrected = 0;
+  for (Live& o : objs) {
+    // Old pointer, one-sided, through the (possibly remapped) home virtual block.
+    ObjectPtr p = o.ptr;
+    std::vector<uint8_t> got(o.size);
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, got)) << "object " << o.key << " lost";
+    ASSERT_EQ(got, Content(o.key, o.size)) << "object " << o.key << " corrupted";
+    if (p.addr != o.ptr.addr) ++corrected;
+    // Both server-side correction strategies agree with the scan.
+    for (CorrectionMode m : {CorrectionMode::kAskOwner, CorrectionMode::kScan}) {
+      auto q = st.Locate(o.ptr, m);
+      ASSERT_TRUE(q.ok()) << q.status().ToString();
+      EXPECT_EQ(q->addr, p.addr);
+    }
+    // RPC-path read.
+    ObjectPtr r = o.ptr;
+    std::vector<uint8_t> got2(o.size);
+    ASSERT_TRUE(st.Read(r, got2).ok());
+    EXPECT_EQ(got2, got);
+    EXPECT_EQ(r.addr, p.addr);
+    o.ptr = p;
+  }
+  if (id_bits >= 12) {
+    EXPECT_GT(corrected, 0u);
+  }
+  // Writes land where reads find them after compaction.
+  for (Live& o : objs) {
+    ASSERT_TRUE(st.Write(o.ptr, Content(o.key + 1000000, o.size)).ok());
+  }
+  for (Live& o : objs) {
+    std::vector<uint8_t> got(o.size);
+    ObjectPtr p = o.ptr;
+    ASSERT_TRUE(st.Read(p, got).ok());
+    ASSERT_EQ(got, Content(o.key + 1000000, o.size));
+  }
+  // Freeing everything releases every physical and virtual block (aliases included).
+  for (Live& o : objs) ASSERT_TRUE(st.Free(o.ptr).ok());
+  EXPECT_EQ(st.blocks().Stats().physical_bytes_held, 0u);
+  EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CompactionContent,
+                         ::testing::Values(std::make_tuple(0, true), std::make_tuple(8, true),
+                                           std::make_tuple(8, false), std::make_tuple(12, true),
+                                           std::make_tuple(16, true)));
+
+TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+  // Two half-empty blocks of one class.
+  std::vector<ObjectPtr> a, b;
+  const uint32_t per_block = st.classes().at(*st.classes().ClassFor(200)).slots_per_block;
+  for (uint32_t i = 0; i < 2 * per_block; ++i) {
+    auto p = st.Alloc(200, 0);
+    ASSERT_TRUE(p.ok());
+    (i < per_block ? a : b).push_back(*p);
+  }
+  ASSERT_NE(a[0].block, b[0].block);
+  for (size_t i = 0; i < a.size(); i += 2) ASSERT_TRUE(st.Free(a[i]).ok());
+  for (size_t i = 1; i < b.size(); i += 2) ASSERT_TRUE(st.Free(b[i]).ok());
+  auto r = comp.CompactClass(a[0].size_class);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(*r, 1u);
+  EXPECT_EQ(st.blocks().Stats().physical_blocks_in_use, 1u);
+  EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 2u);  // primary + alias
+  // Re-home the objects of whichever block became the alias.
+  std::vector<ObjectPtr> survivors;
+  for (size_t i = 1; i < a.size(); i += 2) survivors.push_back(a[i]);
+  for (size_t i = 0; i < b.size(); i += 2) survivors.push_back(b[i]);
+  for (ObjectPtr& p : survivors) {
+    auto q = st.ReleasePtr(p);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    p = *q;
+  }
+  EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 1u);
+  const uint32_t home = survivors[0].block;
+  for (ObjectPtr& p : survivors) {
+    EXPECT_EQ(p.block, home);
+    std::vector<uint8_t> out(200);
+    ASSERT_TRUE(st.Read(p, out).ok());
+  }
+  // The old pointers of re-homed objects are now rejected, not misread.
+  ObjectPtr stale = a[1].block != home ? a[1] : b[0];
+  std::vector<uint8_t> out(200);
+  EXPECT_FALSE(st.Read(stale, out).ok());
+}
+
+// Two objects X and Y of one class at the same offset of two different blocks, every other object
+// of those blocks freed, each written once (equal versions): the blocks merge, and the object of
+// the source block is moved because the other one holds its offset in the destination.
+struct SameOffsetPair {
+  ObjectPtr x, y;
+  std::vector<uint8_t> x_value, y_value;
+};
+
+SameOffsetPair MakeSameOffsetPair(Store& st) {
+  constexpr size_t kSize = 120;  // 2-3 cachelines: line versions and the tail are all checked
+  std::vector<ObjectPtr> all;
+  for (int i = 0; i < 60; ++i) {
+    auto p = st.Alloc(kSize, 0);
+    EXPECT_TRUE(p.ok());
+    all.push_back(*p);
+  }
+  SameOffsetPair pair;
+  bool found = false;
+  for (size_t i = 0; i < all.size() && !found; ++i) {
+    for (size_t j = i + 1; j < all.size() && !found; ++j) {
+      const uint64_t oi = all[i].addr - reinterpret_cast<uint64_t>(st.blocks().VAddr(all[i].block));
+      const uint64_t oj = all[j].addr - reinterpret_cast<uint64_t>(st.blocks().VAddr(all[j].block));
+      if (all[i].block != all[j].block && oi == oj) {
+        pair.x = all[i];
+        pair.y = all[j];
+        found = true;
+      }
+    }
+  }
+  EXPECT_TRUE(found) << "no two objects at the same offset of two blocks";
+  for (const ObjectPtr& p : all) {
+    if (p.addr != pair.x.addr && p.addr != pair.y.addr) {
+      EXPECT_TRUE(st.Free(p).ok());
+    }
+  }
+  pair.x_value = Content(1, kSize);
+  pair.y_value = Content(2, kSize);
+  EXPECT_TRUE(st.Write(pair.x, pair.x_value).ok());
+  EXPECT_TRUE(st.Write(pair.y, pair.y_value).ok());
+  return pair;
+}
+
+// Assembles a one-sided copy made in two parts: the header word loaded earlier, the rest now.
+SlotCheck FinishSplitCopy(Store& st, const ObjectPtr& p, uint64_t header,
+                          std::vector<uint8_t>& slot, std::vector<uint8_t>& value) {
+  slot.assign(st.SlotSize(p.size_class), 0);
+  std::memcpy(slot.data(), &header, 8);
+  ReadSlotWords(reinterpret_cast<const uint8_t*>(p.addr) + 8, slot.data() + 8, slot.size() - 8);
+  const SlotCheck c = CheckSlot(slot, p.addr, p.id, st.IdMask(p.size_class));
+  if (c == SlotCheck::kOk) DecodePayload(slot, p.addr, value);
+  return c;
+}
+
+// A reader that loaded an object's header before a merge set the compaction bits must finish its
+// copy before the merge remaps the home block: the merge's grace period waits for it. Without the
+// wait the rest of the copy reads the destination, where the other object sits at that offset
+// with the same version, and the copy passes every check with the other object's bytes.
+TEST(Compaction, MergeWaitsForACopyThatLoadedAHeaderBeforeTheCompactionBits) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CopyEpoch reader;
+  std::atomic<bool> grace_started{false}, merged{false};
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.lock_timeout = std::chrono::seconds(30);  // the reader below is slow on purpose
+  co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
+    grace_started.store(true);
+    const CopyEpoch* readers[] = {&reader};
+    return WaitForCopies(readers, deadline);
+  };
+  Compactor comp(st, co);
+  const SameOffsetPair pair = MakeSameOffsetPair(st);
+  ASSERT_FALSE(HasFailure());
+
+  // The copy: both headers now (whichever block turns out to be the source), the rest after the
+  // merge reached its grace period, or after the merge ended if it has none.
+  std::atomic<bool> headers_loaded{false};
+  uint64_t hx = 0, hy = 0;
+  std::vector<uint8_t> slot, x_read(pair.x_value.size()), y_read(pair.y_value.size());
+  SlotCheck cx = SlotCheck::kTorn, cy = SlotCheck::kTorn;
+  std::thread copier([&] {
+    CopyEpoch::Scope copying(reader);
+    hx = LoadHeader(reinterpret_cast<const void*>(pair.x.addr));
+    hy = LoadHeader(reinterpret_cast<const void*>(pair.y.addr));
+    headers_loaded.store(true);
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!grace_started.load() && !merged.load() && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    cx = FinishSplitCopy(st, pair.x, hx, slot, x_read);
+    cy = FinishSplitCopy(st, pair.y, hy, slot, y_read);
+  });
+  while (!headers_loaded.load()) std::this_thread::yield();
+  ASSERT_EQ(Header::Unpack(hx).version, Header::Unpack(hy).version)
+      << "the pair must have equal versions for the wrong copy to pass the checks";
+  auto r = comp.CompactClass(pair.x.size_class);
+  merged.store(true);
+  copier.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 1u) << "the two blocks did not merge: the test proves nothing";
+  EXPECT_TRUE(grace_started.load());
+  EXPECT_GT(comp.stats().grace_wait_ns, 0u);  // the merge waited for the copier
+  EXPECT_EQ(comp.stats().grace_wait_max_ns, comp.stats().grace_wait_ns);  // one merge, one wait
+  // Both copies were made entirely before the remap: accepted, each with its own bytes.
+  EXPECT_EQ(cx, SlotCheck::kOk);
+  EXPECT_EQ(cy, SlotCheck::kOk);
+  EXPECT_EQ(x_read, pair.x_value) << (x_read == pair.y_value ? "X read with Y's bytes" : "");
+  EXPECT_EQ(y_read, pair.y_value) << (y_read == pair.x_value ? "Y read with X's bytes" : "");
+}
+
+// A copy that outlives lock_timeout makes the merge give up and undo itself: no compaction bit
+// left behind, every object readable at its old place, and the next round merges.
+TEST(Compaction, MergeIsAbandonedWhenACopyOutlivesTheGracePeriod) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CopyEpoch reader;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.lock_timeout = std::chrono::milliseconds(20);
+  co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
+    const CopyEpoch* readers[] = {&reader};
+    return WaitForCopies(readers, deadline);
+  };
+  Compactor comp(st, co);
+  const SameOffsetPair pair = MakeSameOffsetPair(st);
+  ASSERT_FALSE(HasFailure());
+  const uint32_t cls = pair.x.size_class;
+  const uint64_t blocks_before = st.blocks().Stats().physical_blocks_in_use;
+
+  reader.Enter();  // a copy that does not end while the round runs
+  auto r = comp.CompactClass(cls);
+  reader.Exit();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, 0u);
+  EXPECT_GE(comp.stats().skipped_busy, 1u);
+  EXPECT_EQ(comp.stats().compactions, 0u);
+  EXPECT_EQ(st.blocks().Stats().physical_blocks_in_use, blocks_before);
+  for (const auto& [ptr, value] : {std::pair{pair.x, pair.x_value}, {pair.y, pair.y_value}}) {
+    const Header h = Header::Unpack(LoadHeader(reinterpret_cast<const void*>(ptr.addr)));
+    EXPECT_FALSE(h.compacting);
+    ObjectPtr p = ptr;
+    std::vector<uint8_t> out(value.size());
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, out));
+    EXPECT_EQ(p.addr, ptr.addr) << "the object moved although the merge was abandoned";
+    EXPECT_EQ(out, value);
+  }
+
+  r = comp.CompactClass(cls);  // no copy in progress now
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 1u);
+  for (const auto& [ptr, value] : {std::pair{pair.x, pair.x_value}, {pair.y, pair.y_value}}) {
+    ObjectPtr p = ptr;
+    std::vector<uint8_t> out(value.size());
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, out));
+    EXPECT_EQ(out, value);
+  }
+}
+
+// Frees every object of `ptrs` but each n-th one; returns the survivors.
+std::vector<ObjectPtr> KeepEveryNth(Store& st, const std::vector<ObjectPtr>& ptrs, size_t n) {
+  std::vector<ObjectPtr> kept;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % n == 0) {
+      kept.push_back(ptrs[i]);
+    } else {
+      EXPECT_TRUE(st.Free(ptrs[i]).ok());
+    }
+  }
+  return kept;
+}
+
+// Fills the store with 400 B objects until allocation fails, then keeps 1 of every 4: with a
+// small physical budget, the budget is then full of sparse blocks.
+std::vector<ObjectPtr> FillBudgetThenThin(Store& st) {
+  std::vector<ObjectPtr> ptrs;
+  while (true) {
+    auto p = st.Alloc(400, 0);
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code(), Code::kResourceExhausted);
+      break;
+    }
+    ptrs.push_back(*p);
+  }
+  return KeepEveryNth(st, ptrs, 4);
+}
+
+// 500 objects of 100 B with 4 of every 5 freed: dozens of mergeable blocks in one class.
+std::vector<ObjectPtr> SparseHeap(Store& st) {
+  std::vector<ObjectPtr> ptrs;
+  for (int i = 0; i < 500; ++i) ptrs.push_back(*st.Alloc(100, 0));
+  return KeepEveryNth(st, ptrs, 5);
+}
+
+StoreOptions SmallBudget() {
+  auto o = Opts(16);
+  o.max_physical_bytes = 8 * 4096;
+  return o;
+}
+
+TEST(Compaction, AllocationFailureTriggersCompaction) {
+  auto s = Store::Create(SmallBudget());
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+  FillBudgetThenThin(st);
+  // A different class needs a fresh block; the failure hook compacts and the retry succeeds.
+  auto p = st.Alloc(40, 1);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_GT(comp.stats().compactions, 0u);
+}
+
+TEST(Compaction, LeaderThreadCompactsAboveThreshold) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.interval = std::chrono::milliseconds(5);
+  co.default_threshold = 0.5;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+  const uint32_t c = SparseHeap(st)[0].size_class;
+  EXPECT_GT(comp.FragmentationRatio(c), 0.5);
+  ASSERT_TRUE(comp.Start().ok());
+  // Wait (bounded) for the leader to bring the ratio under the threshold.
+  for (int i = 0; i < 2000 && comp.FragmentationRatio(c) > 0.5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  comp.Stop();
+  EXPECT_LE(comp.FragmentationRatio(c), 0.5);
+  EXPECT_GT(comp.stats().compactions, 0u);
+}
+
+TEST(Compaction, PacedRoundsSpreadTheirMerges) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.max_merges_per_round = 1000;
+  co.max_merges_per_second = 200;
+  Compactor comp(st, co);
+  std::vector<ObjectPtr> kept = SparseHeap(st);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = comp.CompactClass(kept[0].size_class);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GT(*r, 10u);
+  // A lower bound only (sleeps never end early): the first merges of a round may run as one
+  // batch of 10 ms worth of the rate (2 merges), every further one waits 1/200 s.
+  EXPECT_GE(elapsed, (*r - 3) / 200.0) << *r << " merges";
+  std::vector<uint8_t> out(100);
+  for (ObjectPtr p : kept) {
+    ASSERT_TRUE(st.Read(p, out).ok());
+  }
+}
+
+TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
+  auto s = Store::Create(SmallBudget());
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.max_merges_per_round = 1000;
+  co.max_merges_per_second = 2;  // a paced round over this heap would take seconds
+  Compactor comp(st, co);
+  std::vector<ObjectPtr> kept = FillBudgetThenThin(st);
+  std::thread round([&] { EXPECT_TRUE(comp.CompactAll().ok()); });
+  // Let the paced round take the round lock (its first merge frees one block) and sleep, then
+  // allocate three blocks' worth of another class: the failure hook must get through the paced
+  // round (it stops sleeping) and free the rest.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto first = st.Alloc(40, 1);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const uint32_t per_block = st.classes().at(first->size_class).slots_per_block;
+  for (uint32_t i = 1; i < 3 * per_block; ++i) {
+    auto p = st.Alloc(40, 1);
+    ASSERT_TRUE(p.ok()) << i << ": " << p.status().ToString();
+  }
+  round.join();
+  std::vector<uint8_t> out(400);
+  for (ObjectPtr q : kept) EXPECT_TRUE(st.Read(q, out).ok());
+}
+
+// ---- merge probability ---------------------------------------------------------------------
+
+double ClosedForm(double n, double s, double b1, double b2) {
+  if (b1 + b2 > s) return 0;
+  // C(n-b1, b2) / C(n, b2) = prod_{i<b2} (n-b1-i) / (n-i)
+  double p = 1;
+  for (int i = 0; i < b2; ++i) p *= (n - b1 - i) / (n - i);
+  return std::max(0.0, p);
+}
+
+// Builds `count` blocks of class 0 with exactly `live` random survivors each (blocks are filled,
+// then a random subset is freed, so survivors' IDs and offsets are uniformly random).
+// Each group uses its own worker so the groups' blocks are disjoint.
+std::vector<uint32_t> MakeBlocks(Store& st, uint32_t worker, size_t count, uint32_t live,
+                                 std::mt19937_64& rng) {
+  std::map<uint32_t, std::vector<ObjectPtr>> by_block;
+  const uint32_t cap = st.classes().at(0).slots_per_block;
+  for (size_t i = 0; i < count * cap; ++i) {
+    auto p = st.Alloc(1, worker);
+    EXPECT_TRUE(p.ok());
+    if (p.ok()) by_block[p->block].push_back(*p);
+  }
+  std::vector<uint32_t> blocks;
+  for (auto& [v, ptrs] : by_block) {
+    std::shuffle(ptrs.begin(), ptrs.end(), rng);
+    for (size_t i = live; i < ptrs.size(); ++i) EXPECT_TRUE(st.Free(ptrs[i]).ok());
+    blocks.push_back(v);
+  }
+  return blocks;
+}
+
+struct ProbCase {
+  int id_bits;  // 0 = offset-only (n = s)
+  uint32_t b1, b2;
+};
+
+class MergeProbability : public ::testing::TestWithParam<ProbCase> {};
+
+TEST_P(MergeProbability, MatchesClosedForm) {
+  const ProbCase pc = GetParam();
+  auto o = Opts(pc.id_bits);
+  o.workers = 2;
+  auto s = Store::Create(o);
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  Compactor comp(st, CompactionOptions{});
+  const uint32_t slots = st.classes().at(0).slots_per_block;  // 256 for 16-byte slots
+  ASSERT_EQ(slots, 256u);
+  const double n = pc.id_bits == 0 ? slots : double(1u << pc.id_bits);
+  std::mt19937_64 rng(7 + pc.id_bits * 1000 + pc.b1);
+  const auto g1 = MakeBlocks(st, 0, 40, pc.b1, rng);
+  const auto g2 = MakeBlocks(st, 1, 40, pc.b2, rng);
+  uint64_t pairs = 0, merges = 0;
+  for (uint32_t v1 : g1) {
+    auto s1 = comp.Snapshot(v1);
+    ASSERT_TRUE(s1.ok());
+    ASSERT_EQ(s1->live(), pc.b1);
+    for (uint32_t v2 : g2) {
+      auto s2 = comp.Snapshot(v2);
+      ASSERT_TRUE(s2.ok());
+      ++pairs;
+      merges += Compactor::CanMerge(*s1, *s2);
+    }
+  }
+  const double expected = ClosedForm(n, slots, pc.b1, pc.b2);
+  const double observed = double(merges) / double(pairs);
+  // Given one block, the other is a uniform random subset, so pairs behave like independent
+  // trials: sigma = sqrt(p(1-p)/pairs) <= 0.0125 for 1600 pairs; allow 5 sigma.
+  const double sigma = std::sqrt(std::max(expected * (1 - expected), 1e-4) / double(pairs));
+  EXPECT_NEAR(observed, expected, 5 * sigma + 1e-9)
+      << "id_bits " << pc.id_bits << " b1 " << pc.b1 << " b2 " << pc.b2;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MergeProbability,
+                         ::testing::Values(ProbCase{8, 8, 8}, ProbCase{8, 4, 12},
+                                           ProbCase{12, 40, 40}, ProbCase{16, 150, 100},
+                                           ProbCase{0, 8, 8}, ProbCase{0, 20, 4},
+                                           ProbCase{16, 200, 100}));  // b1 + b2 > s: never
+
+}  // namespace
+}  // namespace farmem::corm

@@ -1,0 +1,17 @@
+// BuiltServices: the list of services linked into farmemd (see built_services.h).
+#include "server/built_services.h"
+
+#include "objects/service/object_service.h"
+#include "pools/pools_service.h"
+
+namespace farmem {
+
+const std::vector<const ServiceDescriptor*>& BuiltServices() {
+  static const std::vector<const ServiceDescriptor*> services = {
+      &PoolsServiceDescriptor(),
+      &ObjectsServiceDescriptor(),
+  };
+  return services;
+}
+
+}  // namespace farmem

@@ -1,0 +1,169 @@
+// ServiceHost: method registration with counters and range checks, STAT, ordered start/stop,
+// and the STAT / Prometheus documents generated from the services.
+#include "service/service_host.h"
+
+#include <set>
+
+#include "common/log.h"
+
+namespace farmem {
+
+ServiceHost::~ServiceHost() {
+  stop();
+}
+
+Status ServiceHost::add(std::unique_ptr<Service> service) {
+  if (registered_) return Status::Internal("ServiceHost::add after register_methods");
+  if (!service) return Status::InvalidArgument("null service");
+  const OpcodeRange r = service->opcodes();
+  if (r.first < kFirstUserOpcode || r.last < r.first || kServerOpcodes.contains(r.first) ||
+      kServerOpcodes.contains(r.last)) {
+    return Status::InvalidArgument("service '" + std::string(service->name()) + "': opcode range " +
+                                   std::to_string(r.first) + ".." + std::to_string(r.last) +
+                                   " is not a service range");
+  }
+  for (const auto& s : services_) {
+    if (s->name() == service->name()) {
+      return Status::InvalidArgument("service '" + std::string(s->name()) + "' added twice");
+    }
+    const OpcodeRange o = s->opcodes();
+    if (r.first <= o.last && o.first <= r.last) {
+      return Status::InvalidArgument("services '" + std::string(s->name()) + "' and '" +
+                                     std::string(service->name()) + "' share opcodes");
+    }
+  }
+  services_.push_back(std::move(service));
+  return Status::OK();
+}
+
+Status ServiceHost::register_methods() {
+  if (registered_) return Status::OK();
+  registered_ = true;
+  std::set<uint16_t> seen;
+  // Every handler is counted (before the call, so STAT counts itself); the node turns a returned
+  // error into an error reply, so a bad request never takes the server down.
+  auto reg = [&](const std::string& service, uint16_t opcode, const std::string& name,
+                 RpcExecution execution, RpcFunction fn) -> Status {
+    if (!seen.insert(opcode).second) {
+      return Status::InvalidArgument("opcode " + std::to_string(opcode) + " registered twice");
+    }
+    Method* m = methods_.emplace_back(std::make_unique<Method>()).get();
+    m->opcode = opcode;
+    m->name = name;
+    m->service = service;
+    return node_.register_rpc(
+        opcode,
+        [m, fn = std::move(fn)](const RpcCall& call, std::vector<std::byte>& reply) {
+          m->calls.fetch_add(1, std::memory_order_relaxed);
+          Status st = fn(call, reply);
+          if (!st.ok()) m->errors.fetch_add(1, std::memory_order_relaxed);
+          return st;
+        },
+        execution);
+  };
+  FARMEM_RETURN_IF_ERROR(reg(
+      "server", kOpStat, "stat", RpcExecution::kWorker,
+      [this](const RpcCall& call, std::vector<std::byte>& reply) { return Stat(call, reply); }));
+  for (const auto& s : services_) {
+    const std::string service(s->name());
+    const OpcodeRange range = s->opcodes();
+    for (ServiceMethod& method : s->methods()) {
+      if (!range.contains(method.opcode)) {
+        return Status::InvalidArgument("service '" + service + "' method '" + method.name +
+                                       "': opcode " + std::to_string(method.opcode) +
+                                       " is outside its range " + std::to_string(range.first) +
+                                       ".." + std::to_string(range.last));
+      }
+      if (method.name.empty() || !method.handler) {
+        return Status::InvalidArgument("service '" + service + "': opcode " +
+                                       std::to_string(method.opcode) +
+                                       " needs a name and a handler");
+      }
+      FARMEM_RETURN_IF_ERROR(
+          reg(service, method.opcode, method.name, method.execution, std::move(method.handler)));
+    }
+  }
+  return Status::OK();
+}
+
+Status ServiceHost::start() {
+  while (started_ < services_.size()) {
+    Status st = services_[started_]->start();
+    if (!st.ok()) {
+      st = st.WithContext("starting service '" + std::string(services_[started_]->name()) + "'");
+      stop();
+      return st;
+    }
+    ++started_;
+  }
+  return Status::OK();
+}
+
+void ServiceHost::stop() {
+  while (started_ > 0) services_[--started_]->stop();
+}
+
+Service* ServiceHost::find(std::string_view name) const {
+  for (const auto& s : services_) {
+    if (s->name() == name) return s.get();
+  }
+  return nullptr;
+}
+
+Status ServiceHost::Stat(const RpcCall& call, std::vector<std::byte>& reply) {
+  if (!call.request.empty()) {
+    return Status::Protocol("STAT request must be empty, got " +
+                            std::to_string(call.request.size()) + " bytes");
+  }
+  const std::string text = stats().dump();
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  reply.assign(p, p + text.size());
+  return Status::OK();
+}
+
+nlohmann::json ServiceHost::stats() const {
+  using nlohmann::json;
+  json j;
+  const bool running = running_.load();
+  j["node"] = node_.config().name;
+  j["bootstrap"] = running ? node_.bootstrap_address() : "";
+  j["transport"] = {{"name", node_.transport().name()},
+                    {"address", running ? node_.transport().local_address() : ""}};
+  j["uptime_seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+  json names = json::array();
+  for (const auto& s : services_) names.push_back(std::string(s->name()));
+  j["services"] = std::move(names);
+  json rpc = json::object();
+  for (const auto& m : methods_) {
+    rpc[m->name] = {{"opcode", m->opcode},
+                    {"service", m->service},
+                    {"calls", m->calls.load(std::memory_order_relaxed)},
+                    {"errors", m->errors.load(std::memory_order_relaxed)}};
+  }
+  j["rpc"] = std::move(rpc);
+  for (const auto& s : services_) s->stats(j);
+  return j;
+}
+
+std::string ServiceHost::metrics() const {
+  MetricsWriter w;
+  w.gauge("farmem_uptime_seconds", "Seconds since the server was created.",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count());
+  w.family("farmem_rpc_calls_total", MetricsWriter::Kind::kCounter,
+           "RPCs served, by service and method.");
+  for (const auto& m : methods_) {
+    w.sample({{"service", m->service}, {"op", m->name}},
+             static_cast<double>(m->calls.load(std::memory_order_relaxed)));
+  }
+  w.family("farmem_rpc_errors_total", MetricsWriter::Kind::kCounter,
+           "RPCs answered with an error, by service and method.");
+  for (const auto& m : methods_) {
+    w.sample({{"service", m->service}, {"op", m->name}},
+             static_cast<double>(m->errors.load(std::memory_order_relaxed)));
+  }
+  for (const auto& s : services_) s->metrics(w);
+  return w.text();
+}
+
+}  // namespace farmem

@@ -1,0 +1,70 @@
+// ServiceHost: farmemd's core. Registers the method tables of its services with the node (only
+// inside each service's opcode range, each call counted), serves STAT itself, starts and stops
+// the services, and builds the STAT document and Prometheus text from the services.
+// Thread use: built and started on one thread; handlers and stats()/metrics() run on any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "farmem/node.h"
+#include "farmem/status.h"
+#include "service/service.h"
+
+namespace farmem {
+
+class ServiceHost {
+ public:
+  explicit ServiceHost(Node& node) : node_(node) {}
+  ~ServiceHost();
+  ServiceHost(const ServiceHost&) = delete;
+  ServiceHost& operator=(const ServiceHost&) = delete;
+
+  // Adds a service (before register_methods). Names must be unique, ranges must not overlap.
+  Status add(std::unique_ptr<Service> service);
+  // Registers STAT and every service's methods with the node; refuses an opcode outside its
+  // service's range, an unnamed method, a method without handler and a duplicate opcode. Once.
+  Status register_methods();
+  // Starts the services in the order they were added; on failure stops those already started.
+  Status start();
+  // Stops the services in reverse order. Idempotent. Call after the node stopped serving.
+  void stop();
+
+  // Whether the node is serving (STAT shows addresses only then). Set by the owner of the node.
+  void set_running(bool running) { running_.store(running); }
+
+  const std::vector<std::unique_ptr<Service>>& services() const { return services_; }
+  Service* find(std::string_view name) const;
+
+  // The STAT document: node, transport, uptime, services, rpc (from the method tables), then
+  // each service's keys.
+  nlohmann::json stats() const;
+  // Prometheus text: uptime, farmem_rpc_{calls,errors}_total{service,op}, then each service's.
+  std::string metrics() const;
+
+ private:
+  struct Method {
+    uint16_t opcode = 0;
+    std::string name;
+    std::string service;
+    std::atomic<uint64_t> calls{0};
+    std::atomic<uint64_t> errors{0};
+  };
+  Status Stat(const RpcCall& call, std::vector<std::byte>& reply);
+
+  Node& node_;
+  std::vector<std::unique_ptr<Service>> services_;
+  // Stable addresses: handlers hold a Method* for their counters.
+  std::vector<std::unique_ptr<Method>> methods_;
+  bool registered_ = false;
+  std::atomic<bool> running_{false};
+  size_t started_ = 0;  // services_[0, started_) are running
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace farmem
