@@ -17,16 +17,10 @@
 
 #include "common/wire_struct.h"
 #include "farmem/objects.h"
+#include "node/rpc_call.h"
 #include "objects/client/object_client_internal.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
-
-// Coroutine flavours of FARMEM_RETURN_IF_ERROR (a coroutine cannot `return`).
-#define FARMEM_CO_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    ::farmem::Status _st = (expr);      \
-    if (!_st.ok()) co_return _st;       \
-  } while (0)
 
 namespace farmem {
 
@@ -45,11 +39,6 @@ std::string Hex(uint64_t v) {
 std::string Describe(const Ptr& p) {
   return "object id " + Hex(p.id) + " (class " + std::to_string(p.size_class) + ") at offset " +
          Hex(p.offset) + " on server " + std::to_string(p.server);
-}
-
-template <typename T>
-std::vector<std::byte> Encode(const T& msg) {
-  return EncodeStruct(msg);
 }
 
 // Exponential backoff for torn/locked copies (1 µs doubling up to max_backoff, 256 µs by
@@ -286,8 +275,8 @@ struct ObjectClient::Impl {
         moved{0}, scans{0}, corrections{0}, rpc_reads{0}, header_rechecks{0}, recheck_failures{0};
   } counters;
 
-  std::mutex mu;  // guards sched (blocking calls, one at a time)
-  std::unique_ptr<Scheduler> sched;
+  // The blocking API's scheduler (one call at a time); made in the constructor.
+  std::unique_ptr<BlockingRunner> blocking;
 
   static void Inc(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
@@ -297,15 +286,6 @@ struct ObjectClient::Impl {
                                                     corm::SlotCheck check, Backoff& backoff,
                                                     uint64_t& retries,
                                                     std::chrono::milliseconds budget);
-
-  Result<Scheduler*> Blocking() {
-    if (!sched) {
-      auto made = node->make_scheduler();
-      if (!made.ok()) return made.status().WithContext("ObjectClient scheduler");
-      sched = std::move(*made);
-    }
-    return sched.get();
-  }
 
   Node* node = nullptr;
 };
@@ -329,11 +309,7 @@ namespace {
 // Runs `make(sched)` on the client's internal scheduler under its mutex.
 template <typename Fn>
 auto RunBlocking(ObjectClient::Impl& impl, Fn&& make) {
-  using R = decltype(std::declval<Scheduler&>().block_on(make(std::declval<Scheduler&>())));
-  std::lock_guard lock(impl.mu);
-  Result<Scheduler*> s = impl.Blocking();
-  if (!s.ok()) return R(s.status());
-  return (*s)->block_on(make(**s));
+  return impl.blocking->run(std::forward<Fn>(make));
 }
 
 }  // namespace
@@ -341,6 +317,7 @@ auto RunBlocking(ObjectClient::Impl& impl, Fn&& make) {
 ObjectClient::ObjectClient(Node& node, ObjectClientOptions options)
     : node_(node), options_(options), impl_(std::make_unique<Impl>()) {
   impl_->node = &node;
+  impl_->blocking = std::make_unique<BlockingRunner>(node, "ObjectClient");
   impl_->max_rpc_bytes = node.config().transport.max_rpc_bytes;
 }
 
@@ -368,19 +345,16 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
   }
   std::unique_ptr<ObjectClient> client(new ObjectClient(node, options));
   Impl& impl = *client->impl_;
-  std::lock_guard lock(impl.mu);
-  FARMEM_ASSIGN_OR_RETURN(Scheduler * sched, impl.Blocking());
   std::vector<std::byte> reply(impl.max_rpc_bytes);
   for (const std::string& address : servers) {
     const std::string ctx = "connecting to farmemd objects at " + address;
     Result<PeerInfo> peer = node.connect(address);
     if (!peer.ok()) return peer.status().WithContext(ctx);
-    Result<RpcReply> r =
-        sched->block_on(sched->rpc(peer->id, RpcImm(wire::kOpInfo), {}, std::span(reply)));
-    if (!r.ok()) return r.status().WithContext(ctx + ": OBJ_INFO");
-    if (r->length > reply.size()) return Status::Protocol(ctx + ": OBJ_INFO reply overflow");
-    Result<ObjectServerInfo> info =
-        objects_internal::DecodeInfoReply(std::span(reply.data(), r->length), address);
+    Result<std::span<const std::byte>> r = impl.blocking->run([&](Scheduler& s) {
+      return CallRpc(s, peer->id, wire::kOpInfo, {}, reply, ctx + ": OBJ_INFO");
+    });
+    if (!r.ok()) return r.status();
+    Result<ObjectServerInfo> info = objects_internal::DecodeInfoReply(*r, address);
     if (!info.ok()) return info.status();
     info->name = peer->name;
     // The handshake's region list (if it names the object region) must agree with OBJ_INFO:
@@ -471,25 +445,14 @@ Status ApplyReplyPtr(const ObjectServerInfo& info, const wire::WirePtr& w, Ptr& 
   return Status::OK();
 }
 
-Status CheckEmptyOrPtrReply(const RpcReply& r, size_t want, std::string_view op) {
-  if (r.length != want) {
-    return Status::Protocol(std::string(op) + " reply has " + std::to_string(r.length) +
-                            " bytes, expected " + std::to_string(want));
-  }
-  return Status::OK();
-}
-
-// An RPC whose request is the pointer and whose reply is a pointer (LOCATE, RELEASE).
+// An RPC whose request is the pointer and whose reply is a pointer (LOCATE, RELEASE, WRITE's
+// reply too).
 Task<Result<wire::WirePtr>> PtrRpc(Scheduler& sched, PeerId peer, uint16_t opcode, const Ptr& p,
                                    const char* op) {
-  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
-  std::byte reply[sizeof(wire::PtrReply)];
-  Result<RpcReply> r = co_await sched.rpc(peer, RpcImm(opcode), request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext(std::string(op) + " " + Describe(p));
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), op));
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply, sizeof(msg));
-  co_return msg.ptr;
+  Result<wire::PtrReply> r = co_await CallStruct<wire::PtrReply>(
+      sched, peer, opcode, wire::PtrRequest{wire::ToWire(p)}, std::string(op) + " " + Describe(p));
+  if (!r.ok()) co_return r.status();
+  co_return r->ptr;
 }
 
 }  // namespace
@@ -508,15 +471,11 @@ Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t se
                                       std::to_string(info.max_object_size()) + " of server " +
                                       std::to_string(server));
   }
-  const auto request = Encode(wire::AllocRequest{size});
-  std::byte reply[sizeof(wire::PtrReply)];
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[server].peer, RpcImm(wire::kOpAlloc),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("alloc " + std::to_string(size) + " bytes");
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "alloc"));
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply, sizeof(msg));
-  Result<Ptr> p = FromWire(info, msg.ptr, server, "alloc");
+  Result<wire::PtrReply> msg = co_await CallStruct<wire::PtrReply>(
+      sched, impl_->servers[server].peer, wire::kOpAlloc, wire::AllocRequest{size},
+      "alloc " + std::to_string(size) + " bytes");
+  if (!msg.ok()) co_return msg.status();
+  Result<Ptr> p = FromWire(info, msg->ptr, server, "alloc");
   if (!p.ok()) co_return p.status();
   if (info.classes[p->size_class].payload_capacity < size) {
     co_return Status::Protocol("alloc: server gave class " + std::to_string(p->size_class) +
@@ -530,12 +489,15 @@ Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t se
 Task<Status> ObjectClient::free(Scheduler& sched, Ptr& p) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), p.server, "free"));
   FARMEM_CO_RETURN_IF_ERROR(objects_internal::CheckPtrShape(servers_[p.server], p, "free"));
-  const auto request = Encode(wire::PtrRequest{wire::ToWire(p)});
+  const auto request = EncodeStruct(wire::PtrRequest{wire::ToWire(p)});
   std::byte reply[sizeof(wire::PtrReply)];  // room to see (and reject) a non-empty reply
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpFree),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("free " + Describe(p));
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, 0, "free"));
+  Result<std::span<const std::byte>> r = co_await CallRpc(
+      sched, impl_->servers[p.server].peer, wire::kOpFree, request, reply, "free " + Describe(p));
+  if (!r.ok()) co_return r.status();
+  if (!r->empty()) {
+    co_return Status::Protocol("free " + Describe(p) + ": reply has " + std::to_string(r->size()) +
+                               " bytes, expected 0");
+  }
   p.flags = static_cast<uint8_t>(p.flags & ~Ptr::kPtrValid);
   co_return Status::OK();
 }
@@ -547,22 +509,15 @@ Task<Result<size_t>> ObjectClient::read(Scheduler& sched, Ptr& p, std::span<std:
   Impl::Inc(impl_->counters.rpc_reads);
   const size_t cap = info.classes[p.size_class].payload_capacity;
   const auto max_bytes = static_cast<uint32_t>(std::min(out.size(), cap));
-  const auto request = Encode(wire::ReadRequest{wire::ToWire(p), max_bytes, 0});
+  const auto request = EncodeStruct(wire::ReadRequest{wire::ToWire(p), max_bytes, 0});
   std::vector<std::byte> reply(sizeof(wire::PtrReply) + max_bytes);
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpRead),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("read " + Describe(p));
-  if (r->length < sizeof(wire::PtrReply) || r->length > reply.size()) {
-    co_return Status::Protocol("read reply has " + std::to_string(r->length) + " bytes, expected " +
-                               std::to_string(sizeof(wire::PtrReply)) + ".." +
-                               std::to_string(reply.size()));
-  }
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply.data(), sizeof(msg));
-  FARMEM_CO_RETURN_IF_ERROR(ApplyReplyPtr(info, msg.ptr, p, "read", impl_->counters.corrections));
-  const size_t n = r->length - sizeof(wire::PtrReply);
-  std::memcpy(out.data(), reply.data() + sizeof(wire::PtrReply), n);
-  co_return n;
+  Result<HeadAndTail<wire::PtrReply>> r = co_await CallWithTail<wire::PtrReply>(
+      sched, impl_->servers[p.server].peer, wire::kOpRead, request, reply, "read " + Describe(p));
+  if (!r.ok()) co_return r.status();
+  FARMEM_CO_RETURN_IF_ERROR(
+      ApplyReplyPtr(info, r->head.ptr, p, "read", impl_->counters.corrections));
+  std::memcpy(out.data(), r->tail.data(), r->tail.size());
+  co_return r->tail.size();
 }
 
 Task<Status> ObjectClient::write(Scheduler& sched, Ptr& p, std::span<const std::byte> data) {
@@ -585,14 +540,11 @@ Task<Status> ObjectClient::write(Scheduler& sched, Ptr& p, std::span<const std::
   const wire::PtrRequest head{wire::ToWire(p)};
   std::memcpy(request.data(), &head, sizeof(head));
   if (!data.empty()) std::memcpy(request.data() + sizeof(head), data.data(), data.size());
-  std::byte reply[sizeof(wire::PtrReply)];
-  Result<RpcReply> r = co_await sched.rpc(impl_->servers[p.server].peer, RpcImm(wire::kOpWrite),
-                                          request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("write " + Describe(p));
-  FARMEM_CO_RETURN_IF_ERROR(CheckEmptyOrPtrReply(*r, sizeof(reply), "write"));
-  wire::PtrReply msg;
-  std::memcpy(&msg, reply, sizeof(msg));
-  co_return ApplyReplyPtr(info, msg.ptr, p, "write", impl_->counters.corrections);
+  Result<wire::PtrReply> msg = co_await CallStruct<wire::PtrReply>(
+      sched, impl_->servers[p.server].peer, wire::kOpWrite, std::span<const std::byte>(request),
+      "write " + Describe(p));
+  if (!msg.ok()) co_return msg.status();
+  co_return ApplyReplyPtr(info, msg->ptr, p, "write", impl_->counters.corrections);
 }
 
 // LOCATE and RELEASE differ in whether the offset may leave the block.
@@ -638,7 +590,7 @@ Task<Result<CompactResult>> ObjectClient::compact(Scheduler& sched, uint16_t ser
                                       std::to_string(servers_[server].classes.size()) + ")");
   }
   const auto request =
-      Encode(wire::CompactRequest{size_class.value_or(wire::kAllClasses), {0, 0, 0}});
+      EncodeStruct(wire::CompactRequest{size_class.value_or(wire::kAllClasses), {0, 0, 0}});
   std::vector<std::byte> reply(impl_->max_rpc_bytes);
   Result<RpcReply> r = co_await sched.rpc(impl_->servers[server].peer, RpcImm(wire::kOpCompact),
                                           request, std::span(reply));
