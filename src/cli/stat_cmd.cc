@@ -102,12 +102,21 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
   std::string out;
   out += fmt::format("farmemd '{}' at {}  (transport {} {}, up {:.1f} s)\n", S(s, "node"), address,
                      S(tr, "name"), S(tr, "address"), uptime);
-  out += fmt::format("memory: budget {}, {} of {} pools created ({} mapped)\n",
-                     FormatBytes(U(mem, "budget_bytes")), U(mem, "pools"), U(mem, "max_pools"),
-                     FormatBytes(U(mem, "mapped_bytes")));
-  out += fmt::format("        allocated {} in {} allocation(s), free {}\n",
-                     FormatBytes(U(mem, "allocated_bytes")), U(mem, "allocations"),
-                     FormatBytes(U(mem, "free_bytes")));
+  if (s.contains("services") && s["services"].is_array()) {
+    std::string names;
+    for (const auto& n : s["services"]) {
+      if (n.is_string()) names += (names.empty() ? "" : ", ") + n.get<std::string>();
+    }
+    out += fmt::format("services: {}\n", names.empty() ? "(none)" : names);
+  }
+  if (s.contains("memory")) {
+    out += fmt::format("memory: budget {}, {} of {} pools created ({} mapped)\n",
+                       FormatBytes(U(mem, "budget_bytes")), U(mem, "pools"), U(mem, "max_pools"),
+                       FormatBytes(U(mem, "mapped_bytes")));
+    out += fmt::format("        allocated {} in {} allocation(s), free {}\n",
+                       FormatBytes(U(mem, "allocated_bytes")), U(mem, "allocations"),
+                       FormatBytes(U(mem, "free_bytes")));
+  }
   if (s.contains("pools") && s["pools"].is_array() && !s["pools"].empty()) {
     out += fmt::format("\n{:<10} {:>10} {:>12} {:>12} {:>8} {:>12} {:>10}\n", "POOL", "SIZE",
                        "ALLOCATED", "FREE", "ALLOCS", "LARGEST FREE", "FREE RANGES");
@@ -121,11 +130,12 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     if (s.value("pools_truncated", false)) out += "(more pools not listed)\n";
   }
   if (s.contains("rpc") && s["rpc"].is_object()) {
-    out += fmt::format("\n{:<12} {:>7} {:>10} {:>10}\n", "RPC", "OPCODE", "CALLS", "ERRORS");
+    out += fmt::format("\n{:<12} {:<8} {:>7} {:>10} {:>10}\n", "RPC", "SERVICE", "OPCODE", "CALLS",
+                       "ERRORS");
     for (const auto& [op, c] : s["rpc"].items()) {
       if (!c.is_object()) continue;
-      out += fmt::format("{:<12} {:>7} {:>10} {:>10}\n", op, U(c, "opcode"), U(c, "calls"),
-                         U(c, "errors"));
+      out += fmt::format("{:<12} {:<8} {:>7} {:>10} {:>10}\n", op, S(c, "service"), U(c, "opcode"),
+                         U(c, "calls"), U(c, "errors"));
     }
   }
   out += FormatObjectsSection(s);
