@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/net/socket.h"
 #include "node/bootstrap_wire.h"
 
 namespace farmem::node {
@@ -30,6 +31,9 @@ namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using net::Fd;
+using net::FormatHostPort;
+using net::MsLeft;
 
 // Handshakes served at once; further peers wait in the kernel backlog until one finishes.
 constexpr size_t kMaxOpenHandshakes = 64;
@@ -105,163 +109,6 @@ std::string Frame(FrameType type, const std::string& body) {
   return out;
 }
 
-// Milliseconds until `deadline`, rounded up so a sub-millisecond remainder still polls once.
-int MsLeft(Clock::time_point deadline) {
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left <= 0) return 0;
-  return static_cast<int>(std::min<int64_t>(left, INT_MAX));
-}
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
-
-// Wait until `fd` is ready for `events` or the deadline passes (TimedOut, naming `what`).
-Status WaitFd(int fd, short events, Clock::time_point deadline, std::string_view what) {
-  for (;;) {
-    int ms = MsLeft(deadline);
-    if (ms == 0) return Status::TimedOut(std::string(what));
-    pollfd p{fd, events, 0};
-    int r = ::poll(&p, 1, ms);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("bootstrap: poll", errno);
-    }
-    if (r > 0) return Status::OK();  // ready, or an error the next socket call reports
-  }
-}
-
-Status SendAll(int fd, std::string_view data, Clock::time_point deadline, std::string_view peer) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      FARMEM_RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline,
-                                    "bootstrap: sending to " + std::string(peer) + " timed out"));
-      continue;
-    }
-    return Status::Unavailable("bootstrap: sending to " + std::string(peer) +
-                               " failed: " + std::strerror(errno));
-  }
-  return Status::OK();
-}
-
-Status RecvAll(int fd, void* buf, size_t len, Clock::time_point deadline, std::string_view peer) {
-  auto* p = static_cast<char*>(buf);
-  size_t off = 0;
-  while (off < len) {
-    ssize_t n = ::recv(fd, p + off, len - off, MSG_DONTWAIT);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      return Status::Unavailable("bootstrap: " + std::string(peer) +
-                                 " closed the connection during the handshake");
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      FARMEM_RETURN_IF_ERROR(
-          WaitFd(fd, POLLIN, deadline,
-                 "bootstrap: no answer from " + std::string(peer) + " before the deadline"));
-      continue;
-    }
-    return Status::Unavailable("bootstrap: receiving from " + std::string(peer) +
-                               " failed: " + std::strerror(errno));
-  }
-  return Status::OK();
-}
-
-std::string FormatHostPort(const std::string& host, uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
-
-std::string SockaddrToString(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
-    return FormatHostPort(buf, ntohs(in->sin_port));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
-    return FormatHostPort(buf, ntohs(in6->sin6_port));
-  }
-  return "?";
-}
-
-struct AddrInfoDeleter {
-  void operator()(addrinfo* ai) const { freeaddrinfo(ai); }
-};
-using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
-
-Result<AddrInfoPtr> Resolve(const std::string& host, uint16_t port, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  addrinfo* res = nullptr;
-  const std::string port_s = std::to_string(port);
-  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_s.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return Status::Unavailable("bootstrap: cannot resolve '" + host + "': " + gai_strerror(rc));
-  }
-  return AddrInfoPtr(res);
-}
-
-Result<Fd> ConnectWithDeadline(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  const std::string target = FormatHostPort(host, port);
-  FARMEM_ASSIGN_OR_RETURN(AddrInfoPtr ai, Resolve(host, port, false));
-  Status last = Status::Unavailable("bootstrap: no usable address for " + target);
-  for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
-    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (fd.get() < 0) {
-      last = Status::FromErrno("bootstrap: socket", errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    int rc = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
-    int err = rc == 0 ? 0 : errno;
-    if (err == EINPROGRESS || err == EINTR) {
-      FARMEM_RETURN_IF_ERROR(
-          WaitFd(fd.get(), POLLOUT, deadline, "bootstrap: connect to " + target + " timed out"));
-      socklen_t len = sizeof(err);
-      if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    }
-    if (err == 0) return fd;
-    last =
-        Status::Unavailable("bootstrap: connect to " + target + " failed: " + std::strerror(err));
-  }
-  return last;
-}
-
 bool ValidCode(int64_t c) {
   return c > static_cast<int64_t>(Code::kOk) && c <= static_cast<int64_t>(Code::kInternal);
 }
@@ -335,43 +182,6 @@ Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> body
   return RegionsFromJson(j);
 }
 
-Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view address) {
-  std::string_view host, port;
-  if (!address.empty() && address.front() == '[') {
-    size_t close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() ||
-        address[close + 1] != ':') {
-      return Status::InvalidArgument("bad address '" + std::string(address) +
-                                     "' (expected [ipv6]:port)");
-    }
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == std::string_view::npos) {
-      return Status::InvalidArgument("bad address '" + std::string(address) +
-                                     "' (expected host:port)");
-    }
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  if (host.empty() || port.empty() || port.size() > 5) {
-    return Status::InvalidArgument("bad address '" + std::string(address) +
-                                   "' (expected host:port)");
-  }
-  uint32_t p = 0;
-  for (char c : port) {
-    if (c < '0' || c > '9') {
-      return Status::InvalidArgument("bad port in address '" + std::string(address) + "'");
-    }
-    p = p * 10 + static_cast<uint32_t>(c - '0');
-  }
-  if (p == 0 || p > 65535) {
-    return Status::InvalidArgument("port out of range in address '" + std::string(address) + "'");
-  }
-  return std::make_pair(std::string(host), static_cast<uint16_t>(p));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Client
 
@@ -380,12 +190,13 @@ Result<WelcomeMsg> Handshake(std::string_view host_sv, uint16_t port, const Hell
   const std::string host(host_sv);
   const std::string target = FormatHostPort(host, port);
   const auto deadline = Clock::now() + timeout;
-  FARMEM_ASSIGN_OR_RETURN(Fd fd, ConnectWithDeadline(host, port, deadline));
+  const std::string what = "bootstrap: handshake with " + target;
+  FARMEM_ASSIGN_OR_RETURN(Fd fd, net::ConnectWithDeadline(host, port, deadline, "bootstrap"));
   FARMEM_RETURN_IF_ERROR(
-      SendAll(fd.get(), Frame(FrameType::kHello, EncodeHello(hello)), deadline, target));
+      net::SendAll(fd.get(), Frame(FrameType::kHello, EncodeHello(hello)), deadline, what));
 
   std::byte hdr_buf[kFrameHeaderSize];
-  FARMEM_RETURN_IF_ERROR(RecvAll(fd.get(), hdr_buf, sizeof(hdr_buf), deadline, target));
+  FARMEM_RETURN_IF_ERROR(net::RecvAll(fd.get(), hdr_buf, sizeof(hdr_buf), deadline, what));
   FrameHeader h = DecodeHeader(hdr_buf);
   if (h.magic != kBootstrapMagic) {
     return Status::Protocol("bootstrap: " + target + " is not a farmem bootstrap listener");
@@ -400,7 +211,7 @@ Result<WelcomeMsg> Handshake(std::string_view host_sv, uint16_t port, const Hell
                             std::to_string(h.body_length) + " bytes)");
   }
   std::string body(h.body_length, '\0');
-  FARMEM_RETURN_IF_ERROR(RecvAll(fd.get(), body.data(), body.size(), deadline, target));
+  FARMEM_RETURN_IF_ERROR(net::RecvAll(fd.get(), body.data(), body.size(), deadline, what));
   switch (static_cast<FrameType>(h.type)) {
     case FrameType::kWelcome:
       return DecodeWelcome(body);
@@ -434,36 +245,8 @@ BootstrapServer::~BootstrapServer() {
 
 Status BootstrapServer::Start(const std::string& host, uint16_t port) {
   if (listen_fd_ >= 0) return Status::InvalidArgument("bootstrap listener already started");
-  FARMEM_ASSIGN_OR_RETURN(AddrInfoPtr ai, Resolve(host, port, true));
-  Status last = Status::Unavailable("bootstrap: no usable address for " + host);
-  Fd fd;
-  for (addrinfo* a = ai.get(); a != nullptr; a = a->ai_next) {
-    Fd s(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (s.get() < 0) {
-      last = Status::FromErrno("bootstrap: socket", errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      last = Status::FromErrno("bootstrap: bind " + FormatHostPort(host, port), errno);
-      continue;
-    }
-    if (::listen(s.get(), 128) != 0) {
-      last = Status::FromErrno("bootstrap: listen", errno);
-      continue;
-    }
-    fd = std::move(s);
-    break;
-  }
-  if (fd.get() < 0) return last;
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-    return Status::FromErrno("bootstrap: getsockname", errno);
-  }
-  uint16_t bound = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                            : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  uint16_t bound = 0;
+  FARMEM_ASSIGN_OR_RETURN(Fd fd, net::Listen(host, port, 128, "bootstrap", &bound));
   Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake.get() < 0) return Status::FromErrno("bootstrap: eventfd", errno);
 
@@ -686,7 +469,7 @@ void BootstrapServer::Loop() {
         accepted_++;
         auto c = std::make_unique<Conn>();
         c->fd = Fd(fd);
-        c->peer = SockaddrToString(ss);
+        c->peer = net::FormatSockaddr(ss);
         c->deadline = Clock::now() + handshake_timeout_;
         conns.push_back(std::move(c));
       }

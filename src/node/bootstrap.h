@@ -52,9 +52,6 @@ Status DecodeError(std::string_view body);
 std::vector<std::byte> EncodeRegionList(const std::vector<RegionInfo>& regions);
 Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> body);
 
-// "host:port" -> (host, port). IPv6 literals go in brackets: "[::1]:7000".
-Result<std::pair<std::string, uint16_t>> SplitHostPort(std::string_view address);
-
 // Client side: connect, send HELLO, read WELCOME. The whole exchange finishes within `timeout`.
 // Errors: Unavailable (refused/unreachable), TimedOut, Protocol (malformed answer), or the status
 // the server put in its error frame (e.g. PermissionDenied for a wrong cluster token).

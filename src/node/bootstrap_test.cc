@@ -3,6 +3,8 @@
 // The Node-level handshake (tokens, backends, regions) is covered in node_test.cc.
 #include "node/bootstrap.h"
 
+#include "common/net/host_port.h"
+
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -102,17 +104,20 @@ TEST(BootstrapBodies, RegionListRoundTrip) {
   EXPECT_EQ(DecodeRegionList(junk).status().code(), Code::kProtocol);
 }
 
-TEST(BootstrapAddress, SplitHostPort) {
-  auto a = SplitHostPort("127.0.0.1:7000");
+// Node::connect parses peers' addresses with net::ParseHostPort (port 0 refused).
+TEST(BootstrapAddress, ParseHostPortRefusesPortZero) {
+  auto a = net::ParseHostPort("127.0.0.1:7000");
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->first, "127.0.0.1");
   EXPECT_EQ(a->second, 7000);
-  auto b = SplitHostPort("[::1]:80");
+  auto b = net::ParseHostPort("[::1]:80");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->first, "::1");
   for (const char* bad :
        {"", "host", "host:", ":80", "h:0", "h:65536", "h:8x", "[::1]80", "h:-1"}) {
-    EXPECT_EQ(SplitHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_EQ(net::ParseHostPort(bad, net::PortZero::kRefused).status().code(),
+              Code::kInvalidArgument)
+        << bad;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/net/host_port.h"
 #include "node/bootstrap.h"
 #include "node/rpc_dispatcher.h"
 
@@ -184,7 +185,8 @@ class NodeImpl final : public Node {
         return Status::Unavailable("node '" + config_.name + "' is not running");
       }
     }
-    FARMEM_ASSIGN_OR_RETURN(auto hp, node::SplitHostPort(bootstrap_address));
+    FARMEM_ASSIGN_OR_RETURN(auto hp,
+                            net::ParseHostPort(bootstrap_address, net::PortZero::kRefused));
     node::HelloMsg hello{config_.transport.cluster_token, config_.name, transport_->local_address(),
                          transport_->name()};
     auto welcome = node::Handshake(hp.first, hp.second, hello, config_.transport.connect_timeout);

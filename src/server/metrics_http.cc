@@ -14,29 +14,23 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/net/socket.h"
 
 namespace farmem {
 Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, uint16_t port, std::function<std::string()> render) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return Status::InvalidArgument("metrics: '" + host + "' is not an IPv4 address");
+  // A numeric address only: the endpoint binds exactly where it is told (no name lookups).
+  in6_addr probe6{};
+  in_addr probe4{};
+  if (inet_pton(AF_INET, host.c_str(), &probe4) != 1 &&
+      inet_pton(AF_INET6, host.c_str(), &probe6) != 1) {
+    return Status::InvalidArgument("metrics: '" + host + "' is not an IP address");
   }
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::FromErrno("metrics: socket", errno);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
-    Status st = Status::FromErrno("metrics: binding " + host + ":" + std::to_string(port), errno);
-    close(fd);
-    return st;
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto server = std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, ntohs(addr.sin_port), std::move(render)));
+  uint16_t bound = 0;
+  FARMEM_ASSIGN_OR_RETURN(net::Fd listener, net::Listen(host, port, 16, "metrics", &bound));
+  const int fd = listener.release();
+  auto server =
+      std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(fd, bound, std::move(render)));
   if (pipe2(server->wake_, O_CLOEXEC) != 0) return Status::FromErrno("metrics: pipe", errno);
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
