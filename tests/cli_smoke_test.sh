@@ -2,7 +2,8 @@
 # Smoke test of the shipped binaries on 127.0.0.1: farmemd starts and reports ready, `farmem stat`
 # (table and --json, with the objects section), `farmem demo --connect` (raw and objects parts),
 # `farmem compact` (and its bad input), a wrong token and an unreachable address fail with a
-# message, and SIGTERM stops farmemd cleanly. Usage: cli_smoke_test.sh FARMEM FARMEMD (from ctest).
+# message, a farmemd running only the pools service (--services, STAT and /metrics from the
+# services, an unknown service refused with exit 2), and SIGTERM stops farmemd cleanly. Usage: cli_smoke_test.sh FARMEM FARMEMD (from ctest).
 set -euo pipefail
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
@@ -10,6 +11,7 @@ FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
 TOKEN="smoke-token-$$"
 WORK="$(mktemp -d -t farmem-smoke.XXXXXX)"
 SERVER_PID=""
+POOLS_PID=""
 
 log() { echo "cli_smoke: $*"; }
 fail() {
@@ -29,6 +31,7 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$SERVER_PID" 2>/dev/null || true
   fi
+  [[ -z "$POOLS_PID" ]] || kill -KILL "$POOLS_PID" 2>/dev/null || true
   rm -rf "$WORK"
   exit "$rc"
 }
@@ -151,6 +154,45 @@ log "  failed (exit $rc): $(grep -h -m1 -i 'error' "$WORK/unreach.err" "$WORK/un
 
 # The daemon must have survived all of the above.
 kill -0 "$SERVER_PID" 2>/dev/null || fail "farmemd died during the test"
+
+# --- a farmemd with one service --------------------------------------------------------------------
+log "farmemd --services bogus must be refused with exit 2"
+rc=0
+timeout 20 "$FARMEMD" --listen 127.0.0.1:0 --services pools,bogus --token "$TOKEN" \
+  >"$WORK/bogus.out" 2>"$WORK/bogus.err" </dev/null || rc=$?
+((rc == 2)) || fail "farmemd --services pools,bogus exited $rc (want 2)"
+grep -q "unknown service 'bogus'" "$WORK/bogus.err" || fail "no 'unknown service' message"
+
+log "farmemd --services pools --metrics-port 0"
+"$FARMEMD" --listen 127.0.0.1:0 --services pools --metrics-port 0 --memory-mib 32 \
+  --token "$TOKEN" --name pools-only >"$WORK/pools.out" 2>"$WORK/pools.err" </dev/null &
+POOLS_PID=$!
+ready="$(wait_ready "$WORK/pools.out" 20 "$POOLS_PID")" || fail "pools-only farmemd not ready"
+PADDR="$(sed -n 's/.*bootstrap=\([^ ]*\).*/\1/p' <<<"$ready")"
+timeout 20 "$FARMEM" stat "$PADDR" --json --token "$TOKEN" >"$WORK/pools_stat.out" \
+  2>"$WORK/pools_stat.err" </dev/null || fail "farmem stat of the pools-only server failed"
+python3 - "$WORK/pools_stat.out" <<'PY' || fail "pools-only STAT is wrong"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["services"] == ["pools"], s["services"]
+assert "objects" not in s, "objects section present"
+assert s["rpc"]["alloc_raw"]["service"] == "pools", s["rpc"]
+assert not any(k.startswith("obj_") for k in s["rpc"]), s["rpc"]
+PY
+mport="$(sed -n 's/.*metrics: http:\/\/127\.0\.0\.1:\([0-9]*\)\/metrics.*/\1/p' "$WORK/pools.err" | head -n1)"
+[[ -n "$mport" ]] || fail "no metrics port in the pools-only farmemd's log"
+python3 - "$mport" >"$WORK/metrics.out" <<'PY' || fail "GET /metrics failed"
+import sys, urllib.request
+print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode())
+PY
+grep -q 'farmem_rpc_calls_total{service="pools",op="alloc_raw"}' "$WORK/metrics.out" ||
+  fail "/metrics lacks the pools service's RPC counters"
+grep -q '^farmem_memory_budget_bytes 33554432$' "$WORK/metrics.out" || fail "/metrics lacks the budget"
+! grep -q 'farmem_objects_' "$WORK/metrics.out" || fail "/metrics shows objects metrics without the service"
+kill -TERM "$POOLS_PID"
+wait_exit "$POOLS_PID" 20
+((EXIT_CODE == 0)) || fail "pools-only farmemd exited $EXIT_CODE after SIGTERM (want 0)"
+POOLS_PID=""
 
 # --- clean shutdown -------------------------------------------------------------------------------
 log "SIGTERM farmemd"
