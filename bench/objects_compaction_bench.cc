@@ -109,7 +109,7 @@ Task<void> RunCompactLoop(CompactLoop* l, RunResult* res) {
     }
     ++res->rounds;
     res->merges += r->merges;
-    res->compaction_stats = r->stats;
+    res->compaction_stats = nlohmann::json::parse(r->stats_json, nullptr, false);
     if (r->merges == 0) co_return;
   }
 }
@@ -127,10 +127,11 @@ nlohmann::json StatsJson(const ObjectClientStats& s) {
 
 // Summary of the STAT "objects" section worth keeping (tolerates absent keys).
 nlohmann::json ObjectsStat(ObjectClient& client) {
-  auto st = client.stat(0);
-  if (!st.ok()) return {{"error", st.status().ToString()}};
-  if (!st->contains("objects")) return nlohmann::json::object();
-  return (*st)["objects"];
+  auto text = client.stats_json(0);
+  if (!text.ok()) return {{"error", text.status().ToString()}};
+  const nlohmann::json st = nlohmann::json::parse(*text, nullptr, false);
+  if (!st.is_object() || !st.contains("objects")) return nlohmann::json::object();
+  return st["objects"];
 }
 
 RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,

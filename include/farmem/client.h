@@ -6,9 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "farmem/coro.h"
 #include "farmem/node.h"
@@ -38,12 +37,13 @@ class RawClient {
   // Coroutine versions: run on the caller's scheduler, many may be in flight at once.
   Task<Result<RawAllocation>> alloc_raw(Scheduler& sched, uint64_t length);
   Task<Status> free_raw(Scheduler& sched, RemoteRef ref);
-  Task<Result<nlohmann::json>> stat(Scheduler& sched);
+  // The server's STAT document as JSON text (an object; keys in docs/server.md).
+  Task<Result<std::string>> stats_json(Scheduler& sched);
 
   // Blocking versions: thread-safe; they share one internal scheduler, one call at a time.
   Result<RawAllocation> alloc_raw(uint64_t length);
   Status free_raw(const RemoteRef& ref);
-  Result<nlohmann::json> stat();
+  Result<std::string> stats_json();
 
  private:
   RawClient(Node& node, PeerInfo server);

@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "farmem/coro.h"
 #include "farmem/node.h"
 #include "farmem/status.h"
@@ -114,7 +112,9 @@ struct CompactResult {
   uint32_t merges = 0;  // blocks merged away in this round
   // The server stopped the round at its time budget (1 s of paced merging): ask again.
   bool partial = false;
-  nlohmann::json stats;  // server's compaction counters after the round
+  // The server's compaction counters after the round (the STAT "compaction" section: rounds,
+  // compactions, objects_relocated, ...) as JSON object text; "{}" if the server sent none.
+  std::string stats_json = "{}";
 };
 
 // Client of one or more farmemd object stores. Thread-safe: any number of threads may call it,
@@ -164,8 +164,8 @@ class ObjectClient {
   // Admin: one compaction round on `server` (all classes, or only `size_class`).
   Task<Result<CompactResult>> compact(Scheduler& sched, uint16_t server,
                                       std::optional<uint16_t> size_class = std::nullopt);
-  // The server's STAT document (includes the "objects" section).
-  Task<Result<nlohmann::json>> stat(Scheduler& sched, uint16_t server);
+  // The server's STAT document as JSON text (an object; includes the "objects" section).
+  Task<Result<std::string>> stats_json(Scheduler& sched, uint16_t server);
 
   // ---- Blocking versions (same semantics) ---------------------------------------------------
   Result<Ptr> alloc(size_t size, uint16_t server = kAnyServer);
@@ -178,7 +178,7 @@ class ObjectClient {
   Status release_ptr(Ptr& p);
   Status locate(Ptr& p);
   Result<CompactResult> compact(uint16_t server, std::optional<uint16_t> size_class = {});
-  Result<nlohmann::json> stat(uint16_t server);
+  Result<std::string> stats_json(uint16_t server);
 
   struct Impl;
 

@@ -71,7 +71,15 @@ class [[nodiscard]] Status {
   std::shared_ptr<const State> state_;
 };
 
+namespace detail {
+// Prints "farmem: Result value accessed on an error: <status>" to stderr and calls std::abort().
+[[noreturn]] void ResultValueOnError(const Status& status);
+}  // namespace detail
+
 // A value or a non-OK Status.
+// Accessing the value (value(), operator*, operator->) of a Result that holds an error is a
+// checked failure in every build: it prints the status to stderr and calls std::abort(). Check
+// ok() first.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -82,15 +90,26 @@ class [[nodiscard]] Result {
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  T& value() & { return checked(); }
+  const T& value() const& { return checked(); }
+  T&& value() && { return std::move(checked()); }
+  T* operator->() { return &checked(); }
+  const T* operator->() const { return &checked(); }
+  T& operator*() & { return checked(); }
+  const T& operator*() const& { return checked(); }
 
  private:
+  T& checked() {
+    if (!value_.has_value()) [[unlikely]]
+      detail::ResultValueOnError(status_);
+    return *value_;
+  }
+  const T& checked() const {
+    if (!value_.has_value()) [[unlikely]]
+      detail::ResultValueOnError(status_);
+    return *value_;
+  }
+
   std::optional<T> value_;
   Status status_;
 };

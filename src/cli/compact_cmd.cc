@@ -16,10 +16,12 @@ namespace farmem::cli {
 namespace {
 
 // physical_bytes_held of the STAT "objects" section, or -1 when the server does not report it.
-int64_t HeldBytes(const Result<nlohmann::json>& st) {
-  if (!st.ok()) return -1;
-  auto o = st->find("objects");
-  if (o == st->end() || !o->is_object()) return -1;
+int64_t HeldBytes(const Result<std::string>& text) {
+  if (!text.ok()) return -1;
+  const nlohmann::json st = nlohmann::json::parse(*text, nullptr, false);
+  if (!st.is_object()) return -1;
+  auto o = st.find("objects");
+  if (o == st.end() || !o->is_object()) return -1;
   auto h = o->find("physical_bytes_held");
   return h != o->end() && h->is_number_unsigned() ? static_cast<int64_t>(h->get<uint64_t>()) : -1;
 }
@@ -48,13 +50,13 @@ int RunCompact(const CompactOptions& options) {
                  unsigned{*options.size_class}, classes - 1);
     return kExitUsage;
   }
-  const int64_t before = HeldBytes(c.stat(0));
+  const int64_t before = HeldBytes(c.stats_json(0));
   Result<CompactResult> r = c.compact(0, options.size_class);
   if (!r.ok()) {
     std::fprintf(stderr, "farmem compact: error: %s\n", r.status().ToString().c_str());
     return r.status().code() == Code::kInvalidArgument ? kExitUsage : 1;
   }
-  const int64_t after = HeldBytes(c.stat(0));
+  const int64_t after = HeldBytes(c.stats_json(0));
 
   std::string out = fmt::format(
       "compacted {} ({}): {} merge(s)\n", options.address,
@@ -69,9 +71,10 @@ int RunCompact(const CompactOptions& options) {
         fmt::format("physical bytes held: {} -> {}\n", FormatBytes(static_cast<uint64_t>(before)),
                     FormatBytes(static_cast<uint64_t>(after)));
   }
-  if (r->stats.is_object() && !r->stats.empty()) {
+  const nlohmann::json stats = nlohmann::json::parse(r->stats_json, nullptr, false);
+  if (stats.is_object() && !stats.empty()) {
     out += "compaction counters (server lifetime):\n";
-    for (const auto& [key, value] : r->stats.items()) {
+    for (const auto& [key, value] : stats.items()) {
       out += fmt::format("  {:<20} {}\n", key, value.dump());
     }
   }

@@ -153,14 +153,15 @@ bool RunSteps(Node& node, const std::string& address) {
                               : first_error.ToString());
 
   t0 = Clock::now();
-  Result<nlohmann::json> st = sched.block_on(rc.stat(sched));
+  Result<std::string> st_text = sched.block_on(rc.stats_json(sched));
   bool stat_ok = false;
-  std::string stat_detail = st.ok() ? "" : st.status().ToString();
-  if (st.ok()) {
-    const auto& mem = (*st)["memory"];
+  std::string stat_detail = st_text.ok() ? "" : st_text.status().ToString();
+  if (st_text.ok()) {
+    const nlohmann::json st = nlohmann::json::parse(*st_text);  // validated by stats_json()
+    const auto& mem = st["memory"];
     const uint64_t allocs = mem.value("allocations", uint64_t{0});
-    stat_ok = allocs >= 1 && st->contains("node");
-    stat_detail = "node '" + st->value("node", std::string("?")) + "', " + std::to_string(allocs) +
+    stat_ok = allocs >= 1 && st.contains("node");
+    stat_detail = "node '" + st.value("node", std::string("?")) + "', " + std::to_string(allocs) +
                   " allocation(s), " + FormatBytes(mem.value("allocated_bytes", uint64_t{0})) +
                   " allocated in " + std::to_string(mem.value("pools", uint64_t{0})) + " pool(s)";
   }
@@ -282,13 +283,14 @@ bool RunObjectSteps(Node& node, const std::string& address) {
 
   t0 = Clock::now();
   Result<CompactResult> c = oc.compact(0, first->size_class);
+  const nlohmann::json cstats =
+      c.ok() ? nlohmann::json::parse(c->stats_json, nullptr, false) : nlohmann::json::object();
   log.Report("compact class " + std::to_string(first->size_class), c.ok(), MicrosSince(t0),
-             c.ok()
-                 ? std::to_string(c->merges) + " merge(s); server total " +
-                       std::to_string(c->stats.value("compactions", uint64_t{0})) + " merge(s), " +
-                       std::to_string(c->stats.value("objects_relocated", uint64_t{0})) +
-                       " object(s) relocated"
-                 : c.status().ToString());
+             c.ok() ? std::to_string(c->merges) + " merge(s); server total " +
+                          std::to_string(cstats.value("compactions", uint64_t{0})) + " merge(s), " +
+                          std::to_string(cstats.value("objects_relocated", uint64_t{0})) +
+                          " object(s) relocated"
+                    : c.status().ToString());
 
   const ObjectClientStats before = oc.stats();
   t0 = Clock::now();

@@ -154,15 +154,16 @@ int RunStat(const StatOptions& options) {
     std::fprintf(stderr, "farmem stat: error: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  Result<nlohmann::json> st = (*client)->stat();
-  if (!st.ok()) {
-    std::fprintf(stderr, "farmem stat: error: %s\n", st.status().ToString().c_str());
+  Result<std::string> text = (*client)->stats_json();
+  if (!text.ok()) {
+    std::fprintf(stderr, "farmem stat: error: %s\n", text.status().ToString().c_str());
     return 1;
   }
+  const nlohmann::json st = nlohmann::json::parse(*text);  // validated by stats_json()
   if (options.json) {
-    std::printf("%s\n", st->dump(2).c_str());
+    std::printf("%s\n", st.dump(2).c_str());
   } else {
-    std::fputs(FormatStatTable(*st, options.address).c_str(), stdout);
+    std::fputs(FormatStatTable(st, options.address).c_str(), stdout);
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 // Status implementation: code names and message formatting.
 #include "farmem/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace farmem {
@@ -63,5 +65,16 @@ Status Status::WithContext(std::string_view context) const {
   m += state_->msg;
   return Status(state_->code, m);
 }
+
+namespace detail {
+
+void ResultValueOnError(const Status& status) {
+  std::fprintf(stderr, "farmem: Result value accessed on an error: %s\n",
+               status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
 
 }  // namespace farmem

@@ -1,4 +1,5 @@
-// Tests for Status/Result: codes, messages, context prefixes and the propagation macros.
+// Tests for Status/Result: codes, messages, context prefixes, the propagation macros and the
+// checked failure of reading an error Result's value.
 #include "farmem/status.h"
 
 #include <cerrno>
@@ -63,6 +64,29 @@ TEST(Result, FromOkStatusIsAnInternalError) {
   Result<int> r = Status::OK();
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInternal);
+}
+
+struct Pair {
+  int a = 0;
+  int b = 0;
+};
+
+// Reading the value of an error Result is a checked failure (status printed, abort), never UB.
+TEST(ResultDeathTest, ValueOfAnErrorAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Result<Pair> r = Status::NotFound("no such object");
+  const Result<Pair>& cr = r;
+  constexpr const char* kMsg = "Result value accessed on an error: NotFound: no such object";
+  EXPECT_DEATH((void)r.value(), kMsg);
+  EXPECT_DEATH((void)cr.value(), kMsg);
+  EXPECT_DEATH((void)std::move(r).value(), kMsg);
+  EXPECT_DEATH((void)*r, kMsg);
+  EXPECT_DEATH((void)*cr, kMsg);
+  EXPECT_DEATH((void)r->a, kMsg);
+  EXPECT_DEATH((void)cr->b, kMsg);
+  Result<Pair> ok = Pair{1, 2};
+  EXPECT_EQ(ok->b, 2);
+  EXPECT_EQ(ok.value().a, 1);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pools/pools_wire.h"
 
 namespace farmem {
@@ -56,7 +58,7 @@ Task<Status> RawClient::free_raw(Scheduler& sched, RemoteRef ref) {
   co_return Status::OK();
 }
 
-Task<Result<nlohmann::json>> RawClient::stat(Scheduler& sched) {
+Task<Result<std::string>> RawClient::stats_json(Scheduler& sched) {
   std::vector<std::byte> reply(node_.config().transport.max_rpc_bytes);
   Result<RpcReply> r = co_await sched.rpc(server_.id, RpcImm(proto::kOpStat), {}, reply);
   if (!r.ok()) co_return r.status().WithContext("STAT");
@@ -64,7 +66,7 @@ Task<Result<nlohmann::json>> RawClient::stat(Scheduler& sched) {
   const char* text = reinterpret_cast<const char*>(reply.data());
   nlohmann::json j = nlohmann::json::parse(text, text + r->length, nullptr, false);
   if (j.is_discarded() || !j.is_object()) co_return Status::Protocol("STAT reply is not JSON");
-  co_return j;
+  co_return std::string(text, r->length);
 }
 
 Result<RawAllocation> RawClient::alloc_raw(uint64_t length) {
@@ -83,12 +85,12 @@ Status RawClient::free_raw(const RemoteRef& ref) {
   return sched_->block_on(free_raw(*sched_, ref));
 }
 
-Result<nlohmann::json> RawClient::stat() {
+Result<std::string> RawClient::stats_json() {
   std::lock_guard lock(mu_);
   if (!sched_) {
     FARMEM_ASSIGN_OR_RETURN(sched_, node_.make_scheduler());
   }
-  return sched_->block_on(stat(*sched_));
+  return sched_->block_on(stats_json(*sched_));
 }
 
 }  // namespace farmem

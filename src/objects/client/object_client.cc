@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/wire_struct.h"
 #include "farmem/objects.h"
 #include "node/rpc_call.h"
@@ -605,11 +607,11 @@ Task<Result<CompactResult>> ObjectClient::compact(Scheduler& sched, uint16_t ser
   CompactResult out;
   out.merges = j["merges"].get<uint32_t>();
   out.partial = j.contains("partial") && j["partial"].is_boolean() && j["partial"].get<bool>();
-  if (j.contains("compaction")) out.stats = j["compaction"];
+  if (j.contains("compaction")) out.stats_json = j["compaction"].dump();
   co_return out;
 }
 
-Task<Result<nlohmann::json>> ObjectClient::stat(Scheduler& sched, uint16_t server) {
+Task<Result<std::string>> ObjectClient::stats_json(Scheduler& sched, uint16_t server) {
   FARMEM_CO_RETURN_IF_ERROR(CheckServerIndex(servers_.size(), server, "stat"));
   std::vector<std::byte> reply(impl_->max_rpc_bytes);
   Result<RpcReply> r =
@@ -619,7 +621,7 @@ Task<Result<nlohmann::json>> ObjectClient::stat(Scheduler& sched, uint16_t serve
   const char* text = reinterpret_cast<const char*>(reply.data());
   nlohmann::json j = nlohmann::json::parse(text, text + r->length, nullptr, false);
   if (j.is_discarded() || !j.is_object()) co_return Status::Protocol("STAT reply is not JSON");
-  co_return j;
+  co_return std::string(text, r->length);
 }
 
 // ---- One-sided reads -------------------------------------------------------------------------
@@ -872,8 +874,8 @@ Status ObjectClient::locate(Ptr& p) {
 Result<CompactResult> ObjectClient::compact(uint16_t server, std::optional<uint16_t> size_class) {
   return RunBlocking(*impl_, [&](Scheduler& s) { return compact(s, server, size_class); });
 }
-Result<nlohmann::json> ObjectClient::stat(uint16_t server) {
-  return RunBlocking(*impl_, [&](Scheduler& s) { return stat(s, server); });
+Result<std::string> ObjectClient::stats_json(uint16_t server) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return stats_json(s, server); });
 }
 
 }  // namespace farmem

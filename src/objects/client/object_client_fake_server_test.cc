@@ -5,6 +5,7 @@
 // which a real server under load almost never produces. The header-recheck (seqlock) tests change
 // the fake's memory between the steps of a read through the client's test seam.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -414,7 +415,7 @@ TEST_F(FakeServerTest, MalformedRepliesAreProtocolErrors) {
   Result<CompactResult> cr = c.compact(0);
   ASSERT_TRUE(cr.ok()) << cr.status().ToString();
   EXPECT_EQ(cr->merges, 2u);
-  EXPECT_EQ(cr->stats.value("rounds", 0), 1);
+  EXPECT_EQ(nlohmann::json::parse(cr->stats_json).value("rounds", 0), 1);
 }
 
 // ---- Header recheck (ReadValidation::kVersionsAndHeaderRecheck) -------------------------------
