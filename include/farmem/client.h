@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -14,6 +13,8 @@
 #include "farmem/status.h"
 
 namespace farmem {
+
+class BlockingRunner;
 
 // A range granted by ALLOC_RAW: `ref` addresses its first byte (usable with any Scheduler of the
 // node the client was connected through); `length` is the usable size (requested, rounded up to
@@ -28,6 +29,7 @@ class RawClient {
   // Bootstrap handshake (token check) with the farmemd at "host:port" through `node`, which must
   // be started and must outlive the client.
   static Result<std::unique_ptr<RawClient>> Connect(Node& node, std::string_view bootstrap_address);
+  ~RawClient();
   RawClient(const RawClient&) = delete;
   RawClient& operator=(const RawClient&) = delete;
 
@@ -50,8 +52,7 @@ class RawClient {
 
   Node& node_;
   PeerInfo server_;
-  std::mutex mu_;  // guards sched_ (blocking calls)
-  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<BlockingRunner> blocking_;  // the blocking calls' scheduler
 };
 
 }  // namespace farmem

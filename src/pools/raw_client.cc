@@ -1,5 +1,5 @@
-// RawClient implementation: encodes requests with server_protocol.h, checks reply sizes before
-// trusting them, and turns remote errors into Status values with context.
+// RawClient implementation: ALLOC_RAW / FREE_RAW / STAT through the shared typed RPC helper
+// (node/rpc_call.h: reply sizes checked, errors with context) and its BlockingRunner.
 #include "farmem/client.h"
 
 #include <string>
@@ -7,13 +7,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "node/rpc_call.h"
 #include "pools/pools_wire.h"
 
 namespace farmem {
 
 namespace proto = server_proto;
 
-RawClient::RawClient(Node& node, PeerInfo server) : node_(node), server_(std::move(server)) {}
+RawClient::RawClient(Node& node, PeerInfo server)
+    : node_(node),
+      server_(std::move(server)),
+      blocking_(std::make_unique<BlockingRunner>(node, "RawClient")) {}
+
+RawClient::~RawClient() = default;
 
 Result<std::unique_ptr<RawClient>> RawClient::Connect(Node& node,
                                                       std::string_view bootstrap_address) {
@@ -25,16 +31,10 @@ Result<std::unique_ptr<RawClient>> RawClient::Connect(Node& node,
 }
 
 Task<Result<RawAllocation>> RawClient::alloc_raw(Scheduler& sched, uint64_t length) {
-  const auto request = proto::Encode(proto::AllocRawRequest{length});
-  std::byte reply[sizeof(proto::AllocRawReply)];
-  Result<RpcReply> r =
-      co_await sched.rpc(server_.id, RpcImm(proto::kOpAllocRaw), request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("ALLOC_RAW " + std::to_string(length));
-  auto msg = proto::Decode<proto::AllocRawReply>(std::span<const std::byte>(reply, r->length));
-  if (!msg) {
-    co_return Status::Protocol("ALLOC_RAW reply has " + std::to_string(r->length) +
-                               " bytes, expected " + std::to_string(sizeof(reply)));
-  }
+  Result<proto::AllocRawReply> msg = co_await CallStruct<proto::AllocRawReply>(
+      sched, server_.id, proto::kOpAllocRaw, proto::AllocRawRequest{length},
+      "ALLOC_RAW " + std::to_string(length));
+  if (!msg.ok()) co_return msg.status();
   if (msg->length < length) {
     co_return Status::Protocol("ALLOC_RAW granted " + std::to_string(msg->length) +
                                " bytes for a request of " + std::to_string(length));
@@ -46,51 +46,33 @@ Task<Status> RawClient::free_raw(Scheduler& sched, RemoteRef ref) {
   if (ref.peer != server_.id) {
     co_return Status::InvalidArgument("FREE_RAW: reference belongs to another peer");
   }
-  const auto request = proto::Encode(proto::FreeRawRequest{ref.key, ref.offset});
-  std::byte reply[sizeof(proto::FreeRawReply)];
-  Result<RpcReply> r =
-      co_await sched.rpc(server_.id, RpcImm(proto::kOpFreeRaw), request, std::span(reply));
-  if (!r.ok()) co_return r.status().WithContext("FREE_RAW offset " + std::to_string(ref.offset));
-  if (r->length != sizeof(reply)) {
-    co_return Status::Protocol("FREE_RAW reply has " + std::to_string(r->length) +
-                               " bytes, expected " + std::to_string(sizeof(reply)));
-  }
-  co_return Status::OK();
+  Result<proto::FreeRawReply> msg = co_await CallStruct<proto::FreeRawReply>(
+      sched, server_.id, proto::kOpFreeRaw, proto::FreeRawRequest{ref.key, ref.offset},
+      "FREE_RAW offset " + std::to_string(ref.offset));
+  co_return msg.status();
 }
 
 Task<Result<std::string>> RawClient::stats_json(Scheduler& sched) {
   std::vector<std::byte> reply(node_.config().transport.max_rpc_bytes);
-  Result<RpcReply> r = co_await sched.rpc(server_.id, RpcImm(proto::kOpStat), {}, reply);
-  if (!r.ok()) co_return r.status().WithContext("STAT");
-  if (r->length > reply.size()) co_return Status::Protocol("STAT reply longer than its buffer");
-  const char* text = reinterpret_cast<const char*>(reply.data());
-  nlohmann::json j = nlohmann::json::parse(text, text + r->length, nullptr, false);
+  Result<std::span<const std::byte>> r =
+      co_await CallRpc(sched, server_.id, kOpStat, {}, reply, "STAT");
+  if (!r.ok()) co_return r.status();
+  const std::string text(reinterpret_cast<const char*>(r->data()), r->size());
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) co_return Status::Protocol("STAT reply is not JSON");
-  co_return std::string(text, r->length);
+  co_return text;
 }
 
 Result<RawAllocation> RawClient::alloc_raw(uint64_t length) {
-  std::lock_guard lock(mu_);
-  if (!sched_) {
-    FARMEM_ASSIGN_OR_RETURN(sched_, node_.make_scheduler());
-  }
-  return sched_->block_on(alloc_raw(*sched_, length));
+  return blocking_->run([&](Scheduler& s) { return alloc_raw(s, length); });
 }
 
 Status RawClient::free_raw(const RemoteRef& ref) {
-  std::lock_guard lock(mu_);
-  if (!sched_) {
-    FARMEM_ASSIGN_OR_RETURN(sched_, node_.make_scheduler());
-  }
-  return sched_->block_on(free_raw(*sched_, ref));
+  return blocking_->run([&](Scheduler& s) { return free_raw(s, ref); });
 }
 
 Result<std::string> RawClient::stats_json() {
-  std::lock_guard lock(mu_);
-  if (!sched_) {
-    FARMEM_ASSIGN_OR_RETURN(sched_, node_.make_scheduler());
-  }
-  return sched_->block_on(stats_json(*sched_));
+  return blocking_->run([&](Scheduler& s) { return stats_json(s); });
 }
 
 }  // namespace farmem
