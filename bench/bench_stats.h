@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,43 @@ inline std::string FormatMicros(double us) {
   if (us < 10.0) return fmt::format("{:.2f} us", us);
   if (us < 1000.0) return fmt::format("{:.1f} us", us);
   return fmt::format("{:.0f} us", us);
+}
+
+// Per-round ratios of an interleaved comparison (subject and baseline measured in alternating
+// rounds A B A B ...): ratio_i = subject_i / baseline_i for every round where both are valid;
+// a target is judged on the median, printed with the min-max spread.
+struct RoundRatios {
+  std::vector<double> ratios;  // in round order, invalid rounds left out
+  double median = std::nan("");
+  double min = std::nan("");
+  double max = std::nan("");
+};
+
+inline double MedianOf(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+inline RoundRatios PerRoundRatios(std::span<const double> subject,
+                                  std::span<const double> baseline) {
+  RoundRatios r;
+  const size_t n = std::min(subject.size(), baseline.size());
+  for (size_t i = 0; i < n; ++i)
+    if (auto x = Ratio(subject[i], baseline[i])) r.ratios.push_back(*x);
+  if (r.ratios.empty()) return r;
+  r.median = MedianOf(r.ratios);
+  r.min = *std::min_element(r.ratios.begin(), r.ratios.end());
+  r.max = *std::max_element(r.ratios.begin(), r.ratios.end());
+  return r;
+}
+
+// "1.23x (0.98-1.40x)": median ratio and the spread of the rounds.
+inline std::string FormatRoundRatios(const RoundRatios& r) {
+  if (r.ratios.empty()) return "n/a";
+  return fmt::format("{} ({:.2f}-{:.2f}x, {} rounds)", FormatRatio(r.median), r.min, r.max,
+                     r.ratios.size());
 }
 
 // Outcome of one of the targets ("value <= factor x baseline" or ">=").

@@ -232,11 +232,10 @@ RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,
                                            std::chrono::duration<double>(o.compact_at)));
     const auto run_end = t0 + std::chrono::duration_cast<ObjClock::duration>(
                                   std::chrono::duration<double>(o.seconds));
-    // COMPACT RPCs from a scheduler of this thread, driven by DriveScheduler with 1 ms idle
-    // sleeps: the blocking compact() would busy-poll for the whole round and take a CPU from the
-    // server's compaction worker (seen with perf: 4 runnable threads on 2 CPUs, the worker
-    // starved), and even 20 us sleeps (50 k wake-ups/s) took a visible share from the reader
-    // once rounds became paced (seconds long). A round's end is noticed 1 ms late at most.
+    // COMPACT RPCs from a scheduler of this thread. Its waiting blocks on the socket between
+    // replies (Scheduler::run), so a paced round seconds long takes no CPU from the server's
+    // compaction worker or the reader (a busy-polling compact() did: perf showed 4 runnable
+    // threads on 2 CPUs and the worker starved).
     const auto cstart = ObjClock::now();
     Status compact_status;
     if (auto cs = (*node)->make_scheduler(); !cs.ok()) {
@@ -244,8 +243,7 @@ RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,
     } else {
       CompactLoop loop{client->get(), cs->get(), run_end};
       (*cs)->spawn(RunCompactLoop(&loop, &res));
-      compact_status =
-          bench::DriveScheduler(**cs, std::chrono::minutes(10), std::chrono::milliseconds(1));
+      compact_status = bench::DriveScheduler(**cs, std::chrono::minutes(10));
       if (compact_status.ok()) compact_status = loop.status;
     }
     const auto cend = ObjClock::now();

@@ -4,6 +4,7 @@
 #include "objects_throughput_bench.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -229,24 +230,33 @@ void PrintCaseEnd(const CaseResult& r, const Report& report) {
   std::string extra;
   if (r.op == "direct_read") {
     if (const CaseResult* raw = report.Find("raw_read", r.dist, r.clients))
-      extra += "  /raw_read " + FormatRatio(bench::Ratio(r.ops_per_sec, raw->ops_per_sec));
+      extra += "  /raw_read " +
+               bench::FormatRoundRatios(bench::PerRoundRatios(r.round_rates, raw->round_rates));
   } else if (r.op == "read" || r.op == "get") {
     if (const CaseResult* d = report.Find("direct_read", r.dist, r.clients))
-      extra += "  direct_read/this " + FormatRatio(bench::Ratio(d->ops_per_sec, r.ops_per_sec));
+      extra += "  direct_read/this " +
+               bench::FormatRoundRatios(bench::PerRoundRatios(d->round_rates, r.round_rates));
   }
-  fmt::print("{:>11}{}\n", FormatRate(r.ops_per_sec), extra);
+  const auto [lo, hi] = std::minmax_element(r.round_rates.begin(), r.round_rates.end());
+  fmt::print("{:>11} ({}-{}){}\n", FormatRate(r.ops_per_sec), FormatRate(*lo), FormatRate(*hi),
+             extra);
   std::fflush(stdout);
 }
 
 struct TargetCheck {
   std::string name;
   double value = std::nan(""), baseline = std::nan(""), factor = 0;
+  bench::RoundRatios ratios;  // per round: value_i / baseline_i (rounds interleaved)
   bench::TargetResult result = bench::TargetResult::kUnknown;
   std::string missing;
 };
 
-std::vector<TargetCheck> EvaluateTargets(const Report& report, const ObjectsThroughputOptions& o) {
+// Every target compares two cases measured in the same rounds (interleaved), and is judged on the
+// median of the per-round ratios.
+std::vector<TargetCheck> EvaluateTargets(const Report& report, const ObjectsThroughputOptions& o,
+                                         const std::string& redis_missing) {
   std::vector<TargetCheck> out;
+  const int min_clients = *std::min_element(o.clients.begin(), o.clients.end());
   const int max_clients = *std::max_element(o.clients.begin(), o.clients.end());
   const bool has8 = std::find(o.clients.begin(), o.clients.end(), 8) != o.clients.end();
   const int rpc_clients = has8 ? 8 : max_clients;
@@ -259,7 +269,12 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const ObjectsThro
     if (t.missing.empty() && (!v || !b)) t.missing = "a case it needs failed or was not run";
     if (v) t.value = v->ops_per_sec;
     if (b) t.baseline = b->ops_per_sec;
-    if (t.missing.empty()) t.result = bench::CheckAtLeast(t.value, t.baseline, factor);
+    if (t.missing.empty()) {
+      t.ratios = bench::PerRoundRatios(v->round_rates, b->round_rates);
+      if (!t.ratios.ratios.empty())
+        t.result =
+            t.ratios.median >= factor ? bench::TargetResult::kPass : bench::TargetResult::kMiss;
+    }
     out.push_back(std::move(t));
   };
   for (const char* dist : {"uniform", "zipf"}) {
@@ -267,24 +282,36 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const ObjectsThro
                       dist, max_clients),
           report.Find("direct_read", dist, max_clients), report.Find("raw_read", dist, max_clients),
           0.9, "");
-    std::string missing;
-    if (o.backend != "tcp") missing = "defined for the native TCP backend (--backend tcp)";
+    std::string tcp_only;
+    if (o.backend != "tcp") tcp_only = "defined for the native TCP backend (--backend tcp)";
     check(
         fmt::format("{} {} clients: direct_read >= 1.5x RPC read (native TCP)", dist, rpc_clients),
         report.Find("direct_read", dist, rpc_clients), report.Find("read", dist, rpc_clients), 1.5,
-        missing);
+        tcp_only);
+    const std::string one_count =
+        min_clients == max_clients ? "needs two client counts (--clients 1,8)" : "";
+    for (const char* op : {"raw_read", "direct_read"}) {
+      check(fmt::format("{}: {} with {} clients >= 1.0x {} with {} client(s)", dist, op,
+                        max_clients, op, min_clients),
+            report.Find(op, dist, max_clients), report.Find(op, dist, min_clients), 1.0, one_count);
+    }
+    for (int c : o.clients) {
+      check(fmt::format("{} {} clients: RPC read >= 1.0x Redis GET", dist, c),
+            report.Find("read", dist, c), report.Find("get", dist, c), 1.0, redis_missing);
+      check(fmt::format("{} {} clients: direct_read >= 2.0x Redis GET", dist, c),
+            report.Find("direct_read", dist, c), report.Find("get", dist, c), 2.0, redis_missing);
+    }
   }
   return out;
 }
 
 void PrintTargets(const std::vector<TargetCheck>& targets) {
-  fmt::print("\nTargets\n");
+  fmt::print("\nTargets (median of the per-round ratios, min-max of the rounds)\n");
   for (const auto& t : targets) {
-    std::string detail =
-        !t.missing.empty()
-            ? t.missing
-            : fmt::format("{} vs {} = {}", FormatRate(t.value), FormatRate(t.baseline),
-                          FormatRatio(bench::Ratio(t.value, t.baseline)));
+    std::string detail = !t.missing.empty() ? t.missing
+                                            : fmt::format("{} vs {}: {}", FormatRate(t.value),
+                                                          FormatRate(t.baseline),
+                                                          bench::FormatRoundRatios(t.ratios));
     fmt::print("  [{:<4}] {}: {}\n", bench::TargetResultName(t.result), t.name, detail);
   }
   std::fflush(stdout);
@@ -328,17 +355,18 @@ Status Validate(const ObjectsThroughputOptions& o) {
 int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   constexpr const char* kProg = "farmem bench objects-throughput";
   if (o.objects == 0) o.objects = o.quick ? 100000 : 1000000;
-  if (o.seconds == 0) o.seconds = o.quick ? 0.3 : 1.0;
-  if (o.clients.empty())
-    o.clients = o.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 2, 4, 8};
+  if (o.seconds == 0) o.seconds = o.quick ? 0.5 : 1.0;
+  if (o.clients.empty()) o.clients = {1, 2, 4, 8};
   if (Status st = Validate(o); !st.ok()) {
     fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
     return 2;
   }
   bench::QuietBenchLogging();
-  bench::ObjectsServerSetup setup;
+  // The server a user gets by default (farmemd with no flags), not a tuned one.
+  bench::ObjectsServerSetup setup =
+      bench::DefaultFarmemdSetup(bench::ObjectsServerMemory(o.objects, o.size));
   (void)bench::ParseObjectsBackend(o.backend, &setup.backend, &setup.provider);
-  setup.memory_bytes = bench::ObjectsServerMemory(o.objects, o.size);
+  const std::string server_desc = bench::DescribeServerSetup(setup);
 
   // Fork the targets before this process creates any thread (see target_process.h).
   auto server = TargetProcess::Fork("farmemd", bench::ObjectsServerRole(setup));
@@ -366,10 +394,12 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   const double warmup = WarmupFor(slice);
   fmt::print(
       "{}: backend {}, {} objects x {} B, clients {}, {} reads in flight per client, "
-      "{} s per case in {} rounds (each +{:.2f} s warm-up; read paths take turns, median round "
+      "{} s per case in {} rounds (each +{:.2f} s warm-up; read paths and Redis take turns round "
+      "by round, median round "
       "reported), Zipf theta {}\n",
       kProg, o.backend, o.objects, o.size, fmt::join(o.clients, "/"), o.inflight, o.seconds,
       o.rounds, warmup, kZipfTheta);
+  fmt::print("Server: {}\n", server_desc);
   if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
     machine["cpu_busy_before_run"] = *busy;
     if (*busy > 0.25)
@@ -427,48 +457,13 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
 
   const bench::ZipfGenerator zipf(o.objects, kZipfTheta);
   const Env env{node->get(), client->get(), peer->id, info.region_key, slot_size, o.size, &*ptrs};
-  Report report;
-  bool server_died = false;
-  for (const char* dist : {"uniform", "zipf"}) {
-    fmt::print("\nfarmem objects, {} keys\n", dist);
-    for (int clients : o.clients) {
-      // The three read paths take turns, round after round, so background load on the machine
-      // hits them alike and their ratios stay meaningful.
-      constexpr ReadOp kOps[] = {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc};
-      std::vector<Result<uint64_t>> rounds[3];
-      for (int round = 0; round < o.rounds; ++round) {
-        for (size_t k = 0; k < 3; ++k) {
-          Result<uint64_t> ops =
-              server_died ? Result<uint64_t>(Status::Unavailable("server process died"))
-                          : RunObjectsCase(env, kOps[k], dist[0] == 'z' ? &zipf : nullptr, clients,
-                                           o.inflight, warmup, slice);
-          if (!(*server)->Alive()) {
-            server_died = true;
-            ops = Status::Unavailable("server process died during the case");
-          }
-          rounds[k].push_back(std::move(ops));
-        }
-      }
-      for (size_t k = 0; k < 3; ++k) {
-        PrintCaseStart("farmem", OpName(kOps[k]), dist, clients, o.inflight);
-        CaseResult r =
-            MakeCase("farmem", OpName(kOps[k]), dist, clients, o.inflight, slice, rounds[k]);
-        PrintCaseEnd(r, report);
-        report.cases.push_back(std::move(r));
-      }
-    }
-  }
-  const ObjectClientStats client_stats = (*client)->stats();
-  // Contexts and the client go before the node whose transport they use.
-  load_sched->reset();
-  client->reset();
-  node->reset();
-  (*server)->Stop();
 
-  // Redis: same key count, value size, distributions and client/in-flight counts.
+  // Redis is started and loaded before the rounds, so its GETs take turns with farmem's reads
+  // (round after round) and a ratio between them compares figures measured side by side.
   std::string redis_status = "skipped: " + redis_skip;
+  std::optional<uint16_t> redis_port;
   if (redis) {
-    fmt::print("\nRedis (redis-server on 127.0.0.1, no persistence), GET of {} B values\n", o.size);
+    fmt::print("\nRedis (redis-server on 127.0.0.1, default configuration, no persistence)\n");
     auto port_msg = redis->Start(std::chrono::seconds(30));
     if (!port_msg.ok() || port_msg->size() != sizeof(uint16_t)) {
       redis_skip = port_msg.ok() ? "bad ready message" : port_msg.status().ToString();
@@ -482,29 +477,69 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
         fmt::print("  redis load FAILED: {}\n", loaded.ToString());
       } else {
         redis_status = "ran";
-        for (const char* dist : {"uniform", "zipf"}) {
-          for (int clients : o.clients) {
-            PrintCaseStart("redis", "get", dist, clients, o.inflight);
-            std::vector<Result<uint64_t>> rounds;
-            for (int round = 0; round < o.rounds; ++round) {
-              auto g =
-                  bench::RunRedisGets(port, o.objects, o.size, dist[0] == 'z' ? &zipf : nullptr,
-                                      clients, o.inflight, warmup, slice);
-              rounds.push_back(g.ok() ? Result<uint64_t>(g->ops) : Result<uint64_t>(g.status()));
-              if (!g.ok()) break;
-            }
-            CaseResult r = MakeCase("redis", "get", dist, clients, o.inflight, slice, rounds);
-            PrintCaseEnd(r, report);
-            report.cases.push_back(std::move(r));
-          }
-        }
+        redis_port = port;
       }
     }
-    redis->Stop();
   }
+
+  Report report;
+  bool server_died = false;
+  constexpr ReadOp kOps[] = {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc};
+  for (const char* dist : {"uniform", "zipf"}) {
+    fmt::print(
+        "\n{} keys: {} rounds, each running every client count's raw_read, direct_read, "
+        "read{} in turn\n  ",
+        dist, o.rounds, redis_port ? " and Redis get" : "");
+    std::fflush(stdout);
+    const bench::ZipfGenerator* z = dist[0] == 'z' ? &zipf : nullptr;
+    // rounds[client index][read path, 3 = Redis]
+    std::vector<std::array<std::vector<Result<uint64_t>>, 4>> rounds(o.clients.size());
+    for (int round = 0; round < o.rounds; ++round) {
+      for (size_t ci = 0; ci < o.clients.size(); ++ci) {
+        const int clients = o.clients[ci];
+        for (size_t k = 0; k < 3; ++k) {
+          Result<uint64_t> ops =
+              server_died ? Result<uint64_t>(Status::Unavailable("server process died"))
+                          : RunObjectsCase(env, kOps[k], z, clients, o.inflight, warmup, slice);
+          if (!server_died && !(*server)->Alive()) {
+            server_died = true;
+            ops = Status::Unavailable("server process died during the case");
+          }
+          rounds[ci][k].push_back(std::move(ops));
+        }
+        if (redis_port) {
+          auto g = bench::RunRedisGets(*redis_port, o.objects, o.size, z, clients, o.inflight,
+                                       warmup, slice);
+          rounds[ci][3].push_back(g.ok() ? Result<uint64_t>(g->ops) : Result<uint64_t>(g.status()));
+        }
+      }
+      fmt::print("{}", round + 1 < o.rounds ? "." : ".\n");
+      std::fflush(stdout);
+    }
+    for (size_t ci = 0; ci < o.clients.size(); ++ci) {
+      for (size_t k = 0; k < 4; ++k) {
+        if (k == 3 && !redis_port) continue;
+        const bool is_redis = k == 3;
+        const std::string system = is_redis ? "redis" : "farmem";
+        const std::string op = is_redis ? "get" : OpName(kOps[k]);
+        PrintCaseStart(system, op, dist, o.clients[ci], o.inflight);
+        CaseResult r = MakeCase(system, op, dist, o.clients[ci], o.inflight, slice, rounds[ci][k]);
+        PrintCaseEnd(r, report);
+        report.cases.push_back(std::move(r));
+      }
+    }
+  }
+  const ObjectClientStats client_stats = (*client)->stats();
+  // Contexts and the client go before the node whose transport they use.
+  load_sched->reset();
+  client->reset();
+  node->reset();
+  (*server)->Stop();
+  if (redis) redis->Stop();
   if (!redis_skip.empty()) fmt::print("\nRedis: SKIPPED ({})\n", redis_skip);
 
-  auto targets = EvaluateTargets(report, o);
+  auto targets =
+      EvaluateTargets(report, o, redis_port ? "" : "Redis not measured (" + redis_status + ")");
   PrintTargets(targets);
 
   if (!o.json_path.empty()) {
@@ -522,7 +557,9 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
                    {"id_bits", info.id_bits},
                    {"size_class", cls},
                    {"id_mask", info.classes[cls].id_mask},
-                   {"workers", setup.workers}};
+                   {"workers", setup.workers},
+                   {"configuration", server_desc},
+                   {"default_configuration", !setup.busy_poll}};
     j["load_seconds"] = load_s;
     j["notes"] = {
         "raw_read = Scheduler::read of slot_size bytes at the object's offset, no checks",
@@ -549,12 +586,16 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
     j["client_stats"] = StatsJson(client_stats);
     nlohmann::json tj = nlohmann::json::array();
     for (const auto& t : targets) {
-      auto r = bench::Ratio(t.value, t.baseline);
+      const bool have = !t.ratios.ratios.empty();
+      auto num = [&](double v) { return have ? nlohmann::json(v) : nlohmann::json(nullptr); };
       nlohmann::json x = {{"name", t.name},
                           {"value", t.value},
                           {"baseline", t.baseline},
                           {"limit", fmt::format(">= {}x baseline", t.factor)},
-                          {"ratio", r ? nlohmann::json(*r) : nlohmann::json(nullptr)},
+                          {"ratio", num(t.ratios.median)},
+                          {"ratio_min", num(t.ratios.min)},
+                          {"ratio_max", num(t.ratios.max)},
+                          {"round_ratios", t.ratios.ratios},
                           {"result", bench::TargetResultName(t.result)}};
       if (!t.missing.empty()) x["missing"] = t.missing;
       tj.push_back(std::move(x));

@@ -21,20 +21,19 @@ inline CLI::App* AddObjectsThroughputBenchCommand(CLI::App& bench, ObjectsThroug
       ->capture_default_str()
       ->check(CLI::Range(8, 4000));
   cmd->add_option("--clients", o.clients,
-                  "client thread counts, repeatable or comma separated (default 1,2,4,8; "
-                  "--quick: 1,8)")
+                  "client thread counts, repeatable or comma separated (default 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
   cmd->add_option("--inflight", o.inflight, "reads in flight per client thread (K)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--seconds", o.seconds, "measured time per case (default 1; --quick: 0.3)")
+  cmd->add_option("--seconds", o.seconds, "measured time per case (default 1; --quick: 0.5)")
       ->check(CLI::Range(0.01, 600.0));
   cmd->add_option("--rounds", o.rounds,
-                  "rounds per case (read paths take turns; the median round counts)")
+                  "rounds (every case runs once per round, in turn; medians count; >= 5 advised)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
-  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 30 s)");
+  cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 1 min)");
   cmd->add_flag("!--no-redis", o.redis, "skip the Redis baseline");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;

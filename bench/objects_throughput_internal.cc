@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "farmem/server.h"
+#include "server/serve.h"
 
 namespace farmem::bench {
 
@@ -62,9 +63,8 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
     config.node.transport.provider = setup.provider;
     config.node.transport.listen_host = "127.0.0.1";
     config.node.transport.cluster_token = setup.token;
-    // Busy-poll for the whole run (as `farmem bench raw`'s targets do) so no request pays a
-    // wake-up of the NIC/progress thread.
-    config.node.transport.spin_before_sleep = std::chrono::seconds(3600);
+    // Tuned: busy-poll for the whole run so no request pays a wake-up of the NIC thread.
+    if (setup.busy_poll) config.node.transport.spin_before_sleep = std::chrono::seconds(3600);
     config.objects.enabled = true;
     config.objects.workers = static_cast<uint32_t>(setup.workers);
     config.objects.reserve_bytes = setup.memory_bytes;
@@ -82,6 +82,32 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
       WaitForStop(control_fd, std::chrono::hours(2));
     (*server)->stop();
   };
+}
+
+ObjectsServerSetup DefaultFarmemdSetup(uint64_t memory_bytes) {
+  const ServeOptions d;
+  ObjectsServerSetup s;
+  s.memory_bytes = memory_bytes;
+  s.workers = d.workers;
+  s.correction = d.objects_correction;
+  s.background_compaction = d.objects_compaction_interval_ms > 0;
+  s.max_merges_per_round = d.objects_compaction_max_merges_per_round;
+  s.max_merges_per_second = d.objects_compaction_max_merges_per_second;
+  s.busy_poll = false;
+  return s;
+}
+
+std::string DescribeServerSetup(const ObjectsServerSetup& s) {
+  const ServeOptions d;
+  const bool is_default = s.workers == d.workers && !s.busy_poll &&
+                          s.background_compaction == (d.objects_compaction_interval_ms > 0) &&
+                          s.correction == d.objects_correction && s.cpu < 0;
+  return fmt::format(
+      "{}: {} RPC worker(s), NIC thread {}, background compaction {}, correction {}{}",
+      is_default ? "farmemd default configuration" : "farmemd tuned configuration", s.workers,
+      s.busy_poll ? "busy-polls" : "spins 200 us then blocks (transport default)",
+      s.background_compaction ? "on" : "off", s.correction,
+      s.cpu >= 0 ? fmt::format(", pinned to CPU {}", s.cpu) : "");
 }
 
 Result<std::unique_ptr<Node>> MakeObjectsClientNode(const ObjectsServerSetup& setup,
@@ -188,33 +214,8 @@ Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptr
   return s.error;
 }
 
-Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout,
-                      std::optional<std::chrono::microseconds> idle_sleep_override) {
-  // ~a few microseconds of polling before giving the CPU away: completions at full speed arrive
-  // well within that, so a loaded thread never yields.
-  constexpr int kIdlePollsBeforeYield = 64;
-  const auto deadline = ObjClock::now() + timeout;
-  static const std::chrono::microseconds default_idle_sleep = [] {
-    const char* e = std::getenv("FARMEM_BENCH_IDLE_SLEEP_US");
-    return std::chrono::microseconds(e ? std::atoll(e) : 20);
-  }();
-  const std::chrono::microseconds idle_sleep = idle_sleep_override.value_or(default_idle_sleep);
-  int idle = 0;
-  while (sched.live_tasks() > 0) {
-    if (sched.poll_once()) {
-      idle = 0;
-      continue;
-    }
-    if (++idle < kIdlePollsBeforeYield) continue;
-    idle = 0;
-    if (ObjClock::now() > deadline)
-      return Status::TimedOut("benchmark tasks still running at deadline");
-    if (idle_sleep.count() > 0)
-      std::this_thread::sleep_for(idle_sleep);
-    else
-      std::this_thread::yield();
-  }
-  return Status::OK();
+Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout) {
+  return sched.run(timeout).WithContext("benchmark tasks");
 }
 
 bool StartGate::WaitForArrivals(int n, std::chrono::milliseconds timeout) const {

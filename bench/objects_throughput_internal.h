@@ -47,7 +47,17 @@ struct ObjectsServerSetup {
   uint32_t max_merges_per_round = 1u << 20;
   uint32_t max_merges_per_second = 0;  // compaction pace (0 = unpaced)
   int cpu = -1;                        // >= 0: the server process runs on this CPU only
+  // true: the NIC/progress thread busy-polls for the whole run (a tuned configuration); false:
+  // the transport's default (spin 200 us after the last work, then block on epoll).
+  bool busy_poll = true;
 };
+
+// The setup of a farmemd a user starts with no flags (ServeOptions defaults: 1 RPC worker, store
+// workers = RPC workers, background compaction every 100 ms at 64 merges/round and 500 merges/s,
+// the transport's default spin), on `backend`/`provider` and with room for `memory_bytes`.
+ObjectsServerSetup DefaultFarmemdSetup(uint64_t memory_bytes);
+// One line saying what that configuration is, for the benchmark's output and JSON.
+std::string DescribeServerSetup(const ObjectsServerSetup& setup);
 
 // Memory budget for `objects` objects of `size` bytes: generous, so the store never runs out
 // (slots are at most ~1.5x payload + header for small objects) and a multiple of 16 MiB pools.
@@ -82,13 +92,10 @@ Result<std::vector<Ptr>> LoadObjects(ObjectClient& client, Scheduler& sched, uin
 Status FreeObjects(ObjectClient& client, Scheduler& sched, std::vector<Ptr>& ptrs,
                    std::span<const uint64_t> indices, int inflight);
 
-// Drives `sched` until all its tasks finished or `timeout` passed, like Scheduler::run, but gives
-// the CPU away after a run of empty polls (sleeps FARMEM_BENCH_IDLE_SLEEP_US, default 20 us; 0 =
-// sched_yield): benchmark threads outnumber the cores (8 clients + the server's NIC thread on
-// 2 CPUs), and a thread spinning on nothing would steal the time slices the others need.
-// `idle_sleep` overrides that sleep for a thread that waits on slow replies (a paced COMPACT).
-Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout,
-                      std::optional<std::chrono::microseconds> idle_sleep = std::nullopt);
+// Drives `sched` until all its tasks finished or `timeout` passed: Scheduler::run, i.e. the
+// library's own waiting (spin briefly, then block on the transport until a completion may be
+// there). The benchmark has no idle policy of its own.
+Status DriveScheduler(Scheduler& sched, std::chrono::milliseconds timeout);
 
 // Start barrier for client threads: each thread calls Arrive() after its set-up and waits in
 // WaitForGo(); the main thread waits for everyone (with a deadline), then releases them at once.

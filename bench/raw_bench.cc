@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -65,6 +66,8 @@ struct CaseResult {
   double ops_per_sec = std::nan("");
   LatencySummary lat;
   std::vector<std::pair<std::string, std::optional<double>>> ratios;
+  // Per round (in round order): p50 and ops/s of that round's slice.
+  std::vector<double> round_p50_us, round_ops;
 };
 
 struct Report {
@@ -80,6 +83,29 @@ struct Report {
     return nullptr;
   }
 };
+
+CaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
+                      Result<Measurement> m);
+
+// A case measured in rounds: figures over all the rounds' samples, plus each round's p50 and
+// ops/s (what the targets' per-round ratios use). A failed round fails the case.
+CaseResult MakeRoundsResult(std::string backend, std::string op, size_t size, int inflight,
+                            std::vector<Result<Measurement>>& rounds) {
+  Measurement all;
+  std::vector<double> p50s, ops;
+  for (auto& r : rounds) {
+    if (!r.ok()) return MakeResult(backend, op, size, inflight, r.status());
+    p50s.push_back(bench::Summarize(r->lat_ns).p50_us);
+    ops.push_back(r->seconds > 0 ? static_cast<double>(r->ops) / r->seconds : std::nan(""));
+    all.ops += r->ops;
+    all.seconds += r->seconds;
+    all.lat_ns.insert(all.lat_ns.end(), r->lat_ns.begin(), r->lat_ns.end());
+  }
+  CaseResult c = MakeResult(std::move(backend), std::move(op), size, inflight, std::move(all));
+  c.round_p50_us = std::move(p50s);
+  c.round_ops = std::move(ops);
+  return c;
+}
 
 CaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
                       Result<Measurement> m) {
@@ -166,15 +192,15 @@ BackendSpec ParseBackend(const std::string& spec) {
   return b;
 }
 
-// Child role: a transport that busy-polls, exports the 1 MiB region (read area filled with the
-// pattern, the rest zero) and echoes RPCs. Reports [8-byte region key][local address].
+// Child role: a transport with its default configuration (the NIC/progress thread spins 200 us
+// after its last work, then blocks: it stays hot during a case and costs nothing while the other
+// cases of a round run), exports the 1 MiB region (read area filled with the pattern, the rest
+// zero) and echoes RPCs. Reports [8-byte region key][local address].
 bench::TargetRole TransportTargetRole(TransportConfig config) {
   return [config](int report_fd, int control_fd) mutable {
     auto fail = [&](const Status& st) {
       (void)bench::WriteMessage(report_fd, false, st.ToString());
     };
-    // Busy-poll for the whole run so no operation pays a wake-up.
-    config.spin_before_sleep = std::chrono::seconds(3600);
     void* mem = ::mmap(nullptr, bench::kRegionBytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return fail(Status::FromErrno("mmap", errno));
@@ -391,121 +417,59 @@ double WarmupFor(double seconds) {
   return std::clamp(seconds * 0.2, 0.05, 0.2);
 }
 
-void RunBackend(const BackendSpec& spec, TargetProcess& target, const RawBenchOptions& options,
-                Report& report) {
-  auto unavailable = [&](const Status& st) {
-    fmt::print("  {:<20} unavailable: {}\n", spec.label, st.ToString());
-    std::fflush(stdout);
-    report.unavailable.emplace_back(spec.label, st.ToString());
-  };
-  auto ready = target.Start(kStartTimeout);
-  if (!ready.ok()) return unavailable(ready.status());
-  if (ready->size() <= sizeof(RegionKey))
-    return unavailable(Status::Protocol("target sent a malformed ready message"));
-  RegionKey key;
-  std::memcpy(&key, ready->data(), sizeof(key));
-  std::string address = ready->substr(sizeof(key));
+const CaseSpec kTransportSpecs[] = {{OpType::kRead, kSmall},   {OpType::kRead, kLarge},
+                                    {OpType::kWrite, kSmall},  {OpType::kWrite, kLarge},
+                                    {OpType::kCompareSwap, 8}, {OpType::kFetchAdd, 8},
+                                    {OpType::kRpc, kSmall}};
 
-  // The initiator keeps the transport's default spin: only the target is asked to busy-poll.
-  TransportConfig initiator = spec.config;
+// One backend's initiator side, set up once and used by every round.
+struct BackendRun {
+  const BackendSpec* spec = nullptr;
+  TargetProcess* target = nullptr;
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Arena> arena;  // outlives ctx (see Arena)
+  std::unique_ptr<Context> ctx;
+  PeerId peer = kInvalidPeer;
+  RegionKey key = 0;
+  bool broken = false;
+
+  ~BackendRun() {
+    ctx.reset();
+    if (transport) transport->stop();
+    transport.reset();
+    arena.reset();
+    if (target) target->Stop();
+  }
+};
+
+// Starts the backend's target and initiator; an error means the backend is unavailable.
+Status SetUpBackend(BackendRun& b, int max_inflight) {
+  auto ready = b.target->Start(kStartTimeout);
+  if (!ready.ok()) return ready.status();
+  if (ready->size() <= sizeof(RegionKey))
+    return Status::Protocol("target sent a malformed ready message");
+  std::memcpy(&b.key, ready->data(), sizeof(b.key));
+  std::string address = ready->substr(sizeof(b.key));
+  // The initiator keeps the transport's default spin too.
+  TransportConfig initiator = b.spec->config;
   if (const char* e = std::getenv("FARMEM_BENCH_INITIATOR_SPIN_US"))
     initiator.spin_before_sleep = std::chrono::microseconds(std::atoll(e));
-  auto created = Transport::Create(initiator);
-  if (!created.ok()) return unavailable(created.status());
-  std::unique_ptr<Transport> transport = std::move(created).value();
-  if (Status st = transport->start(); !st.ok()) return unavailable(st.WithContext("start"));
-  int max_inflight = 1;
-  for (int n : options.inflight) max_inflight = std::max(max_inflight, n);
-  {
-    Arena arena(max_inflight);  // declared before the context: destroyed after it
-    auto peer = transport->add_peer(address);
-    if (!peer.ok()) {
-      transport->stop();
-      return unavailable(peer.status().WithContext("add_peer"));
-    }
-    auto ctx_or = transport->create_context();
-    if (!ctx_or.ok()) {
-      transport->stop();
-      return unavailable(ctx_or.status().WithContext("create_context"));
-    }
-    std::unique_ptr<Context> ctx = std::move(ctx_or).value();
-    const CaseSpec specs[] = {{OpType::kRead, kSmall},   {OpType::kRead, kLarge},
-                              {OpType::kWrite, kSmall},  {OpType::kWrite, kLarge},
-                              {OpType::kCompareSwap, 8}, {OpType::kFetchAdd, 8},
-                              {OpType::kRpc, kSmall}};
-    auto stall = spec.config.op_timeout + std::chrono::seconds(2);
-    bool broken = false;
-    for (const CaseSpec& cs : specs) {
-      for (int inflight : options.inflight) {
-        std::string op(OpTypeName(cs.op));
-        PrintCaseStart(spec.label, op, cs.size, inflight);
-        Result<Measurement> m =
-            broken ? Result<Measurement>(Status::Aborted("skipped: an earlier case broke the "
-                                                         "context"))
-                   : RunTransportCase(*ctx, *peer, key, cs, inflight, arena,
-                                      WarmupFor(options.seconds), options.seconds, stall, &broken);
-        if (m.ok() && !target.Alive())
-          m = Status::Unavailable("target process died during the case");
-        CaseResult r = MakeResult(spec.label, op, cs.size, inflight, std::move(m));
-        if (r.status.ok()) AddRatios(r, report);
-        PrintCaseEnd(r);
-        report.cases.push_back(std::move(r));
-      }
-    }
-    ctx.reset();
-    transport->stop();
-    transport.reset();
-  }
-  target.Stop();
+  FARMEM_ASSIGN_OR_RETURN(b.transport, Transport::Create(initiator));
+  FARMEM_RETURN_IF_ERROR(b.transport->start().WithContext("start"));
+  b.arena = std::make_unique<Arena>(max_inflight);
+  FARMEM_ASSIGN_OR_RETURN(b.peer, b.transport->add_peer(address));
+  FARMEM_ASSIGN_OR_RETURN(b.ctx, b.transport->create_context());
+  return Status::OK();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Baselines
-
-void RunPvmBaseline(TargetProcess& target, const RawBenchOptions& options, Report& report) {
-  auto ready = target.Start(kStartTimeout);
-  if (!ready.ok() || ready->size() != sizeof(uint64_t)) {
-    Status st = ready.ok() ? Status::Protocol("bad ready message") : ready.status();
-    fmt::print("  {:<20} unavailable: {}\n", kPvmName, st.ToString());
-    report.unavailable.emplace_back(kPvmName, st.ToString());
-    return;
-  }
-  uint64_t addr;
-  std::memcpy(&addr, ready->data(), sizeof(addr));
-  for (size_t size : {kSmall, kLarge}) {
-    PrintCaseStart(kPvmName, "read", size, 1);
-    CaseResult r = MakeResult(
-        kPvmName, "read", size, 1,
-        bench::RunPvmCase(target.pid(), addr, size, WarmupFor(options.seconds), options.seconds));
-    PrintCaseEnd(r);
-    report.cases.push_back(std::move(r));
-  }
-  target.Stop();
-}
-
-void RunEchoBaseline(TargetProcess& target, const RawBenchOptions& options, Report& report) {
-  auto ready = target.Start(kStartTimeout);
-  if (!ready.ok() || ready->size() != sizeof(uint16_t)) {
-    Status st = ready.ok() ? Status::Protocol("bad ready message") : ready.status();
-    fmt::print("  {:<20} unavailable: {}\n", kEchoName, st.ToString());
-    report.unavailable.emplace_back(kEchoName, st.ToString());
-    return;
-  }
-  uint16_t port;
-  std::memcpy(&port, ready->data(), sizeof(port));
-  for (size_t size : {kSmall, kLarge}) {
-    for (int inflight : options.inflight) {
-      PrintCaseStart(kEchoName, "echo", size, inflight);
-      CaseResult r =
-          MakeResult(kEchoName, "echo", size, inflight,
-                     bench::RunEchoCase(port, size, inflight, WarmupFor(options.seconds),
-                                        options.seconds, std::chrono::milliseconds(5000)));
-      PrintCaseEnd(r);
-      report.cases.push_back(std::move(r));
-    }
-  }
-  target.Stop();
-}
+// One case of the run: what it is and its rounds' measurements.
+struct RoundCase {
+  std::string backend, op;
+  size_t size = 0;
+  int inflight = 1;
+  std::function<Result<Measurement>(double warmup_s, double seconds)> run;
+  std::vector<Result<Measurement>> rounds;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Targets of the issue, machine info, JSON
@@ -516,7 +480,8 @@ struct TargetCheck {
   double value = std::nan("");
   double baseline = std::nan("");
   double factor = 0;
-  bool at_most = true;  // value <= factor x baseline (latency) or >= (throughput)
+  bool at_most = true;        // value <= factor x baseline (latency) or >= (throughput)
+  bench::RoundRatios ratios;  // per round: subject_i / baseline_i; judged on the median
   bench::TargetResult result = bench::TargetResult::kUnknown;
   std::string missing;  // why the check could not be made
 };
@@ -541,8 +506,15 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOpt
     if (!b) t.missing += (t.missing.empty() ? "" : "; ") + b_desc + " not measured";
     if (v) t.value = latency ? v->lat.p50_us : v->ops_per_sec;
     if (b) t.baseline = latency ? b->lat.p50_us : b->ops_per_sec;
-    t.result = at_most ? bench::CheckAtMost(t.value, t.baseline, factor)
-                       : bench::CheckAtLeast(t.value, t.baseline, factor);
+    if (v && b) {
+      t.ratios = latency ? bench::PerRoundRatios(v->round_p50_us, b->round_p50_us)
+                         : bench::PerRoundRatios(v->round_ops, b->round_ops);
+      if (!t.ratios.ratios.empty()) {
+        const double m = t.ratios.median;
+        t.result = (at_most ? m <= factor : m >= factor) ? bench::TargetResult::kPass
+                                                         : bench::TargetResult::kMiss;
+      }
+    }
     return t;
   };
   std::vector<TargetCheck> out;
@@ -567,17 +539,17 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOpt
 }
 
 void PrintTargets(const std::vector<TargetCheck>& targets) {
-  fmt::print("\nTargets\n");
+  fmt::print("\nTargets (median of the per-round ratios, min-max of the rounds)\n");
   for (const auto& t : targets) {
     std::string detail;
     if (!t.missing.empty()) {
       detail = t.missing;
     } else if (t.metric == "p50_us") {
-      detail = fmt::format("{} vs {} = {}", FormatMicros(t.value), FormatMicros(t.baseline),
-                           FormatRatio(bench::Ratio(t.value, t.baseline)));
+      detail = fmt::format("{} vs {}: {}", FormatMicros(t.value), FormatMicros(t.baseline),
+                           bench::FormatRoundRatios(t.ratios));
     } else {
-      detail = fmt::format("{} vs {} = {}", FormatRate(t.value), FormatRate(t.baseline),
-                           FormatRatio(bench::Ratio(t.value, t.baseline)));
+      detail = fmt::format("{} vs {}: {}", FormatRate(t.value), FormatRate(t.baseline),
+                           bench::FormatRoundRatios(t.ratios));
     }
     fmt::print("  [{:<4}] {}: {}\n", bench::TargetResultName(t.result), t.name, detail);
   }
@@ -591,7 +563,9 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
   j["machine"] = machine;
   j["options"] = {{"backends", options.backends},
                   {"seconds", options.seconds},
-                  {"warmup_seconds", WarmupFor(options.seconds)},
+                  {"rounds", options.rounds},
+                  {"round_seconds", options.seconds / options.rounds},
+                  {"warmup_seconds", WarmupFor(options.seconds / options.rounds)},
                   {"inflight", options.inflight}};
   j["notes"] = {
       "write = write with delivery_complete; cas/faa operate on 8-byte words (size 8); "
@@ -599,7 +573,10 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
       "ratios: p50_vs_* = p50 / baseline p50 (lower is better); ops_vs_* = ops_per_sec / baseline "
       "ops_per_sec (higher is better); tcp_echo baseline of the same size (64 B for cas/faa/rpc) "
       "and the same inflight depth",
-      "percentiles: nearest rank over every operation completed in the measurement window"};
+      "percentiles: nearest rank over every operation completed in the measurement window "
+      "(all rounds); targets: median of per-round ratios (each round runs every case once, so "
+      "subject and baseline alternate)",
+      "targets run with the transport's default configuration (spin 200 us, then block)"};
   nlohmann::json cases = nlohmann::json::array();
   for (const auto& c : report.cases) {
     nlohmann::json jc = {{"backend", c.backend},   {"op", c.op},   {"size", c.size},
@@ -613,6 +590,8 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
       jc["min_us"] = c.lat.min_us;
       jc["max_us"] = c.lat.max_us;
       jc["ops_per_sec"] = c.ops_per_sec;
+      jc["round_p50_us"] = c.round_p50_us;
+      jc["round_ops_per_sec"] = c.round_ops;
       nlohmann::json ratios = nlohmann::json::object();
       for (const auto& [name, value] : c.ratios)
         ratios[name] = value ? nlohmann::json(*value) : nlohmann::json(nullptr);
@@ -634,8 +613,11 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
         {"baseline", t.baseline},
         {"limit", std::string(t.at_most ? "<= " : ">= ") + fmt::format("{}x baseline", t.factor)},
         {"result", bench::TargetResultName(t.result)}};
-    auto r = bench::Ratio(t.value, t.baseline);
-    x["ratio"] = r ? nlohmann::json(*r) : nlohmann::json(nullptr);
+    const bool have = !t.ratios.ratios.empty();
+    x["ratio"] = have ? nlohmann::json(t.ratios.median) : nlohmann::json(nullptr);
+    x["ratio_min"] = have ? nlohmann::json(t.ratios.min) : nlohmann::json(nullptr);
+    x["ratio_max"] = have ? nlohmann::json(t.ratios.max) : nlohmann::json(nullptr);
+    x["round_ratios"] = t.ratios.ratios;
     if (!t.missing.empty()) x["missing"] = t.missing;
     tj.push_back(std::move(x));
   }
@@ -646,6 +628,7 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
 Status ValidateOptions(const RawBenchOptions& o) {
   if (!(o.seconds > 0) || o.seconds > 3600)
     return Status::InvalidArgument("seconds must be in (0, 3600]");
+  if (o.rounds < 1 || o.rounds > 100) return Status::InvalidArgument("rounds must be in 1..100");
   if (o.inflight.empty()) return Status::InvalidArgument("inflight list is empty");
   std::set<int> seen;
   for (int n : o.inflight) {
@@ -697,37 +680,135 @@ int RunRawBench(const RawBenchOptions& options) {
   }
 
   nlohmann::json machine = bench::MachineInfo();
-  fmt::print("farmem bench raw: {} s per case (+{:.2f} s warm-up), in flight {}, {} CPUs, {}\n",
-             options.seconds, WarmupFor(options.seconds), fmt::join(options.inflight, "/"),
-             machine.value("nproc", 0L), machine.value("kernel", std::string("?")));
+  fmt::print(
+      "farmem bench raw: {} s per case in {} interleaved rounds, in flight {}, {} CPUs, {}\n",
+      options.seconds, options.rounds, fmt::join(options.inflight, "/"), machine.value("nproc", 0L),
+      machine.value("kernel", std::string("?")));
+  fmt::print(
+      "Targets run with the transport's default configuration (NIC/progress thread spins 200 us "
+      "after its last work, then blocks).\n");
   fmt::print(
       "Latency is per operation (post to completion); ratios: p50/baseline (lower is "
       "better), ops/baseline (higher is better).\n");
-  // Every case busy-polls on both sides, so other load on the machine shows up directly in the
-  // figures; say so rather than let a loaded run pass for a clean one.
+  // Cases keep both sides hot, so other load on the machine shows up directly in the figures;
+  // say so rather than let a loaded run pass for a clean one.
   if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
     machine["cpu_busy_before_run"] = *busy;
     if (*busy > 0.25)
       fmt::print(
           "WARNING: {:.0f}% of the CPUs were busy before the run: other processes compete "
-          "with the busy-polling target and initiator, so figures will be noisy.\n",
+          "with the benchmark's targets and initiator, so figures will be noisy.\n",
           *busy * 100);
   }
-  fmt::print("\nBaselines\n");
+  // Set up every target and initiator once, then run the rounds: each round runs every case
+  // (baselines and transports) for seconds/rounds, so a subject and its baseline alternate
+  // (A B A B ...) and load on the machine hits them alike.
   Report report;
-  RunPvmBaseline(**pvm, options, report);
-  RunEchoBaseline(**echo, options, report);
-
+  std::vector<RoundCase> cases;
+  auto unavailable = [&](const std::string& label, const Status& st) {
+    fmt::print("  {:<20} unavailable: {}\n", label, st.ToString());
+    report.unavailable.emplace_back(label, st.ToString());
+  };
+  fmt::print("\nSet-up\n");
+  if (auto ready = (*pvm)->Start(kStartTimeout); !ready.ok() || ready->size() != sizeof(uint64_t)) {
+    unavailable(kPvmName, ready.ok() ? Status::Protocol("bad ready message") : ready.status());
+  } else {
+    uint64_t addr;
+    std::memcpy(&addr, ready->data(), sizeof(addr));
+    const pid_t pid = (*pvm)->pid();
+    for (size_t size : {kSmall, kLarge}) {
+      cases.push_back({kPvmName, "read", size, 1, [pid, addr, size](double w, double s) {
+                         return bench::RunPvmCase(pid, addr, size, w, s);
+                       }});
+    }
+  }
+  if (auto ready = (*echo)->Start(kStartTimeout);
+      !ready.ok() || ready->size() != sizeof(uint16_t)) {
+    unavailable(kEchoName, ready.ok() ? Status::Protocol("bad ready message") : ready.status());
+  } else {
+    uint16_t port;
+    std::memcpy(&port, ready->data(), sizeof(port));
+    for (size_t size : {kSmall, kLarge}) {
+      for (int inflight : options.inflight) {
+        cases.push_back(
+            {kEchoName, "echo", size, inflight, [port, size, inflight](double w, double s) {
+               return bench::RunEchoCase(port, size, inflight, w, s,
+                                         std::chrono::milliseconds(5000));
+             }});
+      }
+    }
+  }
+  int max_inflight = 1;
+  for (int n : options.inflight) max_inflight = std::max(max_inflight, n);
+  std::vector<std::unique_ptr<BackendRun>> runs;
   for (size_t i = 0; i < specs.size(); ++i) {
-    fmt::print("\n{}\n", specs[i].label);
     if (!specs[i].parse_status.ok()) {
-      fmt::print("  {:<20} unavailable: {}\n", specs[i].label, specs[i].parse_status.ToString());
-      report.unavailable.emplace_back(specs[i].label, specs[i].parse_status.ToString());
+      unavailable(specs[i].label, specs[i].parse_status);
       continue;
     }
-    RunBackend(specs[i], *targets[i], options, report);
-    targets[i]->Stop();
+    auto run = std::make_unique<BackendRun>();
+    run->spec = &specs[i];
+    run->target = targets[i].get();
+    if (Status st = SetUpBackend(*run, max_inflight); !st.ok()) {
+      unavailable(specs[i].label, st);
+      continue;
+    }
+    BackendRun* b = run.get();
+    const auto stall = specs[i].config.op_timeout + std::chrono::seconds(2);
+    for (const CaseSpec& cs : kTransportSpecs) {
+      for (int inflight : options.inflight) {
+        cases.push_back({specs[i].label, std::string(OpTypeName(cs.op)), cs.size, inflight,
+                         [b, cs, inflight, stall](double w, double s) -> Result<Measurement> {
+                           if (b->broken)
+                             return Status::Aborted("skipped: an earlier case broke the context");
+                           Result<Measurement> m =
+                               RunTransportCase(*b->ctx, b->peer, b->key, cs, inflight, *b->arena,
+                                                w, s, stall, &b->broken);
+                           if (m.ok() && !b->target->Alive())
+                             return Status::Unavailable("target process died during the case");
+                           return m;
+                         }});
+      }
+    }
+    fmt::print("  {:<20} ready\n", specs[i].label);
+    runs.push_back(std::move(run));
   }
+  const double slice = options.seconds / options.rounds;
+  fmt::print("\n{} cases x {} rounds of {:.2f} s (+{:.2f} s warm-up each)\n  ", cases.size(),
+             options.rounds, slice, WarmupFor(slice));
+  std::fflush(stdout);
+  for (int round = 0; round < options.rounds; ++round) {
+    for (auto& c : cases) {
+      // A case that failed is not run again (its later rounds repeat the failure).
+      if (!c.rounds.empty() && !c.rounds.back().ok()) {
+        c.rounds.push_back(c.rounds.back().status());
+        continue;
+      }
+      c.rounds.push_back(c.run(WarmupFor(slice), slice));
+    }
+    fmt::print("{}", round + 1 < options.rounds ? "." : ".\n");
+    std::fflush(stdout);
+  }
+  std::string section;
+  for (auto& c : cases) {
+    const std::string sec =
+        c.backend == kPvmName || c.backend == kEchoName ? "Baselines" : c.backend;
+    if (sec != section) {
+      fmt::print("\n{}\n", sec);
+      section = sec;
+    }
+    PrintCaseStart(c.backend, c.op, c.size, c.inflight);
+    CaseResult r = MakeRoundsResult(c.backend, c.op, c.size, c.inflight, c.rounds);
+    if (r.status.ok() && sec != "Baselines") AddRatios(r, report);
+    PrintCaseEnd(r);
+    report.cases.push_back(std::move(r));
+  }
+  cases.clear();  // the closures point into runs
+  runs.clear();
+  (*pvm)->Stop();
+  (*echo)->Stop();
+  for (auto& t : targets)
+    if (t) t->Stop();
 
   if (double load[3]; ::getloadavg(load, 3) == 3)
     machine["loadavg_at_end"] = {load[0], load[1], load[2]};

@@ -11,8 +11,13 @@ namespace farmem {
 struct RawBenchOptions {
   // Backend specs as accepted by farmem::CreateTransport ("tcp", "fabric:<provider>").
   std::vector<std::string> backends{"tcp", "fabric:shm", "fabric:tcp;ofi_rxm"};
-  // Measurement time per case (after a short warm-up).
+  // Measurement time per case, split over `rounds` rounds (each after a short warm-up). Every
+  // round runs every case once, so subjects and baselines alternate; targets are judged on the
+  // median of the per-round ratios.
   double seconds = 1.0;
+  int rounds = 5;
+  // --quick: 0.5 s per case (the whole run in about 40 s).
+  bool quick = false;
   // Operations kept in flight per case; 1 measures latency, deeper queues measure throughput.
   std::vector<int> inflight{1, 16};
   // Where the JSON result file is written ("" = do not write one).

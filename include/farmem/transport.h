@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "farmem/status.h"
 
@@ -136,6 +137,19 @@ class Context {
   virtual size_t poll(std::span<Completion> out) = 0;
   // Operations posted and not yet returned by poll().
   virtual size_t outstanding() const = 0;
+
+  // Blocks the calling thread until poll() may have something new for it, or until `deadline`
+  // (whichever is first), instead of sleeping a fixed interval. It sends what posts queued first.
+  // May return early (spuriously); never returns later than `deadline` plus scheduling delay, nor
+  // later than the earliest op deadline (so timeouts still fire). Callers poll() after it.
+  // Native TCP blocks on the readiness of its connections (and on an eventfd that stop()
+  // signals); the default, used by libfabric (whose initiator makes progress only inside poll()),
+  // sleeps at most kDefaultWaitSlice.
+  static constexpr std::chrono::microseconds kDefaultWaitSlice{50};
+  virtual void wait(std::chrono::steady_clock::time_point deadline) {
+    const auto cap = std::chrono::steady_clock::now() + kDefaultWaitSlice;
+    std::this_thread::sleep_until(deadline < cap ? deadline : cap);
+  }
 };
 
 class Transport {

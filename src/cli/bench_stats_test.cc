@@ -225,4 +225,29 @@ TEST(BenchBaselineTest, ProcessVmReadvReadsThePattern) {
 }
 
 }  // namespace
+TEST(BenchStatsTest, PerRoundRatiosMedianAndSpread) {
+  const std::vector<double> subject{10, 30, 20, 40, 0};
+  const std::vector<double> baseline{10, 10, 10, 10, 10};
+  const bench::RoundRatios r = bench::PerRoundRatios(subject, baseline);
+  ASSERT_EQ(r.ratios.size(), 5u);
+  EXPECT_DOUBLE_EQ(r.ratios[1], 3.0);  // round order kept
+  EXPECT_DOUBLE_EQ(r.median, 2.0);
+  EXPECT_DOUBLE_EQ(r.min, 0.0);
+  EXPECT_DOUBLE_EQ(r.max, 4.0);
+  EXPECT_EQ(bench::FormatRoundRatios(r), "2.00x (0.00-4.00x, 5 rounds)");
+}
+
+TEST(BenchStatsTest, PerRoundRatiosSkipInvalidRoundsAndPairOnlyCommonRounds) {
+  const double nan = std::nan("");
+  const std::vector<double> subject{4, nan, 6, 8, 100};
+  const std::vector<double> baseline{2, 2, 0, 2};  // round 2: no valid baseline; round 4: none
+  const bench::RoundRatios r = bench::PerRoundRatios(subject, baseline);
+  ASSERT_EQ(r.ratios.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.median, 3.0);  // even count: mean of the middle two (2 and 4)
+  const bench::RoundRatios none = bench::PerRoundRatios({}, baseline);
+  EXPECT_TRUE(none.ratios.empty());
+  EXPECT_TRUE(std::isnan(none.median));
+  EXPECT_EQ(bench::FormatRoundRatios(none), "n/a");
+}
+
 }  // namespace farmem::bench

@@ -75,9 +75,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> backends;
   std::vector<int> inflight;
   raw->add_option("--backend", backends, "tcp | fabric:<provider> (repeatable; default: all)");
-  raw->add_option("--seconds", bench_opts.seconds, "measurement time per case")
+  raw->add_option("--seconds", bench_opts.seconds, "measurement time per case (--quick: 0.5)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  raw->add_option("--rounds", bench_opts.rounds,
+                  "interleaved rounds per case (each round runs every case once)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  raw->add_flag("--quick", bench_opts.quick, "shorter run: 0.5 s per case");
   raw->add_option("--inflight", inflight, "operations in flight (repeatable; default 1 and 16)")
       ->check(CLI::Range(1, 4096));
   raw->add_option("--json", bench_opts.json_path, "JSON result file (\"\" = none)")
@@ -115,6 +120,7 @@ int main(int argc, char** argv) {
   if (raw->parsed()) {
     if (!backends.empty()) bench_opts.backends = backends;
     if (!inflight.empty()) bench_opts.inflight = inflight;
+    if (bench_opts.quick && raw->count("--seconds") == 0) bench_opts.seconds = 0.5;
     return farmem::RunRawBench(bench_opts);
   }
   if (objects_tp->parsed()) return farmem::RunObjectsThroughputBench(objects_tp_opts);

@@ -1,6 +1,7 @@
 // RPC worker pool of a Node (see rpc_dispatcher.h). The progress thread only locks a mutex to
-// enqueue; handlers run on workers, each reusing one reply vector across calls. Inline handlers
-// run on the progress thread without touching the mutex.
+// enqueue (and makes a futex wake only when a worker sleeps); handlers run on workers, which take
+// queued RPCs in batches and reuse one reply vector. Inline handlers run on the progress thread
+// without touching the mutex.
 #include "node/rpc_dispatcher.h"
 
 #include <exception>
@@ -72,7 +73,8 @@ void RpcDispatcher::Submit(std::unique_ptr<IncomingRpc> rpc) {
     if (!s.ok()) FARMEM_LOG_DEBUG("rpc: could not send rejection: {}", s.ToString());
     return;
   }
-  cv_.notify_one();
+  wake_seq_.fetch_add(1);
+  if (sleepers_.load() > 0) wake_seq_.notify_one();
 }
 
 bool RpcDispatcher::TryInline(std::unique_ptr<IncomingRpc>& rpc) {
@@ -104,7 +106,8 @@ void RpcDispatcher::Stop() {
     serving_.store(false);
     left.swap(queue_);
   }
-  cv_.notify_all();
+  wake_seq_.fetch_add(1);
+  wake_seq_.notify_all();
   for (auto& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -129,18 +132,39 @@ RpcDispatcher::Stats RpcDispatcher::stats() const {
 }
 
 void RpcDispatcher::WorkerLoop() {
+  // At most this many RPCs per lock round trip, so one worker does not hoard a burst that idle
+  // workers could share.
+  constexpr size_t kBatch = 16;
   std::vector<std::byte> reply;
+  std::vector<std::unique_ptr<IncomingRpc>> batch;
+  batch.reserve(kBatch);
   for (;;) {
-    std::unique_ptr<IncomingRpc> rpc;
     {
-      std::unique_lock lock(mu_);
-      // Timed wait only as a safety net; Submit()/Stop() notify.
-      while (queue_.empty() && !stopping_) cv_.wait_for(lock, std::chrono::seconds(1));
+      std::lock_guard lock(mu_);
       if (stopping_) return;  // queued RPCs are failed by Stop()
-      rpc = std::move(queue_.front());
-      queue_.pop_front();
+      while (!queue_.empty() && batch.size() < kBatch) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
     }
-    Handle(*rpc, reply);
+    if (!batch.empty()) {
+      for (auto& rpc : batch) {
+        Handle(*rpc, reply);
+        rpc.reset();
+      }
+      batch.clear();
+      continue;
+    }
+    // Idle: announce, look again, then block (see the protocol in rpc_dispatcher.h).
+    sleepers_.fetch_add(1);
+    const uint32_t seen = wake_seq_.load();
+    bool idle;
+    {
+      std::lock_guard lock(mu_);
+      idle = queue_.empty() && !stopping_;
+    }
+    if (idle) wake_seq_.wait(seen);
+    sleepers_.fetch_sub(1);
   }
 }
 

@@ -1,11 +1,12 @@
 // RPC dispatch of a Node: the transport's progress thread hands each arriving RPC to Submit()
-// (never blocks), a bounded queue buffers it, and worker threads run the registered handler and
-// answer; handlers registered RpcExecution::kInline run in Submit() itself. The handler table is
-// frozen at Start(), so workers and Submit() read it without locking.
+// (never blocks), a bounded queue buffers it, and worker threads take it in batches, run the
+// registered handler and answer; handlers registered RpcExecution::kInline run in Submit()
+// itself. A worker only sleeps (futex on wake_seq_) when the queue is empty, and Submit() only
+// wakes one when one sleeps. The handler table is frozen at Start(), so workers and Submit() read
+// it without locking.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -73,8 +74,16 @@ class RpcDispatcher {
   std::atomic<bool> serving_{false};  // started and not stopping
   std::atomic<int> inline_running_{0};
 
+  // Worker wake-up without a condition variable hand-off per RPC. A worker that finds the queue
+  // empty counts itself in sleepers_, reads wake_seq_, checks the queue again under mu_, and only
+  // then blocks in wake_seq_.wait(seen). Submit() pushes under mu_, bumps wake_seq_, and calls
+  // notify_one() only if sleepers_ > 0 (seq_cst both sides, Dekker-style): either Submit sees the
+  // sleeper and wakes it (or its wait sees wake_seq_ changed), or the worker's second check sees
+  // the RPC. Stress test: RpcDispatcher.ClosedLoopSubmitsNeverLoseAWakeup.
+  std::atomic<uint32_t> wake_seq_{0};
+  std::atomic<int> sleepers_{0};
+
   std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<std::unique_ptr<IncomingRpc>> queue_;
   bool started_ = false;
   bool stopping_ = false;

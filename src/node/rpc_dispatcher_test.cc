@@ -338,5 +338,45 @@ TEST(RpcDispatcher, StopWaitsForInlineHandlersAndNoneRunsAfter) {
   }
 }
 
+// Stress for the worker wake-up protocol (rpc_dispatcher.h). Each submitter runs a closed loop
+// (submit, wait for the answer, submit again) against its own dispatcher with two workers, so
+// every submit lands just as a worker finished the previous RPC and is going idle: the window
+// where a lost wake-up happens. Nothing else submits to that dispatcher, so a lost wake-up
+// strands the RPC for good and its answer never comes (hang guard: 10 s per RPC). Three such
+// pairs run at once. Every RPC must be answered exactly once, with OK.
+TEST(RpcDispatcher, ClosedLoopSubmitsNeverLoseAWakeup) {
+  ScopedWatchdog watchdog("ClosedLoopSubmitsNeverLoseAWakeup", 120s);
+  constexpr int kPairs = 3, kIters = 3000;
+  std::atomic<int> answered{0}, bad{0}, stranded{0};
+  std::vector<std::thread> pairs;
+  for (int t = 0; t < kPairs; ++t) {
+    pairs.emplace_back([&] {
+      RpcDispatcher d(64, 1 << 20);
+      if (!d.Register(9, [](const RpcCall&, std::vector<std::byte>&) { return Status::OK(); })
+               .ok() ||
+          !d.Start(2).ok()) {
+        bad.fetch_add(1);
+        return;
+      }
+      for (int i = 0; i < kIters; ++i) {
+        auto out = std::make_shared<Outcome>();
+        d.Submit(std::make_unique<FakeRpc>(9, "x", out));
+        if (!out->Wait(10000ms)) {
+          stranded.fetch_add(1);
+          break;
+        }
+        answered.fetch_add(1);
+        std::lock_guard lock(out->mu);
+        if (!out->error.ok() || out->answers != 1) bad.fetch_add(1);
+      }
+      d.Stop();
+    });
+  }
+  for (auto& th : pairs) th.join();
+  EXPECT_EQ(stranded.load(), 0) << "an RPC stayed queued with every worker asleep";
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(answered.load(), kPairs * kIters);
+}
+
 }  // namespace
 }  // namespace farmem::node

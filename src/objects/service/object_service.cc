@@ -312,9 +312,13 @@ const char* ObjectService::OpName(uint16_t opcode) {
 }
 
 RpcExecution ObjectService::Execution(uint16_t opcode) {
-  // Only LOCATE, a fixed-size lookup. READ and WRITE copy payloads of up to the largest class
-  // (which would hold the progress thread for the copy), and the rest allocate, free or compact.
-  return opcode == wire::kOpLocate ? RpcExecution::kInline : RpcExecution::kWorker;
+  // LOCATE (a fixed-size lookup) and READ: a READ holds the progress thread for one slot copy
+  // under the block's shared lock, no longer than the one-sided READ of the same slot the NIC
+  // thread serves anyway (the copy is at most the largest class); inline it costs no worker
+  // hand-off and its reply leaves in the NIC thread's batch. WRITE takes the slot lock and the
+  // rest allocate, free or compact: workers.
+  return opcode == wire::kOpLocate || opcode == wire::kOpRead ? RpcExecution::kInline
+                                                              : RpcExecution::kWorker;
 }
 
 Status ObjectService::Handle(const RpcCall& call, std::vector<std::byte>& reply) {

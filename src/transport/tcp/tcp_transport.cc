@@ -156,9 +156,21 @@ class Fd {
 
 // State shared by a transport and every context it created, so contexts may outlive it safely.
 struct Shared {
-  explicit Shared(TransportConfig c) : config(std::move(c)) {}
+  explicit Shared(TransportConfig c)
+      : config(std::move(c)), stop_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
   const TransportConfig config;
   std::atomic<bool> stopped{false};
+  // Becomes readable (and stays so) when the transport stops, so a context blocked in wait()
+  // returns at once and its poll() aborts what is pending. -1 if eventfd failed (wait() then
+  // also wakes at the earliest op deadline, which it always does).
+  const Fd stop_fd;
+  void SignalStop() {
+    stopped.store(true, std::memory_order_release);
+    if (stop_fd.get() >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(stop_fd.get(), &one, sizeof(one));
+    }
+  }
 
   struct Peer {
     std::string address;
@@ -430,6 +442,32 @@ class TcpContext final : public Context {
   }
 
   size_t outstanding() const override { return active_count_ + (ready_.size() - ready_head_); }
+
+  // Sends what is queued, then blocks in ppoll() on the connections that owe this context a
+  // response (POLLIN), still have bytes to send or are connecting (POLLOUT), and on the
+  // transport's stop eventfd, until one is ready, `deadline` or the earliest op deadline.
+  void wait(Clock::time_point deadline) override {
+    if (shared_->stopped.load(std::memory_order_acquire)) return;
+    Progress();
+    if (ready_.size() > ready_head_) return;
+    if (active_count_ > 0 && next_deadline_ < deadline) deadline = next_deadline_;
+    pollfds_.clear();
+    if (shared_->stop_fd.get() >= 0) pollfds_.push_back({shared_->stop_fd.get(), POLLIN, 0});
+    for (auto& up : conns_) {
+      const Conn* c = up.get();
+      if (c == nullptr || c->fd < 0) continue;
+      short events = 0;
+      if (c->state == ConnState::kConnecting || !c->sbuf.empty()) events |= POLLOUT;
+      if (c->state == ConnState::kConnected && c->awaiting > 0) events |= POLLIN;
+      if (events != 0) pollfds_.push_back({c->fd, events, 0});
+    }
+    const auto now = Clock::now();
+    if (deadline <= now) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ++stats_.waits;
+    (void)::ppoll(pollfds_.data(), pollfds_.size(), &ts, nullptr);
+  }
 
   const TcpContextStats& stats() const { return stats_; }
 
@@ -854,6 +892,7 @@ class TcpContext final : public Context {
   std::vector<Completion> ready_;
   size_t ready_head_ = 0;
   bool aborted_ = false;
+  std::vector<pollfd> pollfds_;  // wait()'s set, reused
   TcpContextStats stats_;
 };
 
@@ -926,7 +965,7 @@ class TcpTransport final : public Transport {
 
   void stop() override {
     std::lock_guard lock(lifecycle_mu_);
-    shared_->stopped.store(true, std::memory_order_release);
+    shared_->SignalStop();
     if (thread_.joinable()) {
       stop_requested_.store(true, std::memory_order_release);
       const uint64_t one = 1;

@@ -19,6 +19,7 @@ struct TcpContextStats {
   uint64_t frames_received = 0;  // response frames decoded
   uint64_t stale_responses = 0;  // responses for ops that had already completed (discarded)
   uint64_t connects = 0;         // connections opened
+  uint64_t waits = 0;            // wait() calls that blocked in ppoll()
 };
 
 // Counters of a transport's NIC thread (relaxed snapshots; safe from any thread).

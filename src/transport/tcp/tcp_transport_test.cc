@@ -12,9 +12,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -472,6 +474,167 @@ TEST_F(TcpTransportTest, RpcReplyAfterTransportStopIsDroppedWithStatus) {
   Status st = held->reply(1, {});
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
   held.reset();  // destroying an answered RPC sends nothing more
+}
+
+// Context::wait() blocks on socket readiness instead of sleeping. Stress for lost wake-ups:
+// several initiator threads, each with its own context, block in wait() (no spinning at all)
+// while a replier thread answers their RPCs after random delays of 0-300 us, so answers land
+// before, during and after each thread starts blocking; reads from the NIC thread are mixed in.
+// A lost wake-up leaves the waiter blocked until its deadline: no wait may last that long, every
+// completion must be OK and every op must complete.
+TEST_F(TcpTransportTest, WaitWakesForEveryResponseUnderConcurrency) {
+  mem_ = testing::AlignedBuffer(1 << 16);
+  for (int i = 0; i < 64; ++i) mem_.store_word(i * 8, 5000 + i);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<IncomingRpc>> pending;
+  bool done = false;
+  auto t = CreateTcpTransport(Config());
+  ASSERT_TRUE(t.ok());
+  target_ = std::move(*t);
+  target_->set_rpc_handler([&](std::unique_ptr<IncomingRpc> rpc) {
+    {
+      std::lock_guard lock(mu);
+      pending.push_back(std::move(rpc));
+    }
+    cv.notify_one();
+  });
+  ASSERT_OK(target_->start());
+  auto r = target_->register_memory(mem_.data(), mem_.size());
+  ASSERT_TRUE(r.ok());
+  region_ = *r;
+  std::thread replier([&] {
+    std::mt19937 rng(7);
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return done || !pending.empty(); });
+      if (pending.empty() && done) return;
+      auto rpc = std::move(pending.front());
+      pending.erase(pending.begin());
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      (void)rpc->reply(rpc->imm() + 1, rpc->payload());
+      rpc.reset();
+      lock.lock();
+    }
+  });
+  auto i = CreateTcpTransport(Config());
+  ASSERT_TRUE(i.ok());
+  initiator_ = std::move(*i);
+  ASSERT_OK(initiator_->start());
+  auto p = initiator_->add_peer(target_->local_address());
+  ASSERT_TRUE(p.ok());
+  constexpr int kThreads = 4, kIters = 150;
+  std::atomic<int> ok{0}, bad{0}, lost{0}, overslept{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      auto c = initiator_->create_context();
+      if (!c.ok()) {
+        bad.fetch_add(1);
+        return;
+      }
+      Context& ctx = **c;
+      uint64_t words[2];
+      std::byte req[8], rep[2][8];
+      for (int it = 0; it < kIters; ++it) {
+        std::memcpy(req, &it, sizeof(it));
+        const uint32_t imm = static_cast<uint32_t>(th * 1000 + it);
+        if (!ctx.post_rpc(*p, imm, req, rep[0], 1).ok() ||
+            !ctx.post_read(RemoteRef{*p, region_.key, uint64_t(it % 64) * 8}, &words[0], 8, 2)
+                 .ok() ||
+            !ctx.post_rpc(*p, imm, req, rep[1], 3).ok()) {
+          bad.fetch_add(1);
+          return;
+        }
+        int got = 0;
+        const auto hang = std::chrono::steady_clock::now() + 30s;
+        while (got < 3 && std::chrono::steady_clock::now() < hang) {
+          Completion cs[4];
+          const size_t n = ctx.poll(cs);
+          for (size_t k = 0; k < n; ++k) {
+            ++got;
+            const bool good =
+                cs[k].status.ok() && (cs[k].op != OpType::kRpc || cs[k].reply_imm == imm + 1);
+            (good ? ok : bad).fetch_add(1);
+          }
+          if (got < 3 && n == 0) {
+            // Answers come within microseconds; a wait that lasts to its deadline slept through
+            // the readiness of its connection (ops would still complete, at the next poll, so
+            // this is what catches a lost wake-up). 5 s: a hang guard, not a timing check.
+            const auto until = std::chrono::steady_clock::now() + 5s;
+            ctx.wait(until);
+            if (std::chrono::steady_clock::now() >= until) {
+              overslept.fetch_add(1);
+              return;
+            }
+          }
+        }
+        if (got < 3) lost.fetch_add(3 - got);
+        if (words[0] != uint64_t(5000 + it % 64)) bad.fetch_add(1);
+        if (bad.load() != 0 || lost.load() != 0) return;  // one failure is enough
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_one();
+  replier.join();
+  EXPECT_EQ(overslept.load(), 0) << "a wait() missed the response it was waiting for";
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(ok.load(), kThreads * kIters * 3);
+}
+
+// stop() wakes a context blocked in wait(): its op is aborted at once, not at the op deadline.
+TEST_F(TcpTransportTest, StopWakesABlockedWait) {
+  std::unique_ptr<IncomingRpc> held;
+  std::mutex mu;
+  auto t = CreateTcpTransport(Config());
+  ASSERT_TRUE(t.ok());
+  target_ = std::move(*t);
+  target_->set_rpc_handler([&](std::unique_ptr<IncomingRpc> rpc) {
+    std::lock_guard lock(mu);
+    held = std::move(rpc);  // never answered while the test waits
+  });
+  ASSERT_OK(target_->start());
+  TransportConfig cfg = Config();
+  cfg.op_timeout = 60s;
+  auto i = CreateTcpTransport(cfg);
+  ASSERT_TRUE(i.ok());
+  initiator_ = std::move(*i);
+  ASSERT_OK(initiator_->start());
+  auto p = initiator_->add_peer(target_->local_address());
+  ASSERT_TRUE(p.ok());
+  auto c = initiator_->create_context();
+  ASSERT_TRUE(c.ok());
+  ctx_ = std::move(*c);
+  std::byte rep[8];
+  ASSERT_OK(ctx_->post_rpc(*p, 1, {}, rep, 9));
+  std::atomic<bool> returned{false};
+  Status status;
+  std::thread waiter([&] {
+    Completion cs[1];
+    const auto hang = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < hang) {
+      if (ctx_->poll(cs) == 1) {
+        status = cs[0].status;
+        returned.store(std::chrono::steady_clock::now() < hang);
+        break;
+      }
+      ctx_->wait(hang);
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  initiator_->stop();
+  waiter.join();
+  EXPECT_TRUE(returned.load()) << "the wait slept until its deadline (hang guard, 30 s)";
+  EXPECT_EQ(status.code(), Code::kAborted) << status.ToString();
+  std::lock_guard lock(mu);
+  held.reset();
 }
 
 TEST_F(TcpTransportTest, AddPeerValidatesAddresses) {
