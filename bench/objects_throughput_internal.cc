@@ -84,24 +84,33 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
   };
 }
 
+namespace {
+// The benchmark names correction modes as farmemd's --objects-correction does.
+std::string DefaultCorrectionName() {
+  return ServerConfig().objects.correction == Correction::kScan ? "scan" : "owner";
+}
+}  // namespace
+
 ObjectsServerSetup DefaultFarmemdSetup(uint64_t memory_bytes) {
-  const ServeOptions d;
+  const ServeOptions o;  // farmemd's own defaults
+  const ServerConfig d;  // the services' defaults
   ObjectsServerSetup s;
   s.memory_bytes = memory_bytes;
-  s.workers = d.workers;
-  s.correction = d.objects_correction;
-  s.background_compaction = d.objects_compaction_interval_ms > 0;
-  s.max_merges_per_round = d.objects_compaction_max_merges_per_round;
-  s.max_merges_per_second = d.objects_compaction_max_merges_per_second;
+  s.workers = o.workers;
+  s.correction = DefaultCorrectionName();
+  s.background_compaction = d.objects.compaction.interval_ms > 0;
+  s.max_merges_per_round = d.objects.compaction.max_merges_per_round;
+  s.max_merges_per_second = d.objects.compaction.max_merges_per_second;
   s.busy_poll = false;
   return s;
 }
 
 std::string DescribeServerSetup(const ObjectsServerSetup& s) {
-  const ServeOptions d;
-  const bool is_default = s.workers == d.workers && !s.busy_poll &&
-                          s.background_compaction == (d.objects_compaction_interval_ms > 0) &&
-                          s.correction == d.objects_correction && s.cpu < 0;
+  const ServeOptions o;
+  const ServerConfig d;
+  const bool is_default = s.workers == o.workers && !s.busy_poll &&
+                          s.background_compaction == (d.objects.compaction.interval_ms > 0) &&
+                          s.correction == DefaultCorrectionName() && s.cpu < 0;
   return fmt::format(
       "{}: {} RPC worker(s), NIC thread {}, background compaction {}, correction {}{}",
       is_default ? "farmemd default configuration" : "farmemd tuned configuration", s.workers,
