@@ -1,0 +1,505 @@
+// Target side of the native TCP backend: the NIC thread (TcpTransport::NicLoop, epoll) accepts
+// connections and serves READ/WRITE/CAS/FAA frames straight from registered memory, hands RPC
+// frames to the RpcHandler and sends the replies (TcpIncomingRpc::reply from any thread).
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/copy_epoch.h"
+#include "common/log.h"
+#include "transport/tcp/frame_codec.h"
+#include "transport/tcp/ordered_copy.h"
+#include "transport/tcp/tcp_internal.h"
+
+namespace farmem::tcp::internal {
+
+Status ServerConn::FlushLocked() {
+  if (closed || write_shut) {
+    wbuf.clear();
+    return Status::Unavailable(fmt::format("connection from {} is closed", peer_name));
+  }
+  while (!wbuf.empty()) {
+    const ssize_t n = ::send(fd, wbuf.data(), wbuf.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      nic->stats.sends.fetch_add(1, std::memory_order_relaxed);
+      wbuf.consume(static_cast<size_t>(n));
+      continue;
+    }
+    const int err = n < 0 ? errno : EPIPE;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) {
+      if (!want_out) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | EPOLLOUT;
+        ev.data.u64 = id;
+        (void)::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+        want_out = true;
+      }
+      return Status::OK();
+    }
+    // The NIC thread sees the socket error on its next read and closes the connection.
+    wbuf.clear();
+    write_shut = true;
+    return Status::Unavailable(fmt::format("send to {}: {}", peer_name, ErrnoText(err)));
+  }
+  if (want_out) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    (void)::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+    want_out = false;
+  }
+  return Status::OK();
+}
+
+Status ServerConn::SubmitLocked() {
+  if (nic->nic_thread.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    if (!in_dirty) {
+      in_dirty = true;
+      nic->dirty.push_back(shared_from_this());
+    }
+    return Status::OK();
+  }
+  return FlushLocked();
+}
+
+namespace {
+
+std::string FormatSockaddr(const sockaddr_storage& ss) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+    return fmt::format("{}:{}", ip, ntohs(a->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
+    return fmt::format("[{}]:{}", ip, ntohs(a->sin6_port));
+  }
+  return "unknown";
+}
+
+class TcpIncomingRpc final : public IncomingRpc {
+ public:
+  TcpIncomingRpc(std::shared_ptr<ServerConn> conn, uint64_t seq, uint32_t imm,
+                 std::span<const uint8_t> payload, uint32_t max_reply)
+      : conn_(std::move(conn)),
+        seq_(seq),
+        imm_(imm),
+        max_reply_(max_reply),
+        payload_(reinterpret_cast<const std::byte*>(payload.data()),
+                 reinterpret_cast<const std::byte*>(payload.data()) + payload.size()) {}
+
+  ~TcpIncomingRpc() override {
+    if (!replied_) {
+      (void)reply_error(Status::Aborted("the RPC handler dropped the request without a reply"));
+    }
+  }
+
+  uint32_t imm() const override { return imm_; }
+  std::span<const std::byte> payload() const override { return payload_; }
+  std::string_view source() const override { return conn_->peer_name; }
+
+  Status reply(uint32_t imm, std::span<const std::byte> payload) override {
+    if (replied_) return Status::InvalidArgument("RPC already answered");
+    if (payload.size() > max_reply_) {
+      const std::string msg =
+          fmt::format("RPC reply of {} bytes exceeds max_rpc_bytes {}", payload.size(), max_reply_);
+      (void)SendError(static_cast<uint16_t>(Code::kResourceExhausted), msg);
+      return Status::InvalidArgument(msg);
+    }
+    replied_ = true;
+    std::lock_guard lock(conn_->wmu);
+    if (conn_->closed || conn_->write_shut) {
+      return Status::Unavailable(
+          fmt::format("RPC reply dropped: connection from {} is closed", conn_->peer_name));
+    }
+    w::EncodeRpc(conn_->wbuf, w::Opcode::kRpcResp, seq_, imm, payload.data(),
+                 static_cast<uint32_t>(payload.size()));
+    return conn_->SubmitLocked();
+  }
+
+  Status reply_error(const Status& status) override {
+    if (replied_) return Status::InvalidArgument("RPC already answered");
+    const Code code = status.ok() ? Code::kInternal : status.code();
+    return SendError(
+        static_cast<uint16_t>(code),
+        status.ok() ? std::string_view("reply_error called with OK status") : status.message());
+  }
+
+ private:
+  Status SendError(uint16_t code, std::string_view msg) {
+    replied_ = true;
+    std::lock_guard lock(conn_->wmu);
+    if (conn_->closed || conn_->write_shut) {
+      return Status::Unavailable(
+          fmt::format("RPC reply dropped: connection from {} is closed", conn_->peer_name));
+    }
+    w::EncodeError(conn_->wbuf, seq_, code, msg);
+    return conn_->SubmitLocked();
+  }
+
+  std::shared_ptr<ServerConn> conn_;
+  const uint64_t seq_;
+  const uint32_t imm_;
+  const uint32_t max_reply_;
+  std::vector<std::byte> payload_;
+  bool replied_ = false;
+};
+
+}  // namespace
+
+// Locks held while serving a run of one-sided frames: taken once per batch rather than per
+// frame, and dropped before anything that may re-enter (RPC handlers, closing). Order: regions
+// before the connection's write lock (reply threads take only the latter, register only the
+// former).
+class TcpTransport::BatchLocks {
+ public:
+  BatchLocks(std::shared_mutex& regions, std::mutex& wmu) : regions_mu_(regions), wmu_(wmu) {}
+  void Lock() {
+    if (!regions_.owns_lock()) regions_ = std::shared_lock(regions_mu_);
+    if (!wlock_.owns_lock()) wlock_ = std::unique_lock(wmu_);
+  }
+  void Unlock() {
+    if (wlock_.owns_lock()) wlock_.unlock();
+    if (regions_.owns_lock()) regions_.unlock();
+  }
+
+ private:
+  std::shared_mutex& regions_mu_;
+  std::mutex& wmu_;
+  std::shared_lock<std::shared_mutex> regions_;
+  std::unique_lock<std::mutex> wlock_;
+};
+
+void TcpTransport::NicLoop() {
+  nic_->nic_thread.store(std::this_thread::get_id());
+  const auto spin = shared_->config.spin_before_sleep;
+  epoll_event events[64];
+  Clock::time_point last_work = Clock::now();
+  while (!stop_requested_.load(std::memory_order_acquire)) {
+    const bool spinning = spin.count() > 0 && Clock::now() - last_work < spin;
+    const int n = ::epoll_wait(epoll_fd_.get(), events, 64, spinning ? 0 : kEpollSleepMs);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      FARMEM_LOG_ERROR("tcp NIC thread: epoll_wait: {}", ErrnoText(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (n > 0) last_work = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kListenId) {
+        AcceptAll();
+      } else if (id == kWakeId) {
+        uint64_t v;
+        (void)!::read(wake_fd_.get(), &v, sizeof(v));
+      } else {
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;  // closed earlier in this batch
+        std::shared_ptr<ServerConn> conn = it->second;
+        if (events[i].events & EPOLLOUT) {
+          std::lock_guard lock(conn->wmu);
+          (void)conn->FlushLocked();
+        }
+        if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) HandleReadable(conn);
+      }
+    }
+    FlushDirty();
+    if (!closing_.empty()) SweepClosing();
+  }
+  FlushDirty();
+}
+
+void TcpTransport::FlushDirty() {
+  // Includes replies that RPC handlers gave at once on this thread during the batch.
+  for (auto& conn : nic_->dirty) {
+    std::lock_guard lock(conn->wmu);
+    conn->in_dirty = false;
+    (void)conn->FlushLocked();
+  }
+  nic_->dirty.clear();
+}
+
+void TcpTransport::AcceptAll() {
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    const int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        FARMEM_LOG_WARN("tcp NIC thread: accept: {}", ErrnoText(errno));
+      return;
+    }
+    SetNoDelay(fd);
+    const uint64_t id = next_conn_id_++;
+    auto conn = std::make_shared<ServerConn>(id, fd, epoll_fd_.get(), FormatSockaddr(ss), nic_);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) < 0) {
+      FARMEM_LOG_WARN("tcp NIC thread: epoll_ctl for {}: {}", conn->peer_name, ErrnoText(errno));
+      ::close(fd);
+      continue;
+    }
+    nic_->stats.accepted.fetch_add(1, std::memory_order_relaxed);
+    conns_.emplace(id, std::move(conn));
+  }
+}
+
+void TcpTransport::HandleReadable(const std::shared_ptr<ServerConn>& conn) {
+  // Bounded so one busy peer cannot starve the others (epoll is level-triggered).
+  for (int round = 0; round < 8; ++round) {
+    const size_t have = conn->rbuf.size();
+    const size_t want = conn->rneed > have ? std::max(kRecvChunk, conn->rneed - have) : kRecvChunk;
+    std::span<uint8_t> space = conn->rbuf.prepare(want);
+    const ssize_t n = ::recv(conn->fd, space.data(), space.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      conn->rbuf.commit(static_cast<size_t>(n));
+      if (conn->closing) {
+        conn->rbuf.clear();  // draining after a fatal error
+      } else if (!ProcessFrames(conn)) {
+        return;
+      }
+      if (static_cast<size_t>(n) < space.size()) return;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0) FARMEM_LOG_DEBUG("tcp: recv from {}: {}", conn->peer_name, ErrnoText(errno));
+    CloseConn(*conn);
+    conns_.erase(conn->id);
+    return;
+  }
+}
+
+bool TcpTransport::ProcessFrames(const std::shared_ptr<ServerConn>& conn) {
+  BatchLocks locks(regions_mu_, conn->wmu);
+  uint64_t frames = 0;
+  bool alive = true;
+  for (;;) {
+    w::FrameView f;
+    const w::DecodeResult r = w::DecodeFrame(conn->rbuf.readable(), limits_, &f);
+    if (r.state == w::DecodeState::kNeedMore) {
+      conn->rneed = r.needed;
+      break;
+    }
+    if (r.state == w::DecodeState::kError) {
+      locks.Unlock();
+      Fatal(conn, Code::kProtocol, fmt::format("malformed frame: {}", r.error));
+      alive = false;
+      break;
+    }
+    ++frames;
+    if (!Serve(conn, f, locks)) {
+      alive = false;
+      break;
+    }
+    conn->rbuf.consume(f.frame_size);
+  }
+  locks.Unlock();
+  nic_->stats.frames.fetch_add(frames, std::memory_order_relaxed);
+  return alive;
+}
+
+bool TcpTransport::TokenEquals(std::string_view a, std::string_view b) {
+  // Runtime independent of where the first difference is.
+  uint8_t diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t x = i < a.size() ? static_cast<uint8_t>(a[i]) : 0;
+    const uint8_t y = i < b.size() ? static_cast<uint8_t>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+uint8_t* TcpTransport::Locate(uint64_t key, uint64_t offset, uint64_t len, bool modify, Code* code,
+                              std::string* msg) {
+  auto it = regions_.find(key);
+  if (it == regions_.end()) {
+    *code = Code::kNotFound;
+    *msg = fmt::format("region key {:#x} is not registered", key);
+    return nullptr;
+  }
+  const MemoryRegion& r = it->second;
+  if (modify && r.access == Access::kReadOnly) {
+    *code = Code::kPermissionDenied;
+    *msg = fmt::format("region {:#x} is read-only: one-sided writes and atomics are refused", key);
+    return nullptr;
+  }
+  if (offset > r.length || len > r.length - offset) {
+    *code = Code::kOutOfRange;
+    *msg = fmt::format("offset {} + length {} is outside region {:#x} of {} bytes", offset, len,
+                       key, r.length);
+    return nullptr;
+  }
+  return static_cast<uint8_t*>(r.addr) + offset;
+}
+
+bool TcpTransport::Serve(const std::shared_ptr<ServerConn>& conn_ptr, const w::FrameView& f,
+                         BatchLocks& locks) {
+  ServerConn& conn = *conn_ptr;
+  if (!conn.authenticated) {
+    locks.Unlock();
+    if (f.opcode != w::Opcode::kHello) {
+      Fatal(conn_ptr, Code::kPermissionDenied,
+            "the first frame must be a hello carrying the cluster token");
+      return false;
+    }
+    const std::string_view token(reinterpret_cast<const char*>(f.data.data()), f.data.size());
+    if (!TokenEquals(token, shared_->config.cluster_token)) {
+      Fatal(conn_ptr, Code::kPermissionDenied, "wrong cluster token");
+      return false;
+    }
+    conn.authenticated = true;
+    return true;
+  }
+  const uint64_t seq = f.header.seq;
+  Code code = Code::kOk;
+  std::string msg;
+  switch (f.opcode) {
+    case w::Opcode::kRead: {
+      locks.Lock();
+      const uint8_t* p = Locate(f.read.key, f.read.offset, f.read.length, false, &code, &msg);
+      if (p == nullptr) break;
+      if (conn.closed || conn.write_shut) return true;
+      uint8_t* out = w::EncodeReadResp(conn.wbuf, seq, f.read.length);
+      // Ascending aligned word loads, not memcpy: see ordered_copy.h. The epoch lets a memory
+      // owner wait for this copy before it remaps the range (wait_for_read_copies).
+      {
+        CopyEpoch::Scope copying(read_copies_);
+        w::CopyForRead(out, p, f.read.length);
+      }
+      (void)conn.SubmitLocked();
+      return true;
+    }
+    case w::Opcode::kWrite: {
+      locks.Lock();
+      uint8_t* p = Locate(f.write.key, f.write.offset, f.data.size(), true, &code, &msg);
+      if (p == nullptr) break;
+      if (!f.data.empty()) std::memcpy(p, f.data.data(), f.data.size());
+      if ((f.header.flags & w::kFlagDeliveryAck) && !conn.closed && !conn.write_shut) {
+        w::EncodeWriteResp(conn.wbuf, seq);
+        (void)conn.SubmitLocked();
+      }
+      return true;
+    }
+    case w::Opcode::kCompareSwap:
+    case w::Opcode::kFetchAdd: {
+      locks.Lock();
+      uint8_t* p = Locate(f.atomic.key, f.atomic.offset, 8, true, &code, &msg);
+      if (p == nullptr) break;
+      if (reinterpret_cast<uintptr_t>(p) % 8 != 0) {
+        code = Code::kInvalidArgument;
+        msg = fmt::format("atomic at offset {} of region {:#x} is not 8-byte aligned",
+                          f.atomic.offset, f.atomic.key);
+        break;
+      }
+      // atomic_ref makes this atomic against local threads and other connections too.
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
+      uint64_t old;
+      if (f.opcode == w::Opcode::kCompareSwap) {
+        old = f.atomic.operand;
+        word.compare_exchange_strong(old, f.atomic.operand2, std::memory_order_seq_cst);
+      } else {
+        old = word.fetch_add(f.atomic.operand, std::memory_order_seq_cst);
+      }
+      if (conn.closed || conn.write_shut) return true;
+      w::EncodeAtomicResp(conn.wbuf, seq, old);
+      (void)conn.SubmitLocked();
+      return true;
+    }
+    case w::Opcode::kRpc: {
+      locks.Unlock();  // the handler may answer at once, taking the write lock
+      auto rpc = std::make_unique<TcpIncomingRpc>(conn_ptr, seq, f.rpc.imm, f.data,
+                                                  shared_->config.max_rpc_bytes);
+      if (handler_) {
+        handler_(std::move(rpc));
+      } else {
+        (void)rpc->reply_error(Status::Unavailable("no RPC handler is installed on this node"));
+      }
+      return true;
+    }
+    case w::Opcode::kHello:
+      locks.Unlock();
+      Fatal(conn_ptr, Code::kProtocol, "duplicate hello");
+      return false;
+    default:
+      locks.Unlock();
+      Fatal(conn_ptr, Code::kProtocol,
+            fmt::format("unexpected response frame (opcode {}) sent to a target", f.header.opcode));
+      return false;
+  }
+  // A per-operation failure: answer it; the connection stays up. The locks are held here.
+  if (!conn.closed && !conn.write_shut) {
+    w::EncodeError(conn.wbuf, seq, static_cast<uint16_t>(code), msg);
+    (void)conn.SubmitLocked();
+  }
+  return true;
+}
+
+void TcpTransport::Fatal(const std::shared_ptr<ServerConn>& conn, Code code,
+                         const std::string& msg) {
+  nic_->stats.protocol_errors.fetch_add(1, std::memory_order_relaxed);
+  FARMEM_LOG_WARN("tcp: closing connection from {}: {}", conn->peer_name, msg);
+  {
+    std::lock_guard lock(conn->wmu);
+    if (!conn->closed && !conn->write_shut) {
+      w::EncodeError(conn->wbuf, 0, static_cast<uint16_t>(code), msg);
+      (void)conn->FlushLocked();
+      (void)::shutdown(conn->fd, SHUT_WR);
+      conn->write_shut = true;
+      conn->wbuf.clear();
+    }
+  }
+  conn->closing = true;
+  conn->close_deadline = Clock::now() + kCloseLinger;
+  conn->rbuf.clear();
+  closing_.push_back(conn->id);
+}
+
+void TcpTransport::SweepClosing() {
+  const Clock::time_point now = Clock::now();
+  size_t keep = 0;
+  for (uint64_t id : closing_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    if (now >= it->second->close_deadline) {
+      CloseConn(*it->second);
+      conns_.erase(it);
+      continue;
+    }
+    closing_[keep++] = id;
+  }
+  closing_.resize(keep);
+}
+
+void TcpTransport::CloseConn(ServerConn& conn) {
+  std::lock_guard lock(conn.wmu);
+  if (conn.closed) return;
+  conn.closed = true;
+  conn.wbuf.clear();
+  ::close(conn.fd);  // also removes it from the epoll set
+}
+
+}  // namespace farmem::tcp::internal
