@@ -21,6 +21,10 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address,
     }
     host = address.substr(0, colon);
     port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return Status::InvalidArgument("bad address '" + text +
+                                     "' (an IPv6 host needs brackets: [ipv6]:port)");
+    }
   }
   if (host.empty() || port.empty()) {
     return Status::InvalidArgument("bad address '" + text + "' (expected host:port)");

@@ -122,6 +122,22 @@ Result<Fd> ConnectWithDeadline(const std::string& host, uint16_t port, Clock::ti
   return last;
 }
 
+Result<Fd> StartConnect(const sockaddr* addr, socklen_t len, bool* connected) {
+  Fd fd(::socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  int one = 1;
+  (void)::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int rc;
+  do {
+    rc = ::connect(fd.get(), addr, len);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0 && errno != EINPROGRESS) {
+    return Status::Unavailable(std::string("connect: ") + std::strerror(errno));
+  }
+  *connected = rc == 0;
+  return fd;
+}
+
 Status WaitFd(int fd, short events, Clock::time_point deadline, std::string_view timeout_message) {
   for (;;) {
     int ms = MsLeft(deadline);

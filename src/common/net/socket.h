@@ -43,6 +43,11 @@ Result<Fd> Listen(const std::string& host, uint16_t port, int backlog, std::stri
 Result<Fd> ConnectWithDeadline(const std::string& host, uint16_t port, Clock::time_point deadline,
                                std::string_view what);
 
+// Starts a non-blocking TCP connection (TCP_NODELAY, close-on-exec) to one resolved address
+// without waiting: `*connected` is true if it completed at once, false while it is in progress
+// (poll for POLLOUT, then read SO_ERROR). Unavailable with the errno text if it cannot start.
+Result<Fd> StartConnect(const sockaddr* addr, socklen_t len, bool* connected);
+
 // Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or the deadline passes (TimedOut with
 // `timeout_message`).
 Status WaitFd(int fd, short events, Clock::time_point deadline, std::string_view timeout_message);
