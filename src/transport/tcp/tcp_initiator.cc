@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/net/socket.h"
 #include "transport/tcp/frame_codec.h"
 #include "transport/tcp/tcp_internal.h"
 
@@ -165,27 +166,15 @@ Result<TcpContext::Conn*> TcpContext::ConnFor(PeerId peer) {
 }
 
 void TcpContext::Connect(Conn* c) {
-  const int fd = ::socket(c->addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    c->last_error =
-        Status::Unavailable(fmt::format("socket for {}: {}", PeerText(c), ErrnoText(errno)));
-    return;
-  }
-  SetNoDelay(fd);
-  int rc;
-  do {
-    rc = ::connect(fd, c->addr.sa(), c->addr.len);
-  } while (rc < 0 && errno == EINTR);
-  if (rc < 0 && errno != EINPROGRESS) {
-    const int err = errno;
-    ::close(fd);
-    c->last_error =
-        Status::Unavailable(fmt::format("connect to {}: {}", PeerText(c), ErrnoText(err)));
+  bool connected = false;
+  Result<net::Fd> fd = net::StartConnect(c->addr.sa(), c->addr.len, &connected);
+  if (!fd.ok()) {
+    c->last_error = fd.status().WithContext(PeerText(c));
     return;
   }
   ++stats_.connects;
-  c->fd = fd;
-  c->state = rc == 0 ? ConnState::kConnected : ConnState::kConnecting;
+  c->fd = fd->release();
+  c->state = connected ? ConnState::kConnected : ConnState::kConnecting;
   c->connect_deadline = Clock::now() + shared_->config.connect_timeout;
   c->sbuf.clear();
   c->rbuf.clear();

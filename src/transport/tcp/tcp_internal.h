@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/copy_epoch.h"
+#include "common/net/fd.h"
 #include "farmem/transport.h"
 #include "transport/tcp/frame_codec.h"
 #include "transport/tcp/tcp_transport.h"
@@ -62,25 +63,6 @@ struct SockAddr {
   const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&storage); }
 };
 
-// Owns a file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 // State shared by a transport and every context it created, so contexts may outlive it safely.
 struct Shared {
   explicit Shared(TransportConfig c)
@@ -90,7 +72,7 @@ struct Shared {
   // Becomes readable (and stays so) when the transport stops, so a context blocked in wait()
   // returns at once and its poll() aborts what is pending. -1 if eventfd failed (wait() then
   // also wakes at the earliest op deadline, which it always does).
-  const Fd stop_fd;
+  const net::Fd stop_fd;
   void SignalStop() {
     stopped.store(true, std::memory_order_release);
     if (stop_fd.get() >= 0) {
@@ -337,7 +319,7 @@ class TcpTransport final : public Transport {
   mutable std::mutex lifecycle_mu_;  // start/stop/local_address
   bool started_ = false;
   std::string local_address_;
-  Fd listen_fd_, epoll_fd_, wake_fd_;
+  net::Fd listen_fd_, epoll_fd_, wake_fd_;
   std::thread thread_;
   std::atomic<bool> stop_requested_{false};
 

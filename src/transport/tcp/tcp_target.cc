@@ -1,9 +1,7 @@
 // Target side of the native TCP backend: the NIC thread (TcpTransport::NicLoop, epoll) accepts
 // connections and serves READ/WRITE/CAS/FAA frames straight from registered memory, hands RPC
 // frames to the RpcHandler and sends the replies (TcpIncomingRpc::reply from any thread).
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,6 +21,7 @@
 
 #include "common/copy_epoch.h"
 #include "common/log.h"
+#include "common/net/socket.h"
 #include "transport/tcp/frame_codec.h"
 #include "transport/tcp/ordered_copy.h"
 #include "transport/tcp/tcp_internal.h"
@@ -80,21 +79,6 @@ Status ServerConn::SubmitLocked() {
 }
 
 namespace {
-
-std::string FormatSockaddr(const sockaddr_storage& ss) {
-  char ip[INET6_ADDRSTRLEN] = "?";
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
-    return fmt::format("{}:{}", ip, ntohs(a->sin_port));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
-    return fmt::format("[{}]:{}", ip, ntohs(a->sin6_port));
-  }
-  return "unknown";
-}
 
 class TcpIncomingRpc final : public IncomingRpc {
  public:
@@ -252,7 +236,8 @@ void TcpTransport::AcceptAll() {
     }
     SetNoDelay(fd);
     const uint64_t id = next_conn_id_++;
-    auto conn = std::make_shared<ServerConn>(id, fd, epoll_fd_.get(), FormatSockaddr(ss), nic_);
+    auto conn =
+        std::make_shared<ServerConn>(id, fd, epoll_fd_.get(), net::FormatSockaddr(ss), nic_);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = id;

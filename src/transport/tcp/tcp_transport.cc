@@ -3,13 +3,10 @@
 // factory; called from any thread. NIC thread: tcp_target.cc; contexts: tcp_initiator.cc.
 #include "transport/tcp/tcp_transport.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -22,6 +19,9 @@
 
 #include "common/copy_epoch.h"
 #include "common/log.h"
+#include "common/net/fd.h"
+#include "common/net/host_port.h"
+#include "common/net/socket.h"
 #include "transport/tcp/frame_codec.h"
 #include "transport/tcp/tcp_internal.h"
 
@@ -30,55 +30,14 @@ namespace tcp::internal {
 
 namespace {
 
-// Splits "host:port" or "[v6-host]:port". `allow_zero_port` is for listen addresses.
-Status SplitHostPort(std::string_view address, std::string* host, uint16_t* port,
-                     bool allow_zero_port) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument(fmt::format("bad address '{}': {}", address, why));
-  };
-  std::string_view h, p;
-  if (!address.empty() && address.front() == '[') {
-    const size_t close = address.find(']');
-    if (close == std::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':')
-      return bad("expected [host]:port");
-    h = address.substr(1, close - 1);
-    p = address.substr(close + 2);
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon == std::string_view::npos) return bad("expected host:port");
-    h = address.substr(0, colon);
-    p = address.substr(colon + 1);
-    if (h.find(':') != std::string_view::npos) return bad("IPv6 hosts need brackets");
-  }
-  if (h.empty()) return bad("empty host");
-  if (p.empty() || p.size() > 5) return bad("port must be a number 1-65535");
-  uint32_t v = 0;
-  for (char ch : p) {
-    if (ch < '0' || ch > '9') return bad("port must be a number 1-65535");
-    v = v * 10 + static_cast<uint32_t>(ch - '0');
-  }
-  if (v > 65535 || (v == 0 && !allow_zero_port)) return bad("port must be a number 1-65535");
-  *host = std::string(h);
-  *port = static_cast<uint16_t>(v);
-  return Status::OK();
-}
-
-Result<SockAddr> Resolve(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return Status::InvalidArgument(
-        fmt::format("cannot resolve host '{}': {}", host, ::gai_strerror(rc)));
-  }
+// The first address of host:port. A name that does not resolve is a bad peer or listen address
+// (InvalidArgument) here, where net::Resolve reports Unavailable.
+Result<SockAddr> ResolveFirst(const std::string& host, uint16_t port, bool passive) {
+  auto ai = net::Resolve(host, port, passive);
+  if (!ai.ok()) return Status::InvalidArgument(ai.status().message());
   SockAddr out;
-  std::memcpy(&out.storage, res->ai_addr, res->ai_addrlen);
-  out.len = res->ai_addrlen;
-  ::freeaddrinfo(res);
+  std::memcpy(&out.storage, (*ai)->ai_addr, (*ai)->ai_addrlen);
+  out.len = (*ai)->ai_addrlen;
   return out;
 }
 
@@ -89,24 +48,14 @@ Status TcpTransport::start() {
   if (started_) return Status::InvalidArgument("tcp transport already started");
   if (shared_->stopped.load()) return Status::Unavailable("tcp transport was stopped");
   const TransportConfig& cfg = shared_->config;
-  FARMEM_ASSIGN_OR_RETURN(SockAddr addr, Resolve(cfg.listen_host, cfg.listen_port));
-  Fd listen_fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (listen_fd.get() < 0) return Status::FromErrno("socket", errno);
-  int one = 1;
-  (void)::setsockopt(listen_fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(listen_fd.get(), addr.sa(), addr.len) < 0)
-    return Status::FromErrno(fmt::format("bind {}:{}", cfg.listen_host, cfg.listen_port), errno);
-  if (::listen(listen_fd.get(), 1024) < 0) return Status::FromErrno("listen", errno);
-  sockaddr_storage bound{};
-  socklen_t blen = sizeof(bound);
-  if (::getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&bound), &blen) < 0)
-    return Status::FromErrno("getsockname", errno);
-  const uint16_t port = bound.ss_family == AF_INET6
-                            ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                            : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  Fd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
+  // Resolved once here only for the error code (see ResolveFirst); net::Listen resolves again.
+  FARMEM_RETURN_IF_ERROR(ResolveFirst(cfg.listen_host, cfg.listen_port, true).status());
+  uint16_t port = 0;
+  FARMEM_ASSIGN_OR_RETURN(net::Fd listen_fd, net::Listen(cfg.listen_host, cfg.listen_port, 1024,
+                                                         "tcp transport", &port));
+  net::Fd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
   if (epoll_fd.get() < 0) return Status::FromErrno("epoll_create1", errno);
-  Fd wake_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  net::Fd wake_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake_fd.get() < 0) return Status::FromErrno("eventfd", errno);
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -117,9 +66,7 @@ Status TcpTransport::start() {
   if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) < 0)
     return Status::FromErrno("epoll_ctl", errno);
 
-  const bool v6 = cfg.listen_host.find(':') != std::string::npos;
-  local_address_ = v6 ? fmt::format("[{}]:{}", cfg.listen_host, port)
-                      : fmt::format("{}:{}", cfg.listen_host, port);
+  local_address_ = net::FormatHostPort(cfg.listen_host, port);
   listen_fd_.reset(listen_fd.release());
   epoll_fd_.reset(epoll_fd.release());
   wake_fd_.reset(wake_fd.release());
@@ -180,15 +127,13 @@ Status TcpTransport::wait_for_read_copies(std::chrono::steady_clock::time_point 
 }
 
 Result<PeerId> TcpTransport::add_peer(std::string_view address) {
-  std::string host;
-  uint16_t port = 0;
-  FARMEM_RETURN_IF_ERROR(SplitHostPort(address, &host, &port, false));
+  FARMEM_ASSIGN_OR_RETURN(auto host_port, net::ParseHostPort(address, net::PortZero::kRefused));
   {
     std::lock_guard lock(shared_->peers_mu);
     auto it = shared_->peer_ids.find(std::string(address));
     if (it != shared_->peer_ids.end()) return it->second;
   }
-  FARMEM_ASSIGN_OR_RETURN(SockAddr addr, Resolve(host, port));
+  FARMEM_ASSIGN_OR_RETURN(SockAddr addr, ResolveFirst(host_port.first, host_port.second, false));
   std::lock_guard lock(shared_->peers_mu);
   auto [it, inserted] =
       shared_->peer_ids.emplace(std::string(address), static_cast<PeerId>(shared_->peers.size()));
