@@ -1,5 +1,5 @@
 // Native batched TCP backend: a NIC thread per transport serves one-sided frames from registered
-// memory; contexts batch requests per connection. See tcp_transport.cc and docs/wire-format.md.
+// memory; contexts batch requests per connection. Source files: docs/wire-format.md (end).
 #pragma once
 
 #include <cstdint>
