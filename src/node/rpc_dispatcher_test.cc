@@ -325,10 +325,18 @@ TEST(RpcDispatcher, StopWaitsForInlineHandlersAndNoneRunsAfter) {
         }
       });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 + round % 5));
+    // Stop while handlers run: wait (bounded) until some have, not a fixed time that a loaded
+    // machine may spend without scheduling the submitters at all.
+    auto wait_for = [](const std::atomic<int>& n, int at_least) {
+      const auto limit = std::chrono::steady_clock::now() + 10s;
+      while (n.load() < at_least && std::chrono::steady_clock::now() < limit) {
+        std::this_thread::yield();
+      }
+    };
+    wait_for(ran, 1 + round % 5);
     d.Stop();
-    alive = false;  // what the owner of the handler's state would now destroy
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    alive = false;             // what the owner of the handler's state would now destroy
+    wait_for(unavailable, 3);  // the submitters saw the stop
     go = false;
     for (auto& t : submitters) t.join();
     EXPECT_EQ(after_stop.load(), 0) << "an inline handler ran after Stop() returned";
