@@ -326,6 +326,12 @@ TEST(RpcDispatcher, StopWaitsForInlineHandlersAndNoneRunsAfter) {
       });
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2 + round % 5));
+    // On a loaded machine the submitters may not have run yet: stop only once handlers run (the
+    // bound only ends a run in which none ever does; ran > 0 below then fails).
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (ran.load() == 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     d.Stop();
     alive = false;  // what the owner of the handler's state would now destroy
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
