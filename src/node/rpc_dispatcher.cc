@@ -202,12 +202,13 @@ void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
                                      std::to_string(max_reply_bytes_));
     }
   }
+  // Counted before the reply goes out, so a caller that has its answer also sees it counted.
+  served_++;
   Status sent = st.ok() ? rpc.reply(RpcImm(opcode), reply) : rpc.reply_error(st);
   if (!sent.ok()) {
     FARMEM_LOG_DEBUG("rpc: answer to opcode {} from {} not sent: {}", opcode, rpc.source(),
                      sent.ToString());
   }
-  served_++;
   // A handler that once produced a huge reply should not pin that memory forever.
   if (reply.capacity() > (1u << 20) && reply.size() < (1u << 16)) {
     reply.clear();

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -156,11 +158,53 @@ void FabricContext::ResetPeer(PeerId peer, fi_addr_t addr) {
   peers_[peer].addr = FI_ADDR_NOTAVAIL;
 }
 
+namespace {
+// libfabric reads its boolean variables as 1/yes/true/on (any case).
+bool ShmCmaDisabledByEnv() {
+  static const bool disabled = [] {
+    const char* v = getenv("FI_SHM_DISABLE_CMA");
+    if (v == nullptr) return false;
+    std::string s(v);
+    for (char& ch : s) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
+    return s == "1" || s == "yes" || s == "true" || s == "on";
+  }();
+  return disabled;
+}
+
+// Only shm peers have a doorbell. shm takes its CMA fast path (process_vm_readv/writev in this
+// thread, nothing for the target to do) only for reads and writes without FI_DELIVERY_COMPLETE
+// (and without remote CQ data, which we never use), and only while CMA is usable. Everything else
+// (delivery-complete writes, atomics, messages, any RMA with CMA off) is a command in the
+// target's queue that only its progress thread completes. shm offers no wait object the target
+// could block on instead (libfabric 1.17: fi_cq_open with FI_WAIT_FD / FI_WAIT_POLLFD fails with
+// FI_ENOSYS, FI_WAIT_UNSPEC becomes FI_WAIT_YIELD, a sched_yield loop; a peer's post only sets a
+// flag in shared memory), so we ring the doorbell the target sleeps on.
+bool NeedsTargetProgress(const Op& op) {
+  switch (op.type) {
+    case OpType::kRead:
+      return ShmCmaDisabledByEnv();
+    case OpType::kWrite:
+      return op.delivery_complete || ShmCmaDisabledByEnv();
+    default:
+      return true;
+  }
+}
+}  // namespace
+
 void FabricContext::AfterPost(const Op* op) {
-  // Reads and writes are one-sided on shm (CMA); atomics and messages wait for the target.
-  if (op->type == OpType::kRead || op->type == OpType::kWrite) return;
+  if (!NeedsTargetProgress(*op)) return;
   if (op->peer < peers_.size() && peers_[op->peer].doorbell != nullptr) {
     RingDoorbell(peers_[op->peer].doorbell);
+  }
+}
+
+// On shm, -FI_EAGAIN means the target has to progress before we can post: the first post to a
+// peer only queues a connection request (our name) in its command queue, and a full command queue
+// or a pending segmented transfer drains only in its progress thread. Ring, so a sleeping target
+// does that now rather than at its next timeout (or never, with idle_wait_forever).
+void FabricContext::AfterRefusal(PeerId peer) {
+  if (peer < peers_.size() && peers_[peer].doorbell != nullptr) {
+    RingDoorbell(peers_[peer].doorbell);
   }
 }
 
@@ -409,6 +453,7 @@ void FabricContext::Submit(Op* op) {
   }
   if (r == -FI_EAGAIN) {
     stats_.eagain_retries++;
+    AfterRefusal(op->peer);
     op->refs++;
     PeerSlot& slot = peers_[op->peer];
     slot.blocked_since = slot.next_try = Clock::now();
@@ -494,6 +539,7 @@ void FabricContext::RetryPeer(PeerId peer, Clock::time_point now) {
     const ssize_t r = CallProvider(op);
     if (r == -FI_EAGAIN) {
       stats_.eagain_retries++;
+      AfterRefusal(peer);
       peers_[peer].next_try = NextRetry(peers_[peer].blocked_since, now);
       return;
     }

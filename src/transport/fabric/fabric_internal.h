@@ -46,6 +46,9 @@ inline constexpr size_t kKeyTableSlots = 1u << 16;
 inline constexpr uint32_t kFirstKeySlot = 2;
 // Longest idle sleep when a doorbell or CQ wait object wakes us earlier anyway.
 inline constexpr int kIdleWaitMs = 1;
+// Idle sleep of a shm progress thread on its doorbell with nothing of its own to retry: peers ring
+// for everything they need, so this only bounds housekeeping (idle cost: ~100 wake-ups a second).
+inline constexpr auto kShmIdleWait = std::chrono::milliseconds(10);
 // Idle progress thread sleeps this long between polls (bounds stop() latency and cold-target
 // delay).
 inline constexpr auto kIdleSleep = std::chrono::microseconds(50);
@@ -201,6 +204,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const MrPlan& plan() const { return plan_; }
   bool need_local_desc() const { return plan_.local || options_.force_mr_local; }
   bool skip_access_check() const { return options_.skip_access_check; }
+  bool idle_wait_forever() const { return options_.idle_wait_forever; }
   fi_info* info() const { return info_; }
   fid_domain* domain() const { return domain_; }
   const std::string& address() const { return address_; }
@@ -372,6 +376,8 @@ class FabricContext : public Context {
   Result<fi_addr_t> PeerAddr(PeerId peer);
   void ResetPeer(PeerId peer, fi_addr_t addr);
   void AfterPost(const Op* op);
+  // The provider refused a post with -FI_EAGAIN.
+  void AfterRefusal(PeerId peer);
   Result<Op*> NewOp(OpType type, PeerId peer, uint64_t wr_id);
   Status PostOneSided(Op* op);
   void EnqueueForKey(Op* op);

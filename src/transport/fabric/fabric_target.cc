@@ -364,8 +364,12 @@ void Core::ProgressLoop(std::atomic<bool>& stop) {
       queued = !send_queues_.empty();
     }
     // Stay awake only while a queued send is due soon; a backed-off destination (peer gone)
-    // is retried after the usual idle wait, which is shorter than kMaxRetryBackoff anyway.
-    if (queued) queued = DrainSendQueues() <= Clock::now() + kSendRetrySpin;
+    // is retried when it is due (the idle sleep below ends by then).
+    auto next_send = Clock::time_point::max();
+    if (queued) {
+      next_send = DrainSendQueues();
+      queued = next_send <= Clock::now() + kSendRetrySpin;
+    }
     if (!repost_.empty()) {
       std::vector<RecvBuf*> again;
       again.swap(repost_);
@@ -393,8 +397,20 @@ void Core::ProgressLoop(std::atomic<bool>& stop) {
         armed = true;
         continue;  // progress once more, then re-read the counter, then sleep
       }
-      timespec ts{0, kIdleWaitMs * 1000000L};
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&db[0]), FUTEX_WAIT, seen, &ts, nullptr, 0);
+      // Every operation of a peer that needs us rings the doorbell (AfterPost, AfterRefusal), so
+      // the timeout only bounds our own retries: queued sends when due, receive buffers to
+      // repost soon, anything else at kShmIdleWait.
+      auto sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          repost_.empty() ? kShmIdleWait : std::chrono::milliseconds(kIdleWaitMs));
+      if (next_send != Clock::time_point::max()) {
+        sleep = std::clamp(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(next_send - Clock::now()),
+            std::chrono::nanoseconds(kSendRetrySpin), sleep);
+      }
+      timespec ts{static_cast<time_t>(sleep.count() / 1000000000),
+                  static_cast<long>(sleep.count() % 1000000000)};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&db[0]), FUTEX_WAIT, seen,
+              options_.idle_wait_forever ? nullptr : &ts, nullptr, 0);
       db[1].store(0, std::memory_order_relaxed);
       armed = false;
     } else if (wait_cq_) {

@@ -23,6 +23,10 @@ struct FabricOptions {
   // Post WRITE/CAS/FAA to read-only regions instead of failing them at the initiator, so tests
   // can observe what the provider itself does with an FI_REMOTE_READ-only region.
   bool skip_access_check = false;
+  // shm only: the idle progress thread sleeps on its doorbell with no timeout, so an operation
+  // whose initiator fails to ring it never completes (instead of completing after the usual
+  // idle timeout). For wake-up tests; nothing else may rely on the doorbell alone.
+  bool idle_wait_forever = false;
 };
 Result<std::unique_ptr<Transport>> CreateFabricTransportWithOptions(const TransportConfig& config,
                                                                     const FabricOptions& options);

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -498,6 +500,133 @@ TEST_P(FabricLive, LargeRpcPayloads) {
     ASSERT_EQ(c.reply_length, size);
     EXPECT_EQ(reply[size - 1], std::byte{6});
   }
+}
+
+// Wake-up stress for the shm doorbell. The target's progress thread never spins
+// (spin_before_sleep = 0) and sleeps on its doorbell with no timeout (idle_wait_forever), so an
+// operation that needs the target's progress completes only if its initiator rang the doorbell
+// after posting it; a missing ring, or a ring lost between the target's "asleep" flag and its
+// futex wait, ends as kTimedOut. Delivery-complete writes (shm sends them to the target as
+// commands, unlike plain writes and reads, which are CMA), CAS, FAA, small and 8 KiB RPCs from
+// two threads, with random short pauses, so posts land before, while and after the target goes to
+// sleep; now and then a burst of reads (CMA, but each queues a small command, so a target that
+// never progresses fills its queue and the provider refuses further posts with -FI_EAGAIN).
+TEST_P(FabricLive, ShmDoorbellWakesASleepingTargetForEveryOp) {
+  if (std::string(GetParam().provider) != "shm") {
+    GTEST_SKIP() << "only same-host (shm) targets have a doorbell";
+  }
+  FabricOptions opts;
+  opts.force_mr_local = GetParam().force_mr_local;
+  opts.idle_wait_forever = true;
+  TransportConfig cfg = Config(2000ms);
+  cfg.spin_before_sleep = 0us;
+  auto made = CreateFabricTransportWithOptions(cfg, opts);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<Transport> sleepy = std::move(made).value();
+  sleepy->set_rpc_handler([](std::unique_ptr<IncomingRpc> rpc) {
+    std::vector<std::byte> out(rpc->payload().begin(), rpc->payload().end());
+    (void)rpc->reply(rpc->imm() + 1, out);
+  });
+  ASSERT_TRUE(sleepy->start().ok());
+  std::vector<uint64_t> words(1024, 0);
+  auto mr = sleepy->register_memory(words.data(), words.size() * 8);
+  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+  auto peer = initiator_->add_peer(sleepy->local_address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+
+  constexpr int kThreads = 2;
+  constexpr int kOpsPerThread = 1000;
+  std::atomic<int> failures{0};
+  auto run = [&](int thread) {
+    auto made_ctx = initiator_->create_context();
+    if (!made_ctx.ok()) {
+      failures++;
+      ADD_FAILURE() << made_ctx.status().ToString();
+      return;
+    }
+    Context& ctx = **made_ctx;
+    std::mt19937 rng(thread + 1);
+    auto wait = [&]() -> Completion {
+      Completion c;
+      const auto give_up = std::chrono::steady_clock::now() + 30s;
+      while (std::chrono::steady_clock::now() < give_up) {
+        if (ctx.poll(std::span(&c, 1)) == 1) return c;
+      }
+      c.status = Status::Internal("no completion within 30 s");
+      return c;
+    };
+    // Each thread owns words [thread * 512, thread * 512 + 512).
+    const uint64_t base = uint64_t(thread) * 512 * 8;
+    uint64_t faa_expected = 0;
+    for (int i = 0; i < kOpsPerThread && failures.load() == 0; ++i) {
+      const int pause = int(rng() % 4);
+      if (pause == 1) std::this_thread::yield();
+      if (pause >= 2) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+      const uint64_t v = uint64_t(thread) << 32 | uint64_t(i + 1);
+      uint64_t old = 0;
+      if (i % 500 == 250) {  // read burst: more reads than shm's command queue holds
+        uint64_t got = 0;
+        for (int k = 0; k < 2000; ++k) {
+          Status st = ctx.post_read(RemoteRef{*peer, mr->key, base + 8}, &got, 8, k);
+          Completion rc = st.ok() ? wait() : Completion{};
+          if (!st.ok()) rc.status = st;
+          if (!rc.status.ok()) {
+            failures++;
+            ADD_FAILURE() << "thread " << thread << " read " << k << ": " << rc.status.ToString();
+            return;
+          }
+        }
+      }
+      const int kind = i % 5;
+      std::vector<std::byte> req(kind == 4 ? 8192 : 8, std::byte{uint8_t(i)});
+      std::vector<std::byte> reply(req.size());
+      Status posted;
+      switch (kind) {
+        case 0:
+          posted = ctx.post_write(RemoteRef{*peer, mr->key, base + 8}, &v, 8, i, true);
+          break;
+        case 1:
+          posted = ctx.post_compare_swap(RemoteRef{*peer, mr->key, base + 8}, v - 1, v, &old, i);
+          break;
+        case 2:
+          posted = ctx.post_fetch_add(RemoteRef{*peer, mr->key, base + 16}, 1, &old, i);
+          break;
+        default:
+          posted = ctx.post_rpc(*peer, uint32_t(i), req, reply, i);
+          break;
+      }
+      Completion c = posted.ok() ? wait() : Completion{};
+      if (!posted.ok()) c.status = posted;
+      if (!c.status.ok()) {
+        failures++;
+        ADD_FAILURE() << "thread " << thread << " op " << i << " (kind " << kind
+                      << "): " << c.status.ToString();
+        return;
+      }
+      if (kind == 0) {
+        EXPECT_EQ(words[base / 8 + 1], v);  // delivery-complete: landed
+      }
+      if (kind == 1) {
+        EXPECT_EQ(old, v - 1);  // the write just before (op i - 1) stored v - 1
+      }
+      if (kind >= 3) {
+        EXPECT_EQ(c.reply_length, req.size());
+      }
+      if (kind == 2) {
+        EXPECT_EQ(old, faa_expected++);
+      }
+      if (kind >= 3) {
+        EXPECT_EQ(c.reply_imm, uint32_t(i) + 1);
+      }
+    }
+    std::printf("thread %d: %llu posts refused with -FI_EAGAIN (and retried)\n", thread,
+                (unsigned long long)GetContextStats(ctx).eagain_retries);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(run, t);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  sleepy->stop();
 }
 
 }  // namespace
