@@ -416,8 +416,12 @@ TEST_F(TcpTransportTest, WaitForReadCopiesOrdersAChangeAfterTheReadsInProgress) 
   });
   std::vector<uint64_t> buf(len / 8);
   uint64_t reads = 0, violations = 0, mid_round = 0;
-  const auto end = std::chrono::steady_clock::now() + 1s;
-  while (std::chrono::steady_clock::now() < end) {
+  // At least 1 s, then on until a read has overlapped a round (the event the test needs; on a
+  // loaded machine the two threads may not run at once for a while), for at most 20 s.
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + 1s, limit = start + 20s;
+  for (auto now = start; now < end || (mid_round == 0 && now < limit);
+       now = std::chrono::steady_clock::now()) {
     ASSERT_OK(ctx_->post_read(RemoteRef{peer_, region_.key, 0}, buf.data(), len, 7));
     auto got = testing::PollN(*ctx_, 1, kWait);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
