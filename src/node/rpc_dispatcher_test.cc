@@ -199,9 +199,17 @@ TEST(RpcDispatcher, QueueFullIsRejectedAndStopFailsQueued) {
   EXPECT_EQ(full->error.code(), Code::kResourceExhausted);
   EXPECT_EQ(d.stats().queue_full, 1u);
 
-  // Stop lets the running handler finish and answer normally; queued RPCs fail.
-  std::thread opener([gate] {
-    std::this_thread::sleep_for(50ms);
+  // Stop lets the running handler finish and answer normally; queued RPCs fail. The gate opens
+  // once Stop() has begun: a probe RPC is refused as "queue full" until then and as Unavailable
+  // from the moment Stop() marks the dispatcher stopping (opening earlier would let the worker
+  // run q1).
+  std::thread opener([gate, &d] {
+    const auto limit = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < limit) {
+      auto probe = Call(d, 64, "");
+      if (!probe->Wait(5s) || probe->error.code() == Code::kUnavailable) break;
+      std::this_thread::yield();
+    }
     std::lock_guard lock(gate->mu);
     gate->open = true;
     gate->cv.notify_all();
@@ -276,6 +284,11 @@ TEST(RpcDispatcher, InlineHandlerRunsOnTheSubmittingThread) {
   ASSERT_TRUE(queued->Wait(5s));
   EXPECT_EQ(queued->payload, "w");
 
+  // The worker counts an RPC as served just after answering it: wait (bounded) for the count.
+  const auto limit = std::chrono::steady_clock::now() + 5s;
+  while (d.stats().served < 4 && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::yield();
+  }
   const auto stats = d.stats();
   EXPECT_EQ(stats.served, 4u);
   EXPECT_EQ(stats.inline_served, 3u);

@@ -233,8 +233,13 @@ TEST_F(FakeServerTest, LockedSlotIsRetriedUntilReleasedOrTheBudgetEnds) {
   ObjectClientOptions patient;
   patient.retry_budget = std::chrono::milliseconds(5000);
   ObjectClient& c2 = Client(patient);
+  // Unlock once the reader has seen the lock and is backing off (its locked_retries counter
+  // moved), not after a guessed delay; the deadline only bounds a broken client.
   std::thread unlock([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (c2.stats().locked_retries == 0 && std::chrono::steady_clock::now() < limit) {
+      std::this_thread::yield();
+    }
     fake_->SetHeaderLocked(off, false);
   });
   r = c2.direct_read(p, out);

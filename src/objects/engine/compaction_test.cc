@@ -484,11 +484,16 @@ TEST(Compaction, AllocationFailureIsServedDuringAPacedRound) {
   co.max_merges_per_second = 2;  // a paced round over this heap would take seconds
   Compactor comp(st, co);
   std::vector<ObjectPtr> kept = FillBudgetThenThin(st);
+  const uint64_t merges_before = comp.stats().compactions;
   std::thread round([&] { EXPECT_TRUE(comp.CompactAll().ok()); });
-  // Let the paced round take the round lock (its first merge frees one block) and sleep, then
-  // allocate three blocks' worth of another class: the failure hook must get through the paced
-  // round (it stops sleeping) and free the rest.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Wait until the paced round holds the round lock and has made its first merge (which frees
+  // one block; it then sleeps for its pace), then allocate three blocks' worth of another class:
+  // the failure hook must get through the paced round (it stops sleeping) and free the rest.
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (comp.stats().compactions == merges_before && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::yield();
+  }
+  EXPECT_GT(comp.stats().compactions, merges_before) << "the paced round never merged";
   auto first = st.Alloc(40, 1);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   const uint32_t per_block = st.classes().at(first->size_class).slots_per_block;
