@@ -35,9 +35,12 @@ Task<Result<std::span<const std::byte>>> CallRpc(Scheduler& sched, PeerId peer, 
 
 // A request struct and a reply struct of fixed sizes (common/wire_struct.h); a reply of any
 // other size is a Protocol error. `Request` may be std::span<const std::byte> for a raw body.
+// The request is taken by value: a Task starts suspended, so a reference to a temporary would
+// dangle by the time it runs (ASan caught exactly that). Spans here and in CallRpc/CallWithTail
+// are views: their bytes must outlive the awaited task.
 template <typename Reply, typename Request>
-Task<Result<Reply>> CallStruct(Scheduler& sched, PeerId peer, uint16_t opcode,
-                               const Request& request, std::string what) {
+Task<Result<Reply>> CallStruct(Scheduler& sched, PeerId peer, uint16_t opcode, Request request,
+                               std::string what) {
   static_assert(std::is_trivially_copyable_v<Reply>);
   std::byte buf[sizeof(Reply)];
   std::span<const std::byte> body;
