@@ -25,6 +25,7 @@ enum class Code : uint8_t {
   kAborted,            // operation cancelled (shutdown)
   kInternal,           // a bug: an invariant did not hold
   kMoved,              // the object is no longer at the pointer's address: correct it, retry
+  kFailedPrecondition, // a compare-and-set found another revision, or a create found the key
 };
 
 std::string_view CodeName(Code code);
@@ -51,6 +52,9 @@ class [[nodiscard]] Status {
   static Status Aborted(std::string_view m) { return Status(Code::kAborted, m); }
   static Status Internal(std::string_view m) { return Status(Code::kInternal, m); }
   static Status Moved(std::string_view m) { return Status(Code::kMoved, m); }
+  static Status FailedPrecondition(std::string_view m) {
+    return Status(Code::kFailedPrecondition, m);
+  }
 
   bool ok() const { return state_ == nullptr; }
   Code code() const { return state_ ? state_->code : Code::kOk; }

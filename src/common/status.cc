@@ -35,6 +35,8 @@ std::string_view CodeName(Code code) {
       return "Internal";
     case Code::kMoved:
       return "Moved";
+    case Code::kFailedPrecondition:
+      return "FailedPrecondition";
   }
   return "Unknown";
 }
