@@ -13,19 +13,19 @@ namespace farmem {
 
 enum class Code : uint8_t {
   kOk = 0,
-  kInvalidArgument,    // caller passed something malformed
-  kNotFound,           // unknown key, region, peer, object
-  kOutOfRange,         // offset/length outside a registered region
-  kPermissionDenied,   // wrong cluster token or key
-  kTimedOut,           // a wait reached its deadline
-  kUnavailable,        // peer gone / connection closed / not started
-  kResourceExhausted,  // out of memory, queue full
-  kProtocol,           // malformed frame or unexpected message
-  kIoError,            // OS call failed
-  kAborted,            // operation cancelled (shutdown)
-  kInternal,           // a bug: an invariant did not hold
-  kMoved,              // the object is no longer at the pointer's address: correct it, retry
-  kFailedPrecondition, // a compare-and-set found another revision, or a create found the key
+  kInvalidArgument,     // caller passed something malformed
+  kNotFound,            // unknown key, region, peer, object
+  kOutOfRange,          // offset/length outside a registered region
+  kPermissionDenied,    // wrong cluster token or key
+  kTimedOut,            // a wait reached its deadline
+  kUnavailable,         // peer gone / connection closed / not started
+  kResourceExhausted,   // out of memory, queue full
+  kProtocol,            // malformed frame or unexpected message
+  kIoError,             // OS call failed
+  kAborted,             // operation cancelled (shutdown)
+  kInternal,            // a bug: an invariant did not hold
+  kMoved,               // the object is no longer at the pointer's address: correct it, retry
+  kFailedPrecondition,  // a compare-and-set found another revision, or a create found the key
 };
 
 std::string_view CodeName(Code code);

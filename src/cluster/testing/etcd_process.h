@@ -29,7 +29,9 @@ inline std::string EtcdBinary() {
   return "/usr/bin/etcd";
 }
 
-inline bool EtcdAvailable() { return ::access(EtcdBinary().c_str(), X_OK) == 0; }
+inline bool EtcdAvailable() {
+  return ::access(EtcdBinary().c_str(), X_OK) == 0;
+}
 
 // A port nobody listens on right now (bound to 127.0.0.1:0, then closed).
 inline int FreeLoopbackPort() {
@@ -76,7 +78,8 @@ class EtcdProcess {
   // Picks ports and a data directory, starts etcd and waits (up to 20 s) until it accepts
   // clients. `extra_args` go to etcd as they are (e.g. "--auto-compaction-retention=1").
   Status Start(std::vector<std::string> extra_args = {}) {
-    if (!EtcdAvailable()) return Status::NotFound(EtcdBinary() + " not found (apt install etcd-server)");
+    if (!EtcdAvailable())
+      return Status::NotFound(EtcdBinary() + " not found (apt install etcd-server)");
     char tmpl[] = "/tmp/farmem-etcd-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return Status::FromErrno("mkdtemp", errno);
     dir_ = tmpl;
