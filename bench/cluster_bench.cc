@@ -2,8 +2,9 @@
 // measures (1) the time from a membership change (join / leave) to the last of the 3 watchers
 // seeing it and (2) metadata get/put latency; baselines, interleaved round by round: 3 etcdctl
 // watch processes seeing one put, and etcdctl get/put (one process per operation, as scripts use
-// it; etcdctl's own start-up time is measured beside it). Threads: the main thread drives the
-// rounds; watch callbacks run on the Cluster's threads and only append to a locked log.
+// it; etcdctl's own start-up time is measured beside it) and etcd's Go client clientv3 in one
+// process (bench/etcd_baseline, built with `go build` at the start). Threads: the main thread
+// drives the rounds; watch callbacks run on the Cluster's threads and only append to a locked log.
 #include "cluster_bench.h"
 
 #include <fcntl.h>
@@ -79,6 +80,33 @@ Result<int64_t> TimeTool(const std::vector<std::string>& args) {
     return Status::IoError(
         fmt::format("{} {} failed (status {})", args[0], args.size() > 1 ? args[1] : "", status));
   return ns;
+}
+
+// Runs a tool to completion and returns its stdout (error if it failed or printed > 64 MiB).
+Result<std::string> CaptureTool(const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
+  auto pid = Spawn(args, fds[1]);
+  ::close(fds[1]);
+  if (!pid.ok()) {
+    ::close(fds[0]);
+    return pid.status();
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > (64u << 20)) break;
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(*pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return Status::IoError(fmt::format("{} failed (status {})", args[0], status));
+  return out;
 }
 
 // One `etcdctl watch --prefix P` process whose output lines are read back to time deliveries.
@@ -195,6 +223,7 @@ struct Round {
   Samples member_change;  // a join or leave seen by 3 farmem watchers
   Samples tool_get, tool_put, tool_start;
   Samples get, put;
+  Samples go_get, go_put;  // clientv3 in one process (empty when the Go baseline is unavailable)
 };
 
 struct Check {
@@ -316,6 +345,19 @@ class Bench {
       FARMEM_ASSIGN_OR_RETURN(auto v, TimeTool({o_.etcdctl, "version"}));
       out.tool_start.ns.push_back(v);
     }
+    // Baseline A': clientv3 in one process, the same operations.
+    if (!go_baseline_.empty()) {
+      FARMEM_ASSIGN_OR_RETURN(auto text,
+                              CaptureTool({go_baseline_, "--endpoints=" + etcd_.endpoint(), "--ops",
+                                           std::to_string(o_.ops), "--prefix", MetaPrefix()}));
+      try {
+        auto j = nlohmann::json::parse(text);
+        out.go_put.ns = j.at("put_ns").get<std::vector<int64_t>>();
+        out.go_get.ns = j.at("get_ns").get<std::vector<int64_t>>();
+      } catch (const std::exception& e) {
+        return Status::Protocol(fmt::format("etcd_baseline printed bad JSON: {}", e.what()));
+      }
+    }
     // Subject B: Cluster::put / get on the same keys and values.
     for (int i = 0; i < o_.ops; ++i) {
       std::string key = fmt::format("kv/{}", i % 16);
@@ -349,6 +391,8 @@ class Bench {
   std::vector<std::unique_ptr<ClusterWatch>> watches_;
   std::unique_ptr<Cluster> probe_;
   std::vector<std::unique_ptr<ToolWatcher>> tool_watchers_;
+  std::string go_baseline_;
+  std::string go_missing_;
 };
 
 Check MakeCheck(std::string name, const std::vector<Round>& rounds, double factor,
@@ -416,9 +460,18 @@ int RunClusterBench(ClusterBenchOptions o) {
                              &Round::member_change, &Round::tool_watch, false, watch_detail));
   checks.push_back(MakeCheck("membership change reaches 3 watchers, p99 (ms)", rounds, 2.0,
                              &Round::member_change, &Round::tool_watch, true, watch_detail));
+  const std::string go_detail = b.go_missing().empty()
+                                    ? "etcd's Go client (clientv3 over gRPC, what etcdctl is built "
+                                      "on) in one process; farmem "
+                                      "goes through etcd's JSON gateway (docs/cluster.md)"
+                                    : "not measured: " + b.go_missing();
   const std::string tool_detail =
       "etcdctl runs one process per operation (as a script would): its time includes process "
       "start-up (see etcdctl_startup_ms)";
+  checks.push_back(MakeCheck("metadata get p50 (ms) vs clientv3 get", rounds, 2.0, &Round::get,
+                             &Round::go_get, false, go_detail));
+  checks.push_back(MakeCheck("metadata put p50 (ms) vs clientv3 put", rounds, 2.0, &Round::put,
+                             &Round::go_put, false, go_detail));
   checks.push_back(MakeCheck("metadata get p50 (ms) vs etcdctl get", rounds, 1.0, &Round::get,
                              &Round::tool_get, false, tool_detail));
   checks.push_back(MakeCheck("metadata put p50 (ms) vs etcdctl put", rounds, 1.0, &Round::put,
@@ -450,6 +503,8 @@ int RunClusterBench(ClusterBenchOptions o) {
                     {"etcdctl_watch", SamplesJson(r.tool_watch)},
                     {"get", SamplesJson(r.get)},
                     {"put", SamplesJson(r.put)},
+                    {"clientv3_get", SamplesJson(r.go_get)},
+                    {"clientv3_put", SamplesJson(r.go_put)},
                     {"etcdctl_get", SamplesJson(r.tool_get)},
                     {"etcdctl_put", SamplesJson(r.tool_put)},
                     {"etcdctl_startup", SamplesJson(r.tool_start)}});

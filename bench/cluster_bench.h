@@ -15,6 +15,8 @@ struct ClusterBenchOptions {
   int tool_ops = 0;  // etcdctl processes per operation kind per round; 0 = 20 (--quick: 8)
   std::string etcd = "/usr/bin/etcd";
   std::string etcdctl = "/usr/bin/etcdctl";
+  // The clientv3 baseline binary; "" = `go build` bench/etcd_baseline at the start.
+  std::string go_baseline;
   std::string json_path = "cluster.json";
 };
 

@@ -25,6 +25,8 @@ inline CLI::App* AddClusterBenchCommand(CLI::App& bench, ClusterBenchOptions& o)
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--etcd", o.etcd, "etcd binary")->capture_default_str();
   cmd->add_option("--etcdctl", o.etcdctl, "etcdctl binary")->capture_default_str();
+  cmd->add_option("--go-baseline", o.go_baseline,
+                  "prebuilt bench/etcd_baseline binary (default: go build it)");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
 }
