@@ -18,6 +18,7 @@ endif()
 # The libraries of the public API, each before the ones it depends on (the link order of
 # farmem.pc). The server half (service, pools, objects engine/service, server) is there so a
 # program can embed a MemoryServer like `farmem demo` does; farmem_bench (hiredis) is not.
+# farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend).
 set(FARMEM_INSTALLED_LIBS
     farmem_server
     farmem_objects_service
@@ -26,6 +27,7 @@ set(FARMEM_INSTALLED_LIBS
     farmem_objects_engine
     farmem_objects_client
     farmem_objects_format
+    farmem_cluster
     farmem_node
     farmem_transport
     farmem_transport_fabric

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,11 @@ class MemoryServer {
   std::string stats_json() const;
   // The same figures as Prometheus text exposition (what GET /metrics serves).
   std::string metrics_text() const;
+  // Adds (or replaces; an empty function removes) a top-level key of the STAT document for a part
+  // of the process that is not a service (farmemd adds "cluster"): `json_text` runs on every STAT,
+  // on any thread, and returns a JSON value as text (text that is not JSON shows as a string). It
+  // must stay callable until it is removed or the server is destroyed.
+  void set_stats_section(std::string key, std::function<std::string()> json_text);
   // Names of the services running, in start order.
   std::vector<std::string> services() const;
 

@@ -1,6 +1,7 @@
-// `farmem compact ADDR [--class N]`: ask a farmemd to run one compaction round of its object
-// store (all size classes or one) and print the merges, the server's compaction counters and the
-// physical memory the store holds before and after.
+// `farmem compact ADDR [--class N]` (or `--cluster URL [MEMBER]`): ask a farmemd to run one
+// compaction round of its object store (all size classes or one) and print the merges, the server's
+// compaction counters and the physical memory the store holds before and after.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -30,6 +31,27 @@ int64_t HeldBytes(const Result<std::string>& text) {
 
 int RunCompact(const CompactOptions& options) {
   InitLogging();
+  if (!options.cluster.url.empty()) {
+    // Through the cluster: the named memory member, or each one in turn.
+    int code = 0;
+    auto cluster = OpenClusterForCli(options.cluster, "farmem compact", &code);
+    if (!cluster.ok()) return code;
+    auto members = MemoryMembers(**cluster, options.address);
+    if (!members.ok()) {
+      std::fprintf(stderr, "farmem compact: error: %s\n", members.status().ToString().c_str());
+      return 1;
+    }
+    int rc = 0;
+    for (const ClusterMember& m : *members) {
+      CompactOptions one = options;
+      one.cluster = {};
+      one.address = m.address;
+      std::printf("member '%s':\n", m.name.c_str());
+      std::fflush(stdout);
+      rc = std::max(rc, RunCompact(one));
+    }
+    return rc;
+  }
   auto node = MakeClientNode(options.client, "farmem-compact");
   if (!node.ok()) {
     std::fprintf(stderr, "farmem compact: error: %s\n", node.status().ToString().c_str());

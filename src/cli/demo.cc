@@ -1,17 +1,25 @@
 // `farmem demo`: a guided tour of the raw memory service — alloc, one-sided write/read, CAS,
 // 16 FAAs in flight on coroutines, STAT, free, double free — then of the object store (alloc,
 // write, direct_read, free 75 %, compact, read_any with pointer correction), each step checked
-// and timed. Runs against an embedded in-process farmemd, or running ones given with --connect.
+// and timed. Runs against an embedded in-process farmemd — which first joins an in-process
+// control plane (memory://demo) where the client finds it — or running ones given with --connect
+// or found in a cluster with --cluster.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "common/log.h"
 #include "farmem/client.h"
+#include "farmem/cluster.h"
 #include "farmem/objects.h"
 #include "farmem/server.h"
 
@@ -341,13 +349,152 @@ bool RunObjectSteps(Node& node, const std::string& address) {
   return log.failed() == 0;
 }
 
+// The control-plane part of the embedded demo: the embedded server joins memory://demo and the
+// client finds it there (members() and the join event of watch_members) instead of being told
+// its address. Keeps its handles so that the end of the demo can show the leave.
+class ClusterDemo {
+ public:
+  // Returns the address the client found, or "" when a check failed.
+  std::string Start(MemoryServer& server) {
+    std::printf("cluster (memory://demo)\n");
+    auto t0 = Clock::now();
+    ClusterOptions so;
+    so.url = "memory://demo";
+    so.create_if_missing = true;  // the server side creates the cluster, as farmemd does
+    auto opened = Cluster::Open(so);
+    if (!log_.Report("open control plane", opened.ok(), MicrosSince(t0),
+                     opened.ok() ? "memory://demo, cluster 'default' (server side creates it)"
+                                 : opened.status().ToString())) {
+      return "";
+    }
+    server_side_ = std::move(*opened);
+
+    // The client's own handle, as a separate process would have; read-only tools do not create.
+    t0 = Clock::now();
+    ClusterOptions co = so;
+    co.create_if_missing = false;
+    auto client = Cluster::Open(co);
+    Result<std::unique_ptr<ClusterWatch>> watch =
+        client.ok() ? (*client)->watch_members([this](const ClusterMemberEvent& e) { OnEvent(e); })
+                    : Result<std::unique_ptr<ClusterWatch>>(client.status());
+    if (!log_.Report("client watch_members", watch.ok(), MicrosSince(t0),
+                     watch.ok() ? "client opened the cluster and watches its members"
+                                : watch.status().ToString())) {
+      return "";
+    }
+    client_ = std::move(*client);
+    watch_ = std::move(*watch);
+
+    ClusterMember self;
+    self.name = server.config().node.name;
+    self.address = server.node().bootstrap_address();
+    self.roles = {"memory"};
+    self.capacity_bytes = server.config().memory_bytes;
+    t0 = Clock::now();
+    Status joined = server_side_->join(self);
+    self_name_ = self.name;
+    if (!log_.Report("server join", joined.ok(), MicrosSince(t0),
+                     joined.ok() ? "'" + self.name + "' at " + self.address + ", roles memory, " +
+                                       FormatBytes(self.capacity_bytes)
+                                 : joined.ToString())) {
+      return "";
+    }
+
+    t0 = Clock::now();
+    auto event = WaitFor(ClusterMemberEvent::Type::kJoin, self.name);
+    log_.Report("join event", event.has_value(), MicrosSince(t0),
+                event ? FormatMemberEvent(*event) : "no join event within 5 s");
+
+    t0 = Clock::now();
+    auto members = MemoryMembers(*client_, "");
+    std::string found;
+    if (members.ok()) {
+      for (const auto& m : *members) {
+        if (m.name == self.name) found = m.address;
+      }
+    }
+    log_.Report("members() -> address", members.ok() && found == self.address, MicrosSince(t0),
+                members.ok() ? std::to_string(members->size()) + " memory member(s); '" +
+                                   self.name + "' at " + (found.empty() ? "?" : found) +
+                                   (members->empty() || members->front().lease_left.count() < 0
+                                        ? std::string()
+                                        : fmt::format(", lease {:.1f} s left",
+                                                      members->front().lease_left.count() / 1000.0))
+                             : members.status().ToString());
+    return found == self.address ? found : "";
+  }
+
+  // The server leaves; the client must see a leave (not an expiry). Prints the part's tally.
+  bool Finish() {
+    if (server_side_ && server_side_->joined()) {
+      const std::string name = self_name_;
+      auto t0 = Clock::now();
+      Status left = server_side_->leave();
+      log_.Report("server leave", left.ok(), MicrosSince(t0), left.ok() ? "" : left.ToString());
+      t0 = Clock::now();
+      auto event = WaitFor(ClusterMemberEvent::Type::kLeave, name);
+      log_.Report("leave event", event.has_value(), MicrosSince(t0),
+                  event ? FormatMemberEvent(*event) : "no leave event within 5 s");
+    }
+    if (watch_) watch_->cancel();
+    std::printf("  cluster: %d/%d checks passed\n", log_.passed(), log_.passed() + log_.failed());
+    return log_.failed() == 0;
+  }
+
+ private:
+  void OnEvent(const ClusterMemberEvent& e) {
+    std::lock_guard lock(mu_);
+    events_.push_back(e);
+    cv_.notify_all();
+  }
+  std::optional<ClusterMemberEvent> WaitFor(ClusterMemberEvent::Type type,
+                                            const std::string& name) {
+    std::unique_lock lock(mu_);
+    std::optional<ClusterMemberEvent> found;
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] {
+      for (const auto& e : events_) {
+        if (e.type == type && e.member.name == name) found = e;
+      }
+      return found.has_value();
+    });
+    return found;
+  }
+
+  StepLog log_;
+  std::string self_name_;
+  std::unique_ptr<Cluster> server_side_;
+  std::unique_ptr<Cluster> client_;
+  std::unique_ptr<ClusterWatch> watch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ClusterMemberEvent> events_;
+};
+
 }  // namespace
 
 int RunDemo(const DemoOptions& options) {
   InitLogging();
   std::unique_ptr<MemoryServer> server;
+  ClusterDemo cluster_demo;
+  bool all_ok = true;
   std::vector<std::string> targets = options.connect;
-  if (targets.empty()) {
+  if (!options.cluster.url.empty()) {
+    // The servers of a running cluster: every member with role "memory".
+    int code = 0;
+    auto cluster = OpenClusterForCli(options.cluster, "farmem demo", &code);
+    if (!cluster.ok()) return code;
+    auto members = MemoryMembers(**cluster, "");
+    if (!members.ok()) {
+      std::fprintf(stderr, "farmem demo: error: %s\n", members.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("cluster '%s' at %s: %zu memory member(s)\n", options.cluster.name.c_str(),
+                options.cluster.url.c_str(), members->size());
+    for (const auto& m : *members) {
+      std::printf("  %-16s %s\n", m.name.c_str(), m.address.c_str());
+      targets.push_back(m.address);
+    }
+  } else if (targets.empty()) {
     ServerConfig sc;
     sc.memory_bytes = 64ull << 20;
     sc.pool_bytes = 16ull << 20;
@@ -364,10 +511,17 @@ int RunDemo(const DemoOptions& options) {
       return 1;
     }
     server = std::move(*created);
-    targets.push_back(server->node().bootstrap_address());
-    std::printf("embedded farmemd: bootstrap=%s transport=%s address=%s\n", targets[0].c_str(),
+    std::printf("embedded farmemd: bootstrap=%s transport=%s address=%s\n",
+                server->node().bootstrap_address().c_str(),
                 server->node().transport().name().c_str(),
                 server->node().transport().local_address().c_str());
+    // The client learns the server's address from the control plane, as it would in a cluster.
+    std::string found = cluster_demo.Start(*server);
+    if (found.empty()) {
+      all_ok = false;
+      found = server->node().bootstrap_address();  // the other parts still run
+    }
+    targets.push_back(found);
   }
 
   ClientOptions client = options.client;
@@ -376,12 +530,15 @@ int RunDemo(const DemoOptions& options) {
     std::fprintf(stderr, "farmem demo: error: %s\n", node.status().ToString().c_str());
     return 1;
   }
-  bool all_ok = true;
   for (const std::string& target : targets) {
     std::printf("demo against %s (backend %s)\n", target.c_str(),
                 (*node)->transport().name().c_str());
     all_ok = RunSteps(**node, target) && all_ok;
     all_ok = RunObjectSteps(**node, target) && all_ok;
+  }
+  if (server) {
+    std::printf("cluster (memory://demo), continued\n");
+    all_ok = cluster_demo.Finish() && all_ok;
   }
   (*node)->stop();
   if (server) server->stop();

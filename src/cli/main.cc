@@ -1,7 +1,8 @@
 // `farmem`: the command-line tool. Subcommands: serve (run a memory server, same as farmemd),
 // demo (guided, checked tour of the raw and object APIs), stat (server statistics), compact
-// (one object-store compaction round), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote
-// call failed, 2 usage error.
+// (one object-store compaction round), cluster (the control plane: members, watch, metadata, a
+// local cluster up/down), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote call failed,
+// 2 usage error.
 #include <cstdio>
 #include <cstdlib>
 
@@ -32,6 +33,45 @@ void ApplyTokenEnv(CLI::App& cmd, farmem::cli::ClientOptions& c) {
   }
 }
 
+// The control-plane flags of a client command (the farmemd ones are in server/serve_config.cc).
+CLI::Option* AddClusterFlags(CLI::App& cmd, farmem::cli::ClusterClientOptions& c,
+                             const std::string& url_help) {
+  CLI::Option* url = cmd.add_option("--cluster", c.url, url_help);
+  cmd.add_option("--cluster-name", c.name, "cluster within the control plane")
+      ->capture_default_str();
+  cmd.add_option("--cluster-user", c.user, "etcd user");
+  cmd.add_option("--cluster-password", c.password, "etcd password (env FARMEM_CLUSTER_PASSWORD)");
+  cmd.add_option("--cluster-ca", c.ca, "etcd TLS: CA certificate file");
+  cmd.add_option("--cluster-cert", c.cert, "etcd TLS: client certificate file");
+  cmd.add_option("--cluster-key", c.key, "etcd TLS: client key file");
+  return url;
+}
+
+// --cluster-password flag > FARMEM_CLUSTER_PASSWORD; with `env_url`, --cluster > FARMEM_CLUSTER.
+void ApplyClusterEnv(CLI::App& cmd, farmem::cli::ClusterClientOptions& c, bool env_url) {
+  if (cmd.get_option("--cluster-password")->count() == 0) {
+    if (const char* env = std::getenv("FARMEM_CLUSTER_PASSWORD")) c.password = env;
+  }
+  if (env_url && c.url.empty()) {
+    if (const char* env = std::getenv("FARMEM_CLUSTER")) c.url = env;
+  }
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "farmem: error: %s (see --help)\n", message.c_str());
+  return farmem::kExitUsage;
+}
+
+// True when the given cluster-only flags (other than --cluster) came without --cluster.
+bool ClusterFlagsWithoutUrl(CLI::App& cmd, const farmem::cli::ClusterClientOptions& c) {
+  if (!c.url.empty()) return false;
+  for (const char* f : {"--cluster-name", "--cluster-user", "--cluster-password", "--cluster-ca",
+                        "--cluster-cert", "--cluster-key"}) {
+    if (cmd.get_option(f)->count() > 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,23 +89,97 @@ int main(int argc, char** argv) {
   AddClientFlags(*demo, demo_opts.client);
   demo->add_option("--connect", demo_opts.connect,
                    "run against running farmemd HOST:PORT (repeatable) instead of an embedded one");
+  AddClusterFlags(*demo, demo_opts.cluster,
+                  "run against the memory members of this cluster (etcd://HOST:PORT) instead");
 
   farmem::cli::StatOptions stat_opts;
   CLI::App* stat =
       app.add_subcommand("stat", "print a farmemd's pools, allocations and RPC counts");
   AddClientFlags(*stat, stat_opts.client);
-  stat->add_option("address", stat_opts.address, "farmemd bootstrap HOST:PORT")->required();
+  stat->add_option("address", stat_opts.address,
+                   "farmemd bootstrap HOST:PORT (with --cluster: a member name; none = all)");
   stat->add_flag("--json", stat_opts.json, "print the raw STAT JSON");
+  AddClusterFlags(*stat, stat_opts.cluster,
+                  "find the server(s) in this cluster (env FARMEM_CLUSTER when no address)");
 
   farmem::cli::CompactOptions compact_opts;
   uint16_t compact_class = 0;
   CLI::App* compact =
       app.add_subcommand("compact", "run one compaction round of a farmemd's object store");
   AddClientFlags(*compact, compact_opts.client);
-  compact->add_option("address", compact_opts.address, "farmemd bootstrap HOST:PORT")->required();
+  compact->add_option("address", compact_opts.address,
+                      "farmemd bootstrap HOST:PORT (with --cluster: a member name; none = all)");
+  AddClusterFlags(*compact, compact_opts.cluster,
+                  "find the server(s) in this cluster (env FARMEM_CLUSTER when no address)");
   CLI::Option* compact_class_opt =
       compact->add_option("--class", compact_class, "only this size class (default: all)")
           ->check(CLI::Range(0, 65534));
+
+  // farmem cluster ...: the control plane. Every subcommand takes the cluster flags and --json.
+  CLI::App* cluster = app.add_subcommand("cluster",
+                                         "the control plane: members, events, "
+                                         "metadata, a local cluster");
+  cluster->require_subcommand(1);
+  farmem::cli::ClusterCmdOptions cl;
+  auto cluster_cmd = [&](const char* name, const char* help) {
+    CLI::App* c = cluster->add_subcommand(name, help);
+    AddClusterFlags(*c, cl.cluster, "control plane: etcd://HOST:PORT[,...] (env FARMEM_CLUSTER)");
+    c->add_flag("--json", cl.json, "machine-readable output");
+    return c;
+  };
+  CLI::App* cl_members = cluster_cmd("members", "the live members, with memory used from STAT");
+  AddClientFlags(*cl_members, cl.client);
+  CLI::App* cl_watch =
+      cluster_cmd("watch", "print member joins, leaves and expiries as they happen");
+  cl_watch->add_option("--count", cl.count, "exit after N changes")->check(CLI::PositiveNumber);
+  cl_watch
+      ->add_option("--timeout", cl.timeout_seconds, "exit after S seconds (with --count: exit 1)")
+      ->check(CLI::PositiveNumber);
+  CLI::App* cl_get = cluster_cmd("get", "print a metadata key's value");
+  cl_get->add_option("key", cl.key, "key")->required();
+  CLI::App* cl_put = cluster_cmd("put", "write a metadata key");
+  cl_put->add_option("key", cl.key, "key")->required();
+  CLI::Option* cl_put_value = cl_put->add_option("value", cl.value, "value");
+  CLI::Option* cl_put_file = cl_put->add_option("--file", cl.value_file, "read the value from F");
+  cl_put_value->excludes(cl_put_file);
+  CLI::App* cl_list = cluster_cmd("list", "list metadata keys (and values) under a prefix");
+  cl_list->add_option("prefix", cl.key, "key prefix (default: all)");
+  CLI::App* cl_remove = cluster_cmd("remove", "delete a metadata key");
+  cl_remove->add_option("key", cl.key, "key")->required();
+
+  farmem::cli::ClusterUpOptions up_opts;
+  CLI::App* cl_up = cluster->add_subcommand(
+      "up", "start a local cluster: etcd and N farmemds on loopback, detached, under DIR");
+  cl_up->add_option("--nodes", up_opts.nodes, "farmemd processes")->capture_default_str();
+  cl_up->add_option("--dir", up_opts.dir, "directory for cluster.json, logs and etcd data")
+      ->required();
+  cl_up->add_option("--base-port", up_opts.base_port,
+                    "etcd client P, peer P+1, node K bootstrap P+2K, data P+2K+1 (default: free "
+                    "ports)");
+  cl_up->add_option("--etcd", up_opts.etcd, "etcd binary (default: $FARMEM_ETCD, PATH, /usr/bin)");
+  cl_up->add_option("--farmemd", up_opts.farmemd, "farmemd binary (default: next to farmem)");
+  cl_up->add_option("--cluster-name", up_opts.cluster_name, "cluster name")->capture_default_str();
+  cl_up->add_option("--cluster-ttl", up_opts.ttl_seconds, "membership lease of each farmemd (s)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cl_up->add_option("--memory-mib", up_opts.memory_mib, "memory budget of each farmemd")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cl_up
+      ->add_option("--farmemd-arg", up_opts.farmemd_args,
+                   "extra flag for every farmemd (repeatable, e.g. --farmemd-arg=--workers=2)")
+      ->allow_extra_args(false);
+  cl_up->add_option("--wait", up_opts.wait_seconds, "bound on the whole start (s)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  std::string down_dir;
+  double down_wait = 10;
+  CLI::App* cl_down = cluster->add_subcommand(
+      "down", "stop the cluster `farmem cluster up --dir DIR` started (farmemds, then etcd)");
+  cl_down->add_option("--dir", down_dir, "the directory given to up")->required();
+  cl_down->add_option("--wait", down_wait, "seconds to wait after SIGTERM before SIGKILL")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   farmem::RawBenchOptions bench_opts;
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
@@ -106,16 +220,67 @@ int main(int argc, char** argv) {
   if (serve->parsed()) return farmem::RunServe(serve_flags, "farmem serve");
   if (demo->parsed()) {
     ApplyTokenEnv(*demo, demo_opts.client);
+    ApplyClusterEnv(*demo, demo_opts.cluster, /*env_url=*/false);
+    if (!demo_opts.cluster.url.empty() && !demo_opts.connect.empty()) {
+      return Usage("demo takes --connect or --cluster, not both");
+    }
+    if (ClusterFlagsWithoutUrl(*demo, demo_opts.cluster))
+      return Usage("--cluster-* need --cluster");
     return farmem::cli::RunDemo(demo_opts);
   }
+  // stat/compact: an address, or --cluster (else FARMEM_CLUSTER) with an optional member name.
+  auto check_target = [](CLI::App& cmd, std::string& address,
+                         farmem::cli::ClusterClientOptions& c) -> int {
+    const bool explicit_url = !c.url.empty();
+    // FARMEM_CLUSTER stands in for --cluster unless an address (HOST:PORT) was given.
+    ApplyClusterEnv(cmd, c, /*env_url=*/address.find(':') == std::string::npos);
+    if (c.url.empty()) {
+      if (ClusterFlagsWithoutUrl(cmd, c)) return Usage("--cluster-* need --cluster");
+      if (address.empty()) return Usage("give a server HOST:PORT or --cluster URL");
+      return 0;
+    }
+    if (explicit_url && address.find(':') != std::string::npos) {
+      return Usage("--cluster takes a member name, not an address ('" + address +
+                   "'): give one or the other");
+    }
+    return 0;
+  };
   if (stat->parsed()) {
     ApplyTokenEnv(*stat, stat_opts.client);
+    if (int rc = check_target(*stat, stat_opts.address, stat_opts.cluster)) return rc;
     return farmem::cli::RunStat(stat_opts);
   }
   if (compact->parsed()) {
     ApplyTokenEnv(*compact, compact_opts.client);
+    if (int rc = check_target(*compact, compact_opts.address, compact_opts.cluster)) return rc;
     if (compact_class_opt->count() > 0) compact_opts.size_class = compact_class;
     return farmem::cli::RunCompact(compact_opts);
+  }
+  if (cluster->parsed()) {
+    if (cl_up->parsed()) return farmem::cli::RunClusterUp(up_opts);
+    if (cl_down->parsed()) return farmem::cli::RunClusterDown(down_dir, down_wait);
+    for (CLI::App* c : {cl_members, cl_watch, cl_get, cl_put, cl_list, cl_remove}) {
+      if (!c->parsed()) continue;
+      ApplyClusterEnv(*c, cl.cluster, /*env_url=*/true);
+      if (cl.cluster.url.empty()) {
+        return Usage("farmem cluster " + c->get_name() +
+                     " needs --cluster URL (or FARMEM_CLUSTER in the environment)");
+      }
+    }
+    if (cl_members->parsed()) {
+      ApplyTokenEnv(*cl_members, cl.client);
+      return farmem::cli::RunClusterMembers(cl);
+    }
+    if (cl_watch->parsed()) return farmem::cli::RunClusterWatch(cl);
+    if (cl_get->parsed()) return farmem::cli::RunClusterGet(cl);
+    if (cl_put->parsed()) {
+      if (cl_put_value->count() == 0 && cl_put_file->count() == 0) {
+        return Usage("farmem cluster put needs a VALUE or --file F");
+      }
+      return farmem::cli::RunClusterPut(cl);
+    }
+    if (cl_list->parsed()) return farmem::cli::RunClusterList(cl);
+    if (cl_remove->parsed()) return farmem::cli::RunClusterRemove(cl);
   }
   if (raw->parsed()) {
     if (!backends.empty()) bench_opts.backends = backends;

@@ -1,6 +1,6 @@
-// `farmem stat ADDR [--json]`: fetch a farmemd's STAT document and print it as a table (or raw
-// JSON), including the object store's section. The formatter tolerates missing keys so
-// older/newer servers still print.
+// `farmem stat ADDR [--json]` (or `--cluster URL [MEMBER]`): fetch a farmemd's STAT document and
+// print it as a table (or raw JSON), including the object store's and the cluster's sections. The
+// formatter tolerates missing keys so older/newer servers still print.
 #include <cstdio>
 #include <string>
 
@@ -77,6 +77,25 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
   return out;
 }
 
+// The STAT "cluster" section of a farmemd started with --cluster: where it is a member and the
+// control-plane client's counters (whatever keys Cluster::stats_json has, in one line).
+std::string FormatClusterSection(const nlohmann::json& s) {
+  auto it = s.find("cluster");
+  if (it == s.end() || !it->is_object()) return "";
+  const nlohmann::json& c = *it;
+  const bool joined = c.contains("joined") && c["joined"].is_boolean() && c["joined"].get<bool>();
+  std::string out = fmt::format("\ncluster: '{}' at {}, {}\n", S(c, "name"), S(c, "url"),
+                                joined ? "joined" : "NOT joined (re-joining)");
+  if (c.contains("stats") && c["stats"].is_object() && !c["stats"].empty()) {
+    std::string counters;
+    for (const auto& [key, value] : c["stats"].items()) {
+      counters += (counters.empty() ? "" : ", ") + key + " " + value.dump();
+    }
+    out += "         " + counters + "\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatBytes(uint64_t bytes) {
@@ -139,33 +158,63 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     }
   }
   out += FormatObjectsSection(s);
+  out += FormatClusterSection(s);
   return out;
 }
 
 int RunStat(const StatOptions& options) {
   InitLogging();
+  // The servers to ask: the address given, or the cluster's memory members (one by name or all).
+  std::vector<std::pair<std::string, std::string>> targets;  // {member name or "", address}
+  if (!options.cluster.url.empty()) {
+    int code = 0;
+    auto cluster = OpenClusterForCli(options.cluster, "farmem stat", &code);
+    if (!cluster.ok()) return code;
+    auto members = MemoryMembers(**cluster, options.address);
+    if (!members.ok()) {
+      std::fprintf(stderr, "farmem stat: error: %s\n", members.status().ToString().c_str());
+      return 1;
+    }
+    for (const auto& m : *members) targets.emplace_back(m.name, m.address);
+  } else {
+    targets.emplace_back("", options.address);
+  }
   auto node = MakeClientNode(options.client, "farmem-stat");
   if (!node.ok()) {
     std::fprintf(stderr, "farmem stat: error: %s\n", node.status().ToString().c_str());
     return 1;
   }
-  auto client = RawClient::Connect(**node, options.address);
-  if (!client.ok()) {
-    std::fprintf(stderr, "farmem stat: error: %s\n", client.status().ToString().c_str());
-    return 1;
+  // Several members: one table each (or one JSON object keyed by member name); a member that
+  // fails is reported and the others are still printed.
+  const bool many = targets.size() > 1 || (!options.cluster.url.empty() && options.address.empty());
+  nlohmann::json all = nlohmann::json::object();
+  int rc = 0;
+  for (const auto& [member, address] : targets) {
+    auto client = RawClient::Connect(**node, address);
+    Result<std::string> text =
+        client.ok() ? (*client)->stats_json() : Result<std::string>(client.status());
+    if (!text.ok()) {
+      std::fprintf(stderr, "farmem stat: error: %s%s\n",
+                   member.empty() ? "" : ("member '" + member + "': ").c_str(),
+                   text.status().ToString().c_str());
+      rc = 1;
+      continue;
+    }
+    const nlohmann::json st = nlohmann::json::parse(*text);  // validated by stats_json()
+    if (options.json) {
+      if (many) {
+        all[member] = st;
+      } else {
+        std::printf("%s\n", st.dump(2).c_str());
+      }
+    } else {
+      if (many && &member != &targets.front().first) std::printf("\n");
+      std::fputs(FormatStatTable(st, address).c_str(), stdout);
+    }
   }
-  Result<std::string> text = (*client)->stats_json();
-  if (!text.ok()) {
-    std::fprintf(stderr, "farmem stat: error: %s\n", text.status().ToString().c_str());
-    return 1;
-  }
-  const nlohmann::json st = nlohmann::json::parse(*text);  // validated by stats_json()
-  if (options.json) {
-    std::printf("%s\n", st.dump(2).c_str());
-  } else {
-    std::fputs(FormatStatTable(st, options.address).c_str(), stdout);
-  }
-  return 0;
+  if (options.json && many) std::printf("%s\n", all.dump(2).c_str());
+  (*node)->stop();
+  return rc;
 }
 
 }  // namespace farmem::cli

@@ -131,6 +131,18 @@ std::string MemoryServer::stats_json() const {
   return impl_->host->stats().dump();
 }
 
+void MemoryServer::set_stats_section(std::string key, std::function<std::string()> json_text) {
+  if (!json_text) {
+    impl_->host->set_stats_section(std::move(key), nullptr);
+    return;
+  }
+  impl_->host->set_stats_section(std::move(key), [fn = std::move(json_text)] {
+    std::string text = fn();
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    return j.is_discarded() ? nlohmann::json(text) : j;
+  });
+}
+
 std::string MemoryServer::metrics_text() const {
   return impl_->host->metrics();
 }

@@ -1,12 +1,15 @@
 // farmemd / `farmem serve` run loop: create and start the MemoryServer, optional metrics endpoint,
-// print the ready line, wait for SIGTERM/SIGINT and shut down gracefully. Startup problems (bad
-// flags, bad config, an address that cannot be bound) are one stderr line with exit code 2.
+// join the cluster (--cluster), print the ready line, wait for SIGTERM/SIGINT, leave the cluster
+// and shut down gracefully. Startup problems (bad flags, bad config, an address that cannot be
+// bound, a control plane that cannot be reached) are one stderr line with exit code 2.
 #include "server/serve.h"
 
 #include <signal.h>
 #include <time.h>
 
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "server/metrics_http.h"
@@ -35,6 +38,9 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
   } restore{old_mask};
 
+  // Declared before the server so that it is destroyed after it: the server's STAT section reads
+  // it until the server is gone.
+  std::unique_ptr<Cluster> cluster;
   auto server = MemoryServer::Create(*config);
   if (!server.ok()) return fail(server.status(), kExitUsage);
   if (Status st = (*server)->start(); !st.ok()) return fail(st, kExitUsage);
@@ -50,6 +56,39 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     FARMEM_LOG_INFO("metrics: http://{}:{}/metrics", config->node.bootstrap_host, metrics->port());
   }
 
+  if (!flags.options.cluster_url.empty()) {
+    // After the server listens: a member's address must answer by the time others see it.
+    // Open and join are each bounded by the call timeout, so an unreachable store is an error
+    // within seconds, never a hang.
+    const ClusterOptions copts = ServeClusterOptions(flags.options);
+    auto opened = Cluster::Open(copts);
+    if (!opened.ok()) {
+      return fail(opened.status().WithContext("cluster " + copts.url), kExitUsage);
+    }
+    cluster = std::move(*opened);
+    ClusterMember self;
+    self.name = config->node.name;
+    self.address = srv.node().bootstrap_address();
+    self.roles = {"memory"};
+    self.capacity_bytes = config->memory_bytes;
+    if (Status st = cluster->join(self); !st.ok()) {
+      return fail(st.WithContext("joining cluster '" + copts.cluster_name + "' at " + copts.url),
+                  kExitUsage);
+    }
+    FARMEM_LOG_INFO("cluster: joined '{}' at {} as '{}' ({}, lease {} s)", copts.cluster_name,
+                    copts.url, self.name, self.address, flags.options.cluster_ttl_seconds);
+    Cluster* c = cluster.get();
+    srv.set_stats_section("cluster", [c] {
+      nlohmann::json stats = nlohmann::json::parse(c->stats_json(), nullptr, false);
+      return nlohmann::json{{"url", c->options().url},
+                            {"name", c->options().cluster_name},
+                            {"joined", c->joined()},
+                            {"lease_ttl_ms", c->options().lease_ttl.count()},
+                            {"stats", stats.is_discarded() ? nlohmann::json::object() : stats}}
+          .dump();
+    });
+  }
+
   std::printf("farmemd ready: bootstrap=%s transport=%s address=%s\n",
               srv.node().bootstrap_address().c_str(), srv.node().transport().name().c_str(),
               srv.node().transport().local_address().c_str());
@@ -61,9 +100,21 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     sig = sigtimedwait(&signals, nullptr, &wait);
   }
   FARMEM_LOG_INFO("{}: received {}, shutting down", prog, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (cluster) {
+    // Leave first, while still serving: watchers see a leave (not an expiry a TTL later) and
+    // stop sending new work before the address goes away.
+    Status st = cluster->leave();
+    if (st.ok()) {
+      FARMEM_LOG_INFO("cluster: left");
+    } else {
+      FARMEM_LOG_WARN("cluster: leave failed ({}); the membership expires with its lease",
+                      st.ToString());
+    }
+  }
   if (metrics) metrics->stop();
   srv.stop();
   server->reset();  // unmaps the pools
+  cluster.reset();
   FARMEM_LOG_INFO("{}: stopped", prog);
   return kExitOk;
 }

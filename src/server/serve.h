@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "farmem/cluster.h"
 #include "farmem/server.h"
 #include "farmem/status.h"
 #include "service/flags.h"
@@ -34,6 +35,16 @@ struct ServeOptions {
   std::string name = "farmemd";
   int workers = 1;
   int metrics_port = -1;  // -1 = no metrics endpoint; 0 = ephemeral
+  // Control plane (docs/cluster.md): with a URL the daemon joins that cluster as a "memory"
+  // member once it listens, and leaves on SIGTERM/SIGINT. Empty = no cluster.
+  std::string cluster_url;
+  std::string cluster_name = "default";
+  int cluster_ttl_seconds = 5;  // membership lease: a killed daemon vanishes after this long
+  std::string cluster_user;
+  std::string cluster_password;  // flag, else env FARMEM_CLUSTER_PASSWORD, else config file
+  std::string cluster_ca;
+  std::string cluster_cert;
+  std::string cluster_key;
 };
 
 // Flags registered on a CLI11 app (or subcommand): farmemd's own and every built service's.
@@ -48,6 +59,10 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags);
 // Applies FARMEM_TOKEN and --config (for keys not given as flags), then validates everything and
 // builds the server configuration.
 Result<ServerConfig> ResolveServeConfig(ServeFlags& flags);
+
+// The Cluster::Open options of a resolved ServeOptions (create_if_missing: a daemon may be the
+// first member of a new cluster); url is empty when no --cluster was given.
+ClusterOptions ServeClusterOptions(const ServeOptions& options);
 
 // Runs a memory server until SIGTERM/SIGINT; returns the process exit code. `prog` prefixes error
 // lines. Must be called before the process starts other threads (it blocks the signals so that

@@ -28,6 +28,17 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
   f.add("workers", &o.workers, "RPC worker threads");
   f.add("metrics-port", &o.metrics_port,
         "serve Prometheus text on HTTP GET /metrics (0 = ephemeral, -1 = off)");
+  f.add("cluster", &o.cluster_url,
+        "join this control plane once listening: etcd://HOST:PORT[,HOST:PORT...] (etcds:// for "
+        "TLS) or memory://NAME (default: none)");
+  f.add("cluster-name", &o.cluster_name, "cluster within the control plane ([A-Za-z0-9_.-]{1,64})");
+  f.add("cluster-ttl", &o.cluster_ttl_seconds,
+        "membership lease in seconds: a daemon that stops renewing vanishes after this long");
+  f.add("cluster-user", &o.cluster_user, "etcd user (with --cluster-password)");
+  f.add("cluster-password", &o.cluster_password, "etcd password (env FARMEM_CLUSTER_PASSWORD)");
+  f.add("cluster-ca", &o.cluster_ca, "etcd TLS: CA certificate file");
+  f.add("cluster-cert", &o.cluster_cert, "etcd TLS: client certificate file");
+  f.add("cluster-key", &o.cluster_key, "etcd TLS: client key file");
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
     flags.config.services.push_back(d->name);
@@ -54,6 +65,10 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   if (!f.given("token")) {
     if (const char* env = std::getenv("FARMEM_TOKEN")) o.token = env;
   }
+  // Same precedence for the etcd password, so it need not show in `ps`.
+  if (!f.given("cluster-password")) {
+    if (const char* env = std::getenv("FARMEM_CLUSTER_PASSWORD")) o.cluster_password = env;
+  }
   FARMEM_RETURN_IF_ERROR(f.finish());
 
   FARMEM_ASSIGN_OR_RETURN(auto listen, net::ParseHostPort(o.listen));
@@ -69,6 +84,26 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   if (o.workers < 1 || o.workers > 256) return Status::InvalidArgument("--workers must be 1..256");
   if (o.token.empty()) return Status::InvalidArgument("the cluster token must not be empty");
   if (o.name.empty()) return Status::InvalidArgument("--name must not be empty");
+  // The cluster flags are checked here, before anything starts, so a typo is exit 2 at once;
+  // the URL itself is parsed by Cluster::Open (after the server listens).
+  if (o.cluster_ttl_seconds < 1 || o.cluster_ttl_seconds > 3600) {
+    return Status::InvalidArgument("--cluster-ttl must be 1..3600 seconds, got " +
+                                   std::to_string(o.cluster_ttl_seconds));
+  }
+  if (o.cluster_name.empty() || o.cluster_name.size() > 64 ||
+      o.cluster_name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                       "0123456789_.-") != std::string::npos) {
+    return Status::InvalidArgument("--cluster-name must match [A-Za-z0-9_.-]{1,64}, got '" +
+                                   o.cluster_name + "'");
+  }
+  if (o.cluster_url.empty()) {
+    for (const char* key : {"cluster-user", "cluster-password", "cluster-ca", "cluster-cert",
+                            "cluster-key", "cluster-name", "cluster-ttl"}) {
+      if (f.given(key)) {
+        return Status::InvalidArgument(std::string("--") + key + " needs --cluster URL");
+      }
+    }
+  }
 
   ServerConfig c = flags.config;
   c.node.name = o.name;
@@ -81,6 +116,20 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   c.node.transport.listen_port = static_cast<uint16_t>(o.data_port);
   c.node.transport.cluster_token = o.token;
   FARMEM_RETURN_IF_ERROR(ValidateServerConfig(c));
+  return c;
+}
+
+ClusterOptions ServeClusterOptions(const ServeOptions& o) {
+  ClusterOptions c;
+  c.url = o.cluster_url;
+  c.cluster_name = o.cluster_name;
+  c.create_if_missing = true;
+  c.lease_ttl = std::chrono::seconds(o.cluster_ttl_seconds);
+  c.tls_ca_file = o.cluster_ca;
+  c.tls_cert_file = o.cluster_cert;
+  c.tls_key_file = o.cluster_key;
+  c.user = o.cluster_user;
+  c.password = o.cluster_password;
   return c;
 }
 

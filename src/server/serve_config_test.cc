@@ -1,6 +1,6 @@
 // Tests of farmemd flag/config handling: defaults, flag precedence over the JSON config file,
 // rejected values and unknown keys (so typos fail loudly instead of being ignored), and the
-// object store keys (flat and nested in the file).
+// object store keys (flat and nested in the file), and the control-plane flags (--cluster...).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -244,6 +244,88 @@ TEST(ServeConfigTest, ParseHostPort) {
   EXPECT_FALSE(net::ParseHostPort(":80").ok());
   EXPECT_FALSE(net::ParseHostPort("host:").ok());
   EXPECT_FALSE(net::ParseHostPort("host:123456").ok());
+}
+
+// Resolves like farmemd and also returns the Cluster::Open options it would use.
+struct Resolved {
+  Result<ServerConfig> config = Status::Internal("unset");
+  ClusterOptions cluster;
+};
+Resolved ResolveWithCluster(std::vector<std::string> args) {
+  CLI::App app;
+  ServeFlags flags;
+  AddServeFlags(app, flags);
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  Resolved r;
+  r.config = ResolveServeConfig(flags);
+  r.cluster = ServeClusterOptions(flags.options);
+  return r;
+}
+
+TEST(ServeConfigTest, ClusterDefaultsToNone) {
+  unsetenv("FARMEM_CLUSTER_PASSWORD");
+  Resolved r = ResolveWithCluster({});
+  ASSERT_TRUE(r.config.ok()) << r.config.status().ToString();
+  EXPECT_EQ(r.cluster.url, "");  // no --cluster: the daemon joins nothing, as before
+  EXPECT_EQ(r.cluster.cluster_name, "default");
+  EXPECT_EQ(r.cluster.lease_ttl, std::chrono::seconds(5));
+  EXPECT_TRUE(r.cluster.create_if_missing);  // a daemon may be the first member
+}
+
+TEST(ServeConfigTest, ClusterFlags) {
+  unsetenv("FARMEM_CLUSTER_PASSWORD");
+  Resolved r = ResolveWithCluster(
+      {"--cluster", "etcd://10.0.0.1:2379,10.0.0.2:2379", "--cluster-name", "prod.a-1",
+       "--cluster-ttl", "2", "--cluster-user", "farmem", "--cluster-password", "pw", "--cluster-ca",
+       "/ca.pem", "--cluster-cert", "/c.pem", "--cluster-key", "/k.pem"});
+  ASSERT_TRUE(r.config.ok()) << r.config.status().ToString();
+  EXPECT_EQ(r.cluster.url, "etcd://10.0.0.1:2379,10.0.0.2:2379");
+  EXPECT_EQ(r.cluster.cluster_name, "prod.a-1");
+  EXPECT_EQ(r.cluster.lease_ttl, std::chrono::seconds(2));
+  EXPECT_EQ(r.cluster.user, "farmem");
+  EXPECT_EQ(r.cluster.password, "pw");
+  EXPECT_EQ(r.cluster.tls_ca_file, "/ca.pem");
+  EXPECT_EQ(r.cluster.tls_cert_file, "/c.pem");
+  EXPECT_EQ(r.cluster.tls_key_file, "/k.pem");
+}
+
+TEST(ServeConfigTest, ClusterConfigFileAndPasswordFromEnvironment) {
+  setenv("FARMEM_CLUSTER_PASSWORD", "from-env", 1);
+  std::string path = WriteConfig(
+      R"({"cluster": "etcd://127.0.0.1:2379", "cluster_name": "from-file", "cluster-ttl": 7,
+          "cluster-password": "from-file"})");
+  Resolved r = ResolveWithCluster({"--config", path, "--cluster-name", "from-flag"});
+  ASSERT_TRUE(r.config.ok()) << r.config.status().ToString();
+  EXPECT_EQ(r.cluster.url, "etcd://127.0.0.1:2379");
+  EXPECT_EQ(r.cluster.cluster_name, "from-flag");
+  EXPECT_EQ(r.cluster.lease_ttl, std::chrono::seconds(7));
+  EXPECT_EQ(r.cluster.password, "from-env");  // flag > environment > config file
+  unsetenv("FARMEM_CLUSTER_PASSWORD");
+  unlink(path.c_str());
+}
+
+TEST(ServeConfigTest, ClusterRejectsBadValues) {
+  unsetenv("FARMEM_CLUSTER_PASSWORD");
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-ttl", "0"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-ttl", "3601"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", "has space"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", ""},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", std::string(65, 'a')},
+           // cluster settings without a cluster are a mistake, not something to ignore
+           {"--cluster-name", "x"},
+           {"--cluster-ttl", "3"}}) {
+    Resolved r = ResolveWithCluster(args);
+    EXPECT_FALSE(r.config.ok()) << args[0] << " " << args[1];
+    if (!r.config.ok()) {
+      EXPECT_EQ(r.config.status().code(), Code::kInvalidArgument);
+    }
+  }
+  std::string path = WriteConfig(R"({"cluster-ttl": "five"})");
+  Resolved r = ResolveWithCluster({"--config", path});
+  EXPECT_FALSE(r.config.ok());
+  unlink(path.c_str());
 }
 
 }  // namespace

@@ -143,7 +143,15 @@ nlohmann::json ServiceHost::stats() const {
   }
   j["rpc"] = std::move(rpc);
   for (const auto& s : services_) s->stats(j);
+  std::lock_guard lock(sections_mu_);
+  for (const auto& [key, section] : sections_) j[key] = section();
   return j;
+}
+
+void ServiceHost::set_stats_section(std::string key, std::function<nlohmann::json()> section) {
+  std::lock_guard lock(sections_mu_);
+  std::erase_if(sections_, [&](const auto& s) { return s.first == key; });
+  if (section) sections_.emplace_back(std::move(key), std::move(section));
 }
 
 std::string ServiceHost::metrics() const {

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,10 @@ class ServiceHost {
   // The STAT document: node, transport, uptime, services, rpc (from the method tables), then
   // each service's keys.
   nlohmann::json stats() const;
+  // Adds (or replaces; an empty function removes) a top-level STAT key filled by `section` on every
+  // STAT: for parts of the process that are not services (farmemd's cluster membership). Any time,
+  // any thread.
+  void set_stats_section(std::string key, std::function<nlohmann::json()> section);
   // Prometheus text: uptime, farmem_rpc_{calls,errors}_total{service,op}, then each service's.
   std::string metrics() const;
 
@@ -59,6 +65,8 @@ class ServiceHost {
 
   Node& node_;
   std::vector<std::unique_ptr<Service>> services_;
+  mutable std::mutex sections_mu_;
+  std::vector<std::pair<std::string, std::function<nlohmann::json()>>> sections_;
   // Stable addresses: handlers hold a Method* for their counters.
   std::vector<std::unique_ptr<Method>> methods_;
   bool registered_ = false;

@@ -159,5 +159,21 @@ TEST(ServiceHostTest, CountsCallsAndServesStatAndMetricsFromTheServices) {
   host.stop();
 }
 
+// Sections for parts of the process that are not services (farmemd's "cluster"): added, replaced
+// and removed at any time, filled on every STAT.
+TEST(ServiceHostTest, StatSectionsOutsideTheServices) {
+  auto node = MakeNode();
+  ServiceHost host(*node);
+  EXPECT_FALSE(host.stats().contains("cluster"));
+  int calls = 0;
+  host.set_stats_section("cluster", [&calls] { return nlohmann::json{{"n", ++calls}}; });
+  EXPECT_EQ(host.stats()["cluster"]["n"], 1);
+  EXPECT_EQ(host.stats()["cluster"]["n"], 2);
+  host.set_stats_section("cluster", [] { return nlohmann::json("replaced"); });
+  EXPECT_EQ(host.stats()["cluster"], "replaced");
+  host.set_stats_section("cluster", nullptr);
+  EXPECT_FALSE(host.stats().contains("cluster"));
+}
+
 }  // namespace
 }  // namespace farmem
