@@ -20,6 +20,7 @@ endif()
 # program can embed a MemoryServer like `farmem demo` does; farmem_bench (hiredis) is not.
 set(FARMEM_INSTALLED_LIBS
     farmem_server
+    farmem_cluster
     farmem_objects_service
     farmem_pools
     farmem_service
