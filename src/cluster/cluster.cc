@@ -1,7 +1,6 @@
-// Cluster: namespacing, validation, membership (lease + keepalive thread + re-join after an
-// outage) and watches on top of a ClusterBackend. Threads: any caller; one keepalive thread while
-// joined; the backend's watch threads run the callbacks (and one short-lived thread per
-// watch_members delivers its initial snapshot).
+// Cluster: namespacing, validation, membership (lease, keepalive, re-join after an outage) and
+// watches on a ClusterBackend. Threads: any caller; a keepalive thread while joined; watch()
+// callbacks on the backend's watch threads, watch_members() callbacks on one thread of its own.
 #include "farmem/cluster.h"
 
 #include <algorithm>

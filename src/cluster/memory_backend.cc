@@ -1,7 +1,6 @@
-// memory://NAME: the in-process ClusterBackend — a revisioned key-value store with leases, an
-// event history and prefix watches, shared by every backend of the same NAME in the process.
-// Threads: callers (under Store::mu), one lease-expiry timer per store, one delivery thread per
-// watch.
+// memory://NAME: the in-process ClusterBackend: revisioned keys, leases, event history and prefix
+// watches, one store per NAME shared by the process. Threads: callers (under Store::mu), a
+// lease-expiry timer per store, a delivery thread per watch.
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
