@@ -21,13 +21,13 @@ endif()
 # farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend).
 set(FARMEM_INSTALLED_LIBS
     farmem_server
+    farmem_cluster
     farmem_objects_service
     farmem_pools
     farmem_service
     farmem_objects_engine
     farmem_objects_client
     farmem_objects_format
-    farmem_cluster
     farmem_node
     farmem_transport
     farmem_transport_fabric
