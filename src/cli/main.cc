@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cluster_cli.h"
 #include "objects_memory_cli.h"
 #include "objects_throughput_cli.h"
 #include "raw_bench.h"
@@ -207,6 +208,8 @@ int main(int argc, char** argv) {
   CLI::App* objects_cp = farmem::AddObjectsCompactionBenchCommand(*bench, objects_cp_opts);
   farmem::ObjectsMemoryBenchOptions objects_memory_opts;
   CLI::App* objects_memory = farmem::AddObjectsMemoryBenchCommand(*bench, objects_memory_opts);
+  farmem::ClusterBenchOptions cluster_bench_opts;
+  CLI::App* cluster_bench = farmem::AddClusterBenchCommand(*bench, cluster_bench_opts);
 
   try {
     app.parse(argc, argv);
@@ -291,6 +294,7 @@ int main(int argc, char** argv) {
   if (objects_tp->parsed()) return farmem::RunObjectsThroughputBench(objects_tp_opts);
   if (objects_cp->parsed()) return farmem::RunObjectsCompactionBench(objects_cp_opts);
   if (objects_memory->parsed()) return farmem::RunObjectsMemoryBench(objects_memory_opts);
+  if (cluster_bench->parsed()) return farmem::RunClusterBench(cluster_bench_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }
