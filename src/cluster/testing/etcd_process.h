@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -31,6 +32,12 @@ inline std::string EtcdBinary() {
 
 inline bool EtcdAvailable() {
   return ::access(EtcdBinary().c_str(), X_OK) == 0;
+}
+
+// etcdctl next to the etcd binary (FARMEM_ETCDCTL overrides).
+inline std::string EtcdctlBinary() {
+  if (const char* e = std::getenv("FARMEM_ETCDCTL")) return e;
+  return std::filesystem::path(EtcdBinary()).parent_path() / "etcdctl";
 }
 
 // A port nobody listens on right now (bound to 127.0.0.1:0, then closed).
@@ -144,6 +151,43 @@ class EtcdProcess {
   }
   void Resume() {
     if (pid_ > 0) ::kill(pid_, SIGCONT);
+  }
+
+  // Runs `etcdctl --endpoints=<this etcd> <args...>` (API v3, 5 s command timeout) and waits;
+  // its stdout+stderr go to *output. Internal unless it exits 0. For tests that set up the
+  // store out of band (auth, compaction, ...).
+  Status Etcdctl(const std::vector<std::string>& args, std::string* output = nullptr) const {
+    std::string out_file = dir_ + "/etcdctl.out";
+    std::vector<std::string> all = {EtcdctlBinary(), "--endpoints=" + endpoint(),
+                                    "--dial-timeout=3s", "--command-timeout=5s"};
+    for (const auto& a : args) all.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::setenv("ETCDCTL_API", "3", 1);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, out_file.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    pid_t pid = -1;
+    int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) return Status::FromErrno("posix_spawn etcdctl", rc);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    std::string text;
+    if (FILE* f = std::fopen(out_file.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+      std::fclose(f);
+    }
+    if (output != nullptr) *output = text;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return Status::Internal("etcdctl failed: " + text);
+    }
+    return Status::OK();
   }
 
   bool running() const { return pid_ > 0; }
