@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -295,10 +296,44 @@ class Bench {
       if (all) break;
       if (i == 20) return Status::TimedOut("etcdctl watch processes did not start within 10 s");
     }
-    fmt::print("etcd at {}; 3 watcher nodes joined; 3 etcdctl watch processes ready\n\n",
+    fmt::print("etcd at {}; 3 watcher nodes joined; 3 etcdctl watch processes ready\n",
                etcd_.url());
+    BuildGoBaseline();
+    fmt::print("\n");
     return Status::OK();
   }
+
+  // The clientv3 baseline: --go-baseline, else `go build` of bench/etcd_baseline. Without Go the
+  // clientv3 targets are reported as n/a (and why); the others still run.
+  void BuildGoBaseline() {
+    if (!o_.go_baseline.empty()) {
+      go_baseline_ = o_.go_baseline;
+      return;
+    }
+    std::string src = std::string(FARMEM_SOURCE_DIR) + "/bench/etcd_baseline";
+    if (::access((src + "/main.go").c_str(), R_OK) != 0) {
+      go_missing_ = src + "/main.go not found (pass --go-baseline PATH)";
+      return;
+    }
+    char tmpl[] = "/tmp/farmem-etcd-baseline-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      go_missing_ = "mkdtemp failed";
+      return;
+    }
+    std::string bin = std::string(tmpl) + "/etcd_baseline";
+    fmt::print("building the clientv3 baseline (go build in {})...\n", src);
+    std::fflush(stdout);
+    std::string cmd =
+        fmt::format("cd '{}' && go build -o '{}' . >'{}/build.log' 2>&1", src, bin, tmpl);
+    if (std::system(cmd.c_str()) != 0) {
+      go_missing_ = fmt::format("go build of {} failed (see {}/build.log)", src, tmpl);
+      fmt::print("  {}\n", go_missing_);
+      return;
+    }
+    go_baseline_ = bin;
+  }
+
+  const std::string& go_missing() const { return go_missing_; }
 
   Status RunRound(int r, Round& out) {
     // Baseline A: one put of a metadata key, seen by 3 etcdctl watch processes.
