@@ -236,8 +236,11 @@ struct BootstrapServer::Conn {
   bool answering = false;  // reading is over; flushing `out`, then closing
 };
 
-BootstrapServer::BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout)
-    : on_hello_(std::move(on_hello)), handshake_timeout_(handshake_timeout) {}
+BootstrapServer::BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout,
+                                 BootstrapLimits limits)
+    : on_hello_(std::move(on_hello)), handshake_timeout_(handshake_timeout), limits_(limits) {
+  limits_.handshake_timeout = handshake_timeout;
+}
 
 BootstrapServer::~BootstrapServer() {
   Stop();
@@ -285,6 +288,9 @@ BootstrapServer::Stats BootstrapServer::stats() const {
   s.rejected = rejected_.load();
   s.malformed = malformed_.load();
   s.timed_out = timed_out_.load();
+  s.refused_per_address = refused_per_address_.load();
+  s.refused_total = refused_total_.load();
+  s.accept_backoffs = accept_backoffs_.load();
   return s;
 }
 
