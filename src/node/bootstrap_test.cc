@@ -291,8 +291,8 @@ TEST(BootstrapClient, SilentListenerIsTimedOut) {
 
 // Starts a non-blocking connect from `source` (host order, e.g. 127.0.0.2) to 127.0.0.1:port and
 // returns the socket (or -1): idle peers that never send a byte.
-int IdleConnectFrom(uint32_t source, uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+int IdleConnectFrom(uint32_t source, uint16_t port,
+                    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) {
   if (fd < 0) return -1;
   sockaddr_in b{};
   b.sin_family = AF_INET;
@@ -388,12 +388,15 @@ TEST_F(BootstrapLimitsTest, AcceptAtDescriptorLimitBacksOffStress) {
   farmem::testing::ScopeExit stop_first{[this] { TearDown(); }};
   ASSERT_NO_FATAL_FAILURE(Start(BootstrapLimits{}));
   {
+    // The clients' descriptors are made first: once the table is full the listener could take
+    // any descriptor freed for them.
+    std::vector<int> client_fds;
+    for (int i = 0; i < 4; ++i)
+      client_fds.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     farmem::testing::FdExhauster fds;
     ASSERT_TRUE(fds.ok()) << "could not lower RLIMIT_NOFILE";
-    fds.Spare(4);
-    for (int i = 0; i < 4; ++i) {
-      const int fd = IdleConnectFrom(0x7f000002, port_);
-      ASSERT_GE(fd, 0);
+    for (int fd : client_fds) {
+      ASSERT_GE(IdleConnectFrom(0x7f000002, port_, fd), 0);
       idle_.push_back(fd);
     }
     const double cpu0 = farmem::testing::ProcessCpuSeconds();

@@ -303,6 +303,13 @@ Result<std::unique_ptr<Node>> Node::Create(const NodeConfig& config) {
   if (config.bootstrap_host.empty()) {
     return Status::InvalidArgument("bootstrap_host must not be empty");
   }
+  const BootstrapLimits& lim = config.bootstrap_limits;
+  if (lim.handshake_timeout.count() <= 0 || lim.max_open_handshakes == 0 ||
+      lim.max_open_handshakes_per_address == 0 || lim.accept_backoff_min.count() <= 0 ||
+      lim.accept_backoff_max < lim.accept_backoff_min) {
+    return Status::InvalidArgument(
+        "bootstrap_limits: timeout and limits must be positive, accept_backoff_min <= max");
+  }
   FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                           Transport::Create(config.transport));
   return std::unique_ptr<Node>(std::make_unique<NodeImpl>(config, std::move(transport)));

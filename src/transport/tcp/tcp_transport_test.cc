@@ -60,8 +60,14 @@ class RawSocket {
   // `source` (host order, e.g. 127.0.0.2) binds the local end, so tests can play several peer
   // addresses on loopback; `rcvbuf` shrinks the receive buffer (a slow reader).
   static RawSocket Connect(uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return RawSocket();
+    return ConnectFd(fd, port, source, rcvbuf);
+  }
+  // A socket not connected yet (ConnectFd later): tests that run out of descriptors make their
+  // clients' descriptors first.
+  static int Unconnected() { return ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
+  static RawSocket ConnectFd(int fd, uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
     if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     if (source != 0) {
       sockaddr_in b{};
@@ -849,14 +855,16 @@ TEST_F(TcpTransportTest, AcceptAtDescriptorLimitBacksOffAndRecoversStress) {
   const uint16_t port = PortOf(target_->local_address());
   std::vector<RawSocket> waiting;
   {
+    std::vector<int> client_fds;
+    for (int i = 0; i < 8; ++i) client_fds.push_back(RawSocket::Unconnected());
     testing::FdExhauster fds;
     ASSERT_TRUE(fds.ok()) << "could not lower RLIMIT_NOFILE";
-    fds.Spare(8);
     w::ByteQueue q;
     w::EncodeHello(q, "test-token");
     w::EncodeRead(q, 7, region_.key, 0, 8);
-    for (int i = 0; i < 8; ++i) {  // queued in the kernel's backlog: the target cannot accept
-      waiting.push_back(RawSocket::Connect(port));
+    for (int fd : client_fds) {  // queued in the kernel's backlog: the target cannot accept
+      ASSERT_GE(fd, 0);
+      waiting.push_back(RawSocket::ConnectFd(fd, port));
       ASSERT_GE(waiting.back().fd(), 0);
       ASSERT_TRUE(waiting.back().Send(q));
     }

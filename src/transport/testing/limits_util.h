@@ -75,9 +75,8 @@ class LogCounter {
 };
 
 // Lowers RLIMIT_NOFILE to a little above the descriptors in use and fills the rest with dup()s,
-// so the next socket()/accept() in this process fails with EMFILE. `spare` descriptors are left
-// free for the test's own use (e.g. client sockets) before it calls Exhaust(). The destructor
-// frees everything and restores the limit.
+// so the next socket()/accept() in this process fails with EMFILE (make the test's own client
+// sockets before). The destructor frees everything and restores the limit.
 class FdExhauster {
  public:
   FdExhauster() {
@@ -101,13 +100,6 @@ class FdExhauster {
   FdExhauster& operator=(const FdExhauster&) = delete;
 
   bool ok() const { return ok_ && !fds_.empty(); }
-  // Frees `n` descriptors for the caller to use.
-  void Spare(size_t n) {
-    for (size_t i = 0; i < n && !fds_.empty(); ++i) {
-      ::close(fds_.back());
-      fds_.pop_back();
-    }
-  }
   // Closes every held descriptor and restores the limit.
   void Release() {
     for (int fd : fds_) ::close(fd);
