@@ -25,11 +25,12 @@ struct BootstrapLimits {
   // Time one connection gets to send its HELLO and take the answer; then it is closed.
   std::chrono::milliseconds handshake_timeout{2000};
   // Handshakes served at once, and at once from one peer IP address. A connection beyond the
-  // per-address limit is closed at accept; when the total is reached, a connection from an
-  // address holding fewer handshakes than the busiest one replaces that one's oldest handshake,
-  // otherwise it is closed.
+  // per-address limit is closed at accept (after the input already waiting on that address's
+  // handshakes was served, so finished ones do not count); when the total is reached, a connection
+  // from an address holding fewer handshakes than the busiest one replaces that one's oldest
+  // handshake, otherwise it is closed.
   uint32_t max_open_handshakes = 256;
-  uint32_t max_open_handshakes_per_address = 16;
+  uint32_t max_open_handshakes_per_address = 64;
   // When accept fails for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
   // listener is not polled for accept_backoff_min, doubling up to accept_backoff_max while it
   // persists; the error is logged at most once per second with the count of repeats.

@@ -445,9 +445,41 @@ void BootstrapServer::Loop() {
   // Admission of a new connection from `key` (see BootstrapLimits): false to refuse it. May
   // evict the busiest address's oldest handshake to make room, so one address (or a few) holding
   // every slot cannot lock others out.
+  // Serves the input already waiting on `key`'s handshakes (a HELLO, or the EOF of a peer that
+  // left) and forgets the finished ones, so an address is judged full by the handshakes really
+  // in progress: connections accepted in the same round have not been read yet, and a burst of
+  // quick legitimate handshakes from one host must not be refused for them.
+  auto reap = [&](const std::string& key) {
+    std::vector<pollfd> ready;
+    std::vector<Conn*> owners;
+    for (auto& c : conns) {
+      if (c->addr_key != key) continue;
+      ready.push_back({c->fd.get(), static_cast<short>(c->answering ? POLLOUT : POLLIN), 0});
+      owners.push_back(c.get());
+    }
+    if (ready.empty() || ::poll(ready.data(), ready.size(), 0) <= 0) return;
+    std::vector<const Conn*> done;
+    for (size_t i = 0; i < ready.size(); ++i) {
+      Conn& c = *owners[i];
+      const short rev = ready[i].revents;
+      if (rev == 0) continue;
+      bool alive = c.answering ? do_write(c) : do_read(c);
+      if (alive && c.answering) alive = do_write(c);
+      if (!alive) done.push_back(&c);
+    }
+    for (const Conn* c : done) {
+      forget(*c);
+      std::erase_if(conns, [&](const std::unique_ptr<Conn>& p) { return p.get() == c; });
+    }
+  };
+
   auto admit = [&](const std::string& key, const std::string& peer) -> bool {
     (void)peer;  // only in debug logs, which release builds may compile out
     auto mine = per_address.find(key);
+    if (mine != per_address.end() && mine->second >= limits_.max_open_handshakes_per_address) {
+      reap(key);
+      mine = per_address.find(key);
+    }
     const uint32_t have = mine == per_address.end() ? 0 : mine->second;
     if (have >= limits_.max_open_handshakes_per_address) {
       refused_per_address_++;
