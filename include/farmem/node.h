@@ -19,6 +19,37 @@
 
 namespace farmem {
 
+// Limits of the bootstrap listener, so idle, slow or flooding peers cannot delay the handshakes
+// of others (docs/node.md, "Listener"). Counted in BootstrapStats.
+struct BootstrapLimits {
+  // Time one connection gets to send its HELLO and take the answer; then it is closed.
+  std::chrono::milliseconds handshake_timeout{2000};
+  // Handshakes served at once, and at once from one peer IP address. A connection beyond the
+  // per-address limit is closed at accept (after the input already waiting on that address's
+  // handshakes was served, so finished ones do not count); when the total is reached, a connection
+  // from an address holding fewer handshakes than the busiest one replaces that one's oldest
+  // handshake, otherwise it is closed.
+  uint32_t max_open_handshakes = 256;
+  uint32_t max_open_handshakes_per_address = 64;
+  // When accept fails for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
+  // listener is not polled for accept_backoff_min, doubling up to accept_backoff_max while it
+  // persists; the error is logged at most once per second with the count of repeats.
+  std::chrono::milliseconds accept_backoff_min{100};
+  std::chrono::milliseconds accept_backoff_max{1000};
+};
+
+// Counters of the bootstrap listener (relaxed snapshots).
+struct BootstrapStats {
+  uint64_t accepted = 0;
+  uint64_t welcomed = 0;
+  uint64_t rejected = 0;             // HELLO answered with an error (token, backend, version)
+  uint64_t malformed = 0;            // bad magic/type/length/JSON, or peer closed mid-frame
+  uint64_t timed_out = 0;            // peer did not finish its HELLO in time
+  uint64_t refused_per_address = 0;  // closed at accept: its address had too many handshakes
+  uint64_t refused_total = 0;        // closed (or evicted) because max_open_handshakes was reached
+  uint64_t accept_backoffs = 0;      // accept failures (EMFILE...) that paused the listener
+};
+
 struct NodeConfig {
   TransportConfig transport;
   // Bootstrap listener ("host:port" peers connect to). Port 0 = ephemeral.
@@ -28,6 +59,8 @@ struct NodeConfig {
   std::string name = "node";
   // Threads running RPC handlers.
   int rpc_workers = 1;
+  // Connection limits of the bootstrap listener.
+  BootstrapLimits bootstrap_limits;
 };
 
 // A region this node exports under a name, as peers see it.
@@ -78,6 +111,8 @@ class Node {
   // "host:port" of the bootstrap listener (valid after start()).
   virtual std::string bootstrap_address() const = 0;
   virtual Transport& transport() = 0;
+  // Counters of the bootstrap listener (zeros before start()).
+  virtual BootstrapStats bootstrap_stats() const = 0;
 
   // Register and publish memory under `name` (names are unique per node). With
   // Access::kReadOnly peers may only read it (see Transport::register_memory).

@@ -84,6 +84,32 @@ class IncomingRpc {
 // message to a worker (the Node does) or answer it at once.
 using RpcHandler = std::function<void(std::unique_ptr<IncomingRpc>)>;
 
+// Limits of the native TCP data listener (backend "tcp") against broken or hostile peers, so no
+// peer can make the target allocate, spin or starve others (docs/transport.md, "Connection
+// limits"). Each refusal, timeout and throttle is counted in TcpTransportStats.
+struct TcpLimits {
+  // Bytes buffered from a connection before it presents the cluster token. A first frame that
+  // announces more is refused from its header alone, so nothing is allocated for it (a real hello
+  // is at most 280 bytes). Must hold a hello with the cluster token.
+  uint32_t max_unauthenticated_bytes = 4096;
+  // A connection that has not authenticated within this time is closed.
+  std::chrono::milliseconds auth_timeout{5000};
+  // Reply bytes queued for one connection above which the target stops reading that peer's
+  // requests (back-pressure: no reply is dropped or reordered) until they drain below
+  // send_queue_resume_bytes. One reply larger than the cap is still sent, alone.
+  size_t max_send_queue_bytes = size_t{64} << 20;
+  size_t send_queue_resume_bytes = size_t{16} << 20;
+  // Open connections (authenticated or not) per peer IP address and in total; further ones are
+  // closed at accept.
+  uint32_t max_connections_per_address = 256;
+  uint32_t max_connections = 4096;
+  // When accept fails for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
+  // listener is not polled for accept_backoff_min, doubling up to accept_backoff_max while it
+  // persists; the error is logged at most once per second with the count of repeats.
+  std::chrono::milliseconds accept_backoff_min{100};
+  std::chrono::milliseconds accept_backoff_max{1000};
+};
+
 struct TransportConfig {
   // "tcp": native batched TCP. "fabric": libfabric (see `provider`).
   std::string backend = "tcp";
@@ -106,6 +132,8 @@ struct TransportConfig {
   // Spin this long without work before the progress thread blocks (0 = always block, which costs
   // latency; large = burn a core). Benchmarks raise it.
   std::chrono::microseconds spin_before_sleep{200};
+  // Native TCP only: connection limits of the data listener (see TcpLimits).
+  TcpLimits tcp_limits;
 };
 
 // A per-thread initiator context (a queue pair plus its completion queue). Not thread-safe: each

@@ -19,10 +19,13 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/net/accept_backoff.h"
 #include "common/net/socket.h"
 #include "node/bootstrap_wire.h"
 
@@ -35,8 +38,25 @@ using net::Fd;
 using net::FormatHostPort;
 using net::MsLeft;
 
-// Handshakes served at once; further peers wait in the kernel backlog until one finishes.
-constexpr size_t kMaxOpenHandshakes = 64;
+// Largest HELLO body the listener buffers: four strings of at most kMaxFieldBytes, even if every
+// byte is JSON-escaped (\u00XX, 6 bytes), plus the keys. Far below kMaxBootstrapBody (which
+// bounds WELCOME, the region list), so idle handshakes cannot pin megabytes each.
+constexpr uint32_t kMaxHelloBody = 128 * 1024;
+// Connections accepted per poll round, so a connection flood cannot starve open handshakes.
+constexpr int kMaxAcceptsPerRound = 64;
+
+// The peer's IP address as bytes (the port left out): the key of the per-address limit.
+std::string AddressKey(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  return {};
+}
 
 std::string Dump(const json& j) {
   // replace: a non-UTF-8 name must not make dump() throw; such names are only shown in logs.
@@ -229,6 +249,7 @@ Result<WelcomeMsg> Handshake(std::string_view host_sv, uint16_t port, const Hell
 struct BootstrapServer::Conn {
   Fd fd;
   std::string peer;
+  std::string addr_key;  // AddressKey of the peer
   Clock::time_point deadline;
   std::vector<std::byte> in;  // header, then header + body
   std::string out;            // the answer frame once decided
@@ -236,8 +257,11 @@ struct BootstrapServer::Conn {
   bool answering = false;  // reading is over; flushing `out`, then closing
 };
 
-BootstrapServer::BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout)
-    : on_hello_(std::move(on_hello)), handshake_timeout_(handshake_timeout) {}
+BootstrapServer::BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout,
+                                 BootstrapLimits limits)
+    : on_hello_(std::move(on_hello)), handshake_timeout_(handshake_timeout), limits_(limits) {
+  limits_.handshake_timeout = handshake_timeout;
+}
 
 BootstrapServer::~BootstrapServer() {
   Stop();
@@ -285,6 +309,9 @@ BootstrapServer::Stats BootstrapServer::stats() const {
   s.rejected = rejected_.load();
   s.malformed = malformed_.load();
   s.timed_out = timed_out_.load();
+  s.refused_per_address = refused_per_address_.load();
+  s.refused_total = refused_total_.load();
+  s.accept_backoffs = accept_backoffs_.load();
   return s;
 }
 
@@ -323,11 +350,10 @@ void BootstrapServer::Loop() {
       reject(c, Status::Protocol("expected a HELLO frame, got type " + std::to_string(h.type)));
       return true;
     }
-    if (h.body_length > kMaxBootstrapBody) {
+    if (h.body_length > kMaxHelloBody) {
       malformed_++;
-      reject(c,
-             Status::Protocol("HELLO body of " + std::to_string(h.body_length) +
-                              " bytes exceeds the limit of " + std::to_string(kMaxBootstrapBody)));
+      reject(c, Status::Protocol("HELLO body of " + std::to_string(h.body_length) +
+                                 " bytes exceeds the limit of " + std::to_string(kMaxHelloBody)));
       return true;
     }
     if (c.in.size() < kFrameHeaderSize + h.body_length) return false;
@@ -408,13 +434,91 @@ void BootstrapServer::Loop() {
     return false;
   };
 
+  // Open handshakes per peer address (entries removed at zero).
+  std::unordered_map<std::string, uint32_t> per_address;
+  auto forget = [&](const Conn& c) {
+    auto it = per_address.find(c.addr_key);
+    if (it != per_address.end() && --it->second == 0) per_address.erase(it);
+  };
+  net::AcceptBackoff backoff("bootstrap", limits_.accept_backoff_min, limits_.accept_backoff_max);
+
+  // Admission of a new connection from `key` (see BootstrapLimits): false to refuse it. May
+  // evict the busiest address's oldest handshake to make room, so one address (or a few) holding
+  // every slot cannot lock others out.
+  // Serves the input already waiting on `key`'s handshakes (a HELLO, or the EOF of a peer that
+  // left) and forgets the finished ones, so an address is judged full by the handshakes really
+  // in progress: connections accepted in the same round have not been read yet, and a burst of
+  // quick legitimate handshakes from one host must not be refused for them.
+  auto reap = [&](const std::string& key) {
+    std::vector<pollfd> ready;
+    std::vector<Conn*> owners;
+    for (auto& c : conns) {
+      if (c->addr_key != key) continue;
+      ready.push_back({c->fd.get(), static_cast<short>(c->answering ? POLLOUT : POLLIN), 0});
+      owners.push_back(c.get());
+    }
+    if (ready.empty() || ::poll(ready.data(), ready.size(), 0) <= 0) return;
+    std::vector<const Conn*> done;
+    for (size_t i = 0; i < ready.size(); ++i) {
+      Conn& c = *owners[i];
+      const short rev = ready[i].revents;
+      if (rev == 0) continue;
+      bool alive = c.answering ? do_write(c) : do_read(c);
+      if (alive && c.answering) alive = do_write(c);
+      if (!alive) done.push_back(&c);
+    }
+    for (const Conn* c : done) {
+      forget(*c);
+      std::erase_if(conns, [&](const std::unique_ptr<Conn>& p) { return p.get() == c; });
+    }
+  };
+
+  auto admit = [&](const std::string& key, const std::string& peer) -> bool {
+    (void)peer;  // only in debug logs, which release builds may compile out
+    auto mine = per_address.find(key);
+    if (mine != per_address.end() && mine->second >= limits_.max_open_handshakes_per_address) {
+      reap(key);
+      mine = per_address.find(key);
+    }
+    const uint32_t have = mine == per_address.end() ? 0 : mine->second;
+    if (have >= limits_.max_open_handshakes_per_address) {
+      refused_per_address_++;
+      FARMEM_LOG_DEBUG("bootstrap: refusing {}: {} handshakes open from that address", peer, have);
+      return false;
+    }
+    if (conns.size() < limits_.max_open_handshakes) return true;
+    auto busiest = per_address.end();
+    for (auto it = per_address.begin(); it != per_address.end(); ++it) {
+      if (busiest == per_address.end() || it->second > busiest->second) busiest = it;
+    }
+    refused_total_++;
+    if (busiest == per_address.end() || busiest->second <= have + 1) {
+      FARMEM_LOG_DEBUG("bootstrap: refusing {}: {} handshakes open", peer, conns.size());
+      return false;
+    }
+    // conns is in accept order: the first match is that address's oldest handshake.
+    const std::string victim = busiest->first;
+    for (auto it = conns.begin(); it != conns.end(); ++it) {
+      if ((*it)->addr_key != victim) continue;
+      FARMEM_LOG_DEBUG("bootstrap: dropping {} (its address holds the most handshakes) for {}",
+                       (*it)->peer, peer);
+      forget(**it);
+      conns.erase(it);
+      break;
+    }
+    return true;
+  };
+
   while (!stop_.load()) {
     pfds.clear();
     pfds.push_back({wake_fd_, POLLIN, 0});
-    const bool can_accept = conns.size() < kMaxOpenHandshakes;
-    pfds.push_back({listen_fd_, static_cast<short>(can_accept ? POLLIN : 0), 0});
     auto now = Clock::now();
+    // At the descriptor limit the listener stays readable: leave it out of the set until the
+    // back-off ends rather than spin on accept.
+    const bool can_accept = !backoff.paused(now);
+    pfds.push_back({listen_fd_, static_cast<short>(can_accept ? POLLIN : 0), 0});
     Clock::time_point next = now + std::chrono::seconds(1);
+    if (!can_accept) next = std::min(next, backoff.resume_at());
     for (auto& c : conns) {
       pfds.push_back({c->fd.get(), static_cast<short>(c->answering ? POLLOUT : POLLIN), 0});
       next = std::min(next, c->deadline);
@@ -449,27 +553,35 @@ void BootstrapServer::Loop() {
         }
         alive = false;
       }
-      if (alive) keep.push_back(std::move(conns[i]));
+      if (alive) {
+        keep.push_back(std::move(conns[i]));
+      } else {
+        forget(c);
+      }
     }
     conns.swap(keep);
 
-    if (pfds[1].revents & POLLIN) {
-      while (conns.size() < kMaxOpenHandshakes) {
+    if (can_accept && (pfds[1].revents & POLLIN)) {
+      for (int n = 0; n < kMaxAcceptsPerRound;) {
         sockaddr_storage ss{};
         socklen_t len = sizeof(ss);
         int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-          if (errno == EINTR || errno == ECONNABORTED) continue;
-          if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            FARMEM_LOG_WARN("bootstrap: accept failed: {}", std::strerror(errno));
-          }
+          const auto action = backoff.OnError(errno, Clock::now());
+          if (action == net::AcceptBackoff::Action::kRetry) continue;
+          if (action == net::AcceptBackoff::Action::kPause) accept_backoffs_++;
           break;
         }
+        ++n;
+        backoff.OnSuccess();
         accepted_++;
         auto c = std::make_unique<Conn>();
         c->fd = Fd(fd);
         c->peer = net::FormatSockaddr(ss);
+        c->addr_key = AddressKey(ss);
+        if (!admit(c->addr_key, c->peer)) continue;  // closed by Fd's destructor
+        ++per_address[c->addr_key];
         c->deadline = Clock::now() + handshake_timeout_;
         conns.push_back(std::move(c));
       }

@@ -66,16 +66,12 @@ class BootstrapServer {
   // An error status is sent back as an error frame.
   using HelloFn = std::function<Result<WelcomeMsg>(const HelloMsg& hello, std::string_view peer)>;
 
-  struct Stats {
-    uint64_t accepted = 0;
-    uint64_t welcomed = 0;
-    uint64_t rejected = 0;   // HELLO answered with an error (token, backend, version)
-    uint64_t malformed = 0;  // bad magic/type/length/JSON, or peer closed mid-frame
-    uint64_t timed_out = 0;  // peer did not finish its HELLO in time
-  };
+  using Stats = BootstrapStats;
 
-  // `handshake_timeout` bounds how long one peer may take to send its HELLO and read the answer.
-  BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout);
+  // `handshake_timeout` bounds how long one peer may take to send its HELLO and read the answer;
+  // it overrides limits.handshake_timeout.
+  BootstrapServer(HelloFn on_hello, std::chrono::milliseconds handshake_timeout,
+                  BootstrapLimits limits = {});
   ~BootstrapServer();
   BootstrapServer(const BootstrapServer&) = delete;
   BootstrapServer& operator=(const BootstrapServer&) = delete;
@@ -94,6 +90,7 @@ class BootstrapServer {
 
   HelloFn on_hello_;
   std::chrono::milliseconds handshake_timeout_;
+  BootstrapLimits limits_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: Stop() wakes poll() at once
   std::string address_;
@@ -101,6 +98,7 @@ class BootstrapServer {
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;
   std::atomic<uint64_t> accepted_{0}, welcomed_{0}, rejected_{0}, malformed_{0}, timed_out_{0};
+  std::atomic<uint64_t> refused_per_address_{0}, refused_total_{0}, accept_backoffs_{0};
 };
 
 }  // namespace farmem::node

@@ -5,18 +5,24 @@
 
 #include "common/net/host_port.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "node/bootstrap_wire.h"
 #include "node/node_test_util.h"
+#include "transport/testing/limits_util.h"
 #include "transport/testing/watchdog.h"
 
 namespace farmem::node {
@@ -278,6 +284,130 @@ TEST(BootstrapClient, SilentListenerIsTimedOut) {
   ASSERT_NE(silent.port(), 0);
   auto r = Handshake("127.0.0.1", silent.port(), HelloMsg{"t", "n", "a", "tcp"}, 200ms);
   EXPECT_EQ(r.status().code(), Code::kTimedOut) << r.status().ToString();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection limits (BootstrapLimits, docs/node.md "Listener").
+
+// Starts a non-blocking connect from `source` (host order, e.g. 127.0.0.2) to 127.0.0.1:port and
+// returns the socket (or -1): idle peers that never send a byte.
+int IdleConnectFrom(uint32_t source, uint16_t port,
+                    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) {
+  if (fd < 0) return -1;
+  sockaddr_in b{};
+  b.sin_family = AF_INET;
+  b.sin_addr.s_addr = htonl(source);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof(b)) != 0 ||
+      (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+class BootstrapLimitsTest : public ::testing::Test {
+ protected:
+  void Start(BootstrapLimits limits) {
+    server_ = std::make_unique<BootstrapServer>(
+        [](const HelloMsg& h, std::string_view) -> Result<WelcomeMsg> {
+          return WelcomeMsg{"srv", "srv-addr", h.backend, {}};
+        },
+        limits.handshake_timeout, limits);
+    ASSERT_TRUE(server_->Start("127.0.0.1", 0).ok());
+    port_ = testing::PortOf(server_->address());
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    for (int fd : idle_) ::close(fd);
+  }
+  // A legitimate handshake from 127.0.0.1; returns how long it took (or fails the test).
+  std::chrono::milliseconds TimedHello() {
+    const auto start = std::chrono::steady_clock::now();
+    auto w = Handshake("127.0.0.1", port_, HelloMsg{"t", "cli", "cli-addr", "tcp"}, 5000ms);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start);
+  }
+
+  std::unique_ptr<BootstrapServer> server_;
+  uint16_t port_ = 0;
+  std::vector<int> idle_;
+};
+
+// Issue 16, finding 4: one peer holding 300 idle bootstrap connections made every other peer's
+// handshake time out. With the default limits the legitimate handshake completes at once.
+TEST_F(BootstrapLimitsTest, IdleConnectionsFromOneAddressDoNotDelayOthers) {
+  ScopedWatchdog wd("IdleConnectionsFromOneAddressDoNotDelayOthers", 60s);
+  ASSERT_NO_FATAL_FAILURE(Start(BootstrapLimits{}));
+  for (int i = 0; i < 300; ++i) {
+    const int fd = IdleConnectFrom(0x7f000002, port_);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    idle_.push_back(fd);
+  }
+  std::this_thread::sleep_for(100ms);  // let the connections land in the listener's backlog
+  const auto took = TimedHello();
+  EXPECT_LT(took, 1000ms) << "a legitimate handshake waited behind 300 idle connections";
+  const BootstrapStats st = server_->stats();
+  EXPECT_GE(st.refused_per_address, 1u);
+  EXPECT_EQ(st.welcomed, 1u);
+}
+
+// Fairness at the total limit: idle connections from many addresses fill every slot; a new
+// address still gets one (the busiest address's oldest handshake makes room).
+TEST_F(BootstrapLimitsTest, NewAddressIsServedWhenIdlePeersFillEverySlot) {
+  ScopedWatchdog wd("NewAddressIsServedWhenIdlePeersFillEverySlot", 60s);
+  BootstrapLimits limits;
+  limits.max_open_handshakes = 32;
+  limits.max_open_handshakes_per_address = 8;
+  ASSERT_NO_FATAL_FAILURE(Start(limits));
+  for (uint32_t a = 10; a < 40; ++a) {
+    for (int i = 0; i < 10; ++i) {
+      const int fd = IdleConnectFrom(0x7f000000 + a, port_);
+      ASSERT_GE(fd, 0) << std::strerror(errno);
+      idle_.push_back(fd);
+    }
+  }
+  std::this_thread::sleep_for(100ms);
+  const auto took = TimedHello();
+  EXPECT_LT(took, 1000ms) << "a legitimate handshake waited behind idle peers";
+  const BootstrapStats st = server_->stats();
+  EXPECT_GE(st.refused_total, 1u);
+  EXPECT_GE(st.refused_per_address, 1u);
+}
+
+// Issue 16, finding 3 on the bootstrap port: at the descriptor limit the listener backs off
+// instead of spinning on accept, logs at most once per second, and serves again afterwards.
+TEST_F(BootstrapLimitsTest, AcceptAtDescriptorLimitBacksOffStress) {
+  ScopedWatchdog wd("AcceptAtDescriptorLimitBacksOffStress", 60s);
+  farmem::testing::LogCounter emfile_logs(
+      "Too many open files");  // attached before the thread starts
+  farmem::testing::ScopeExit stop_first{[this] { TearDown(); }};
+  ASSERT_NO_FATAL_FAILURE(Start(BootstrapLimits{}));
+  {
+    // The clients' descriptors are made first: once the table is full the listener could take
+    // any descriptor freed for them.
+    std::vector<int> client_fds;
+    for (int i = 0; i < 4; ++i)
+      client_fds.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    farmem::testing::FdExhauster fds;
+    ASSERT_TRUE(fds.ok()) << "could not lower RLIMIT_NOFILE";
+    for (int fd : client_fds) {
+      ASSERT_GE(IdleConnectFrom(0x7f000002, port_, fd), 0);
+      idle_.push_back(fd);
+    }
+    const double cpu0 = farmem::testing::ProcessCpuSeconds();
+    std::this_thread::sleep_for(1s);  // the interval being measured
+    const double cpu = farmem::testing::ProcessCpuSeconds() - cpu0;
+    EXPECT_LT(cpu, 0.3) << "the process used " << cpu << " s of CPU in 1 s at the fd limit";
+    EXPECT_LE(emfile_logs.count(), 3u) << "the accept error was not rate-limited";
+    EXPECT_GE(server_->stats().accept_backoffs, 1u);
+  }
+  const auto took = TimedHello();
+  EXPECT_LT(took, 2000ms);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // and the bootstrap listener/handshake (bootstrap.h).
 #include "farmem/node.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -76,7 +77,10 @@ class NodeImpl final : public Node {
           [this](const node::HelloMsg& hello, std::string_view peer) {
             return OnHello(hello, peer);
           },
-          config_.transport.connect_timeout);
+          config_.bootstrap_limits.handshake_timeout, config_.bootstrap_limits);
+      // Published for bootstrap_stats(), which must not take lifecycle_mu_ (STAT handlers call it
+      // while stop() holds that lock and waits for them). The server lives as long as the node.
+      bootstrap_view_.store(bootstrap_.get(), std::memory_order_release);
       st = bootstrap_->Start(config_.bootstrap_host, config_.bootstrap_port);
     }
     if (!st.ok()) {
@@ -112,6 +116,11 @@ class NodeImpl final : public Node {
   }
 
   const NodeConfig& config() const override { return config_; }
+
+  BootstrapStats bootstrap_stats() const override {
+    const node::BootstrapServer* b = bootstrap_view_.load(std::memory_order_acquire);
+    return b != nullptr ? b->stats() : BootstrapStats{};
+  }
 
   std::string bootstrap_address() const override {
     std::lock_guard lock(state_mu_);
@@ -267,7 +276,8 @@ class NodeImpl final : public Node {
   node::RpcDispatcher dispatcher_;
   std::mutex lifecycle_mu_;  // serializes start()/stop(); guards bootstrap_
   std::unique_ptr<node::BootstrapServer> bootstrap_;
-  mutable std::mutex state_mu_;  // held briefly only
+  std::atomic<const node::BootstrapServer*> bootstrap_view_{nullptr};  // bootstrap_, lock-free
+  mutable std::mutex state_mu_;                                        // held briefly only
   State state_ = State::kCreated;
   std::string bootstrap_address_;
   mutable std::mutex regions_mu_;
@@ -292,6 +302,13 @@ Result<std::unique_ptr<Node>> Node::Create(const NodeConfig& config) {
   }
   if (config.bootstrap_host.empty()) {
     return Status::InvalidArgument("bootstrap_host must not be empty");
+  }
+  const BootstrapLimits& lim = config.bootstrap_limits;
+  if (lim.handshake_timeout.count() <= 0 || lim.max_open_handshakes == 0 ||
+      lim.max_open_handshakes_per_address == 0 || lim.accept_backoff_min.count() <= 0 ||
+      lim.accept_backoff_max < lim.accept_backoff_min) {
+    return Status::InvalidArgument(
+        "bootstrap_limits: timeout and limits must be positive, accept_backoff_min <= max");
   }
   FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                           Transport::Create(config.transport));

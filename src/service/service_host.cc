@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace farmem {
 
@@ -142,6 +143,28 @@ nlohmann::json ServiceHost::stats() const {
                     {"errors", m->errors.load(std::memory_order_relaxed)}};
   }
   j["rpc"] = std::move(rpc);
+  // Connection limits of the listeners (docs/transport.md "Connection limits", docs/node.md
+  // "Listener"): refused, timed out and throttled peers.
+  const BootstrapStats b = node_.bootstrap_stats();
+  json limits;
+  limits["bootstrap"] = {{"accepted", b.accepted},
+                         {"timed_out", b.timed_out},
+                         {"refused_per_address", b.refused_per_address},
+                         {"refused_total", b.refused_total},
+                         {"accept_backoffs", b.accept_backoffs}};
+  if (auto t = GetTcpTransportStats(node_.transport()); t.ok()) {
+    limits["tcp"] = {{"open_connections", t->open_connections},
+                     {"refused_unauthenticated_oversize", t->refused_unauthenticated_oversize},
+                     {"auth_timeouts", t->auth_timeouts},
+                     {"refused_per_address", t->refused_per_address},
+                     {"refused_total", t->refused_total},
+                     {"backpressure_events", t->backpressure_events},
+                     {"throttled_connections", t->throttled_connections},
+                     {"peak_send_queue_bytes", t->peak_send_queue_bytes},
+                     {"accept_backoffs", t->accept_backoffs},
+                     {"protocol_errors", t->protocol_errors}};
+  }
+  j["limits"] = std::move(limits);
   for (const auto& s : services_) s->stats(j);
   std::lock_guard lock(sections_mu_);
   for (const auto& [key, section] : sections_) j[key] = section();
@@ -169,6 +192,37 @@ std::string ServiceHost::metrics() const {
   for (const auto& m : methods_) {
     w.sample({{"service", m->service}, {"op", m->name}},
              static_cast<double>(m->errors.load(std::memory_order_relaxed)));
+  }
+  const BootstrapStats b = node_.bootstrap_stats();
+  w.family("farmem_bootstrap_refused_total", MetricsWriter::Kind::kCounter,
+           "Bootstrap connections closed at accept, by limit (per_address, total).");
+  w.sample({{"limit", "per_address"}}, static_cast<double>(b.refused_per_address));
+  w.sample({{"limit", "total"}}, static_cast<double>(b.refused_total));
+  w.counter("farmem_bootstrap_timeouts_total", "Bootstrap handshakes not finished in time.",
+            static_cast<double>(b.timed_out));
+  w.family("farmem_accept_backoffs_total", MetricsWriter::Kind::kCounter,
+           "Accept failures (EMFILE, ENFILE...) that paused a listener, by listener.");
+  w.sample({{"listener", "bootstrap"}}, static_cast<double>(b.accept_backoffs));
+  auto t = GetTcpTransportStats(node_.transport());
+  if (t.ok()) w.sample({{"listener", "tcp"}}, static_cast<double>(t->accept_backoffs));
+  if (t.ok()) {
+    w.family("farmem_tcp_refused_total", MetricsWriter::Kind::kCounter,
+             "TCP data connections closed by a limit (unauthenticated_oversize, per_address, "
+             "total).");
+    w.sample({{"limit", "unauthenticated_oversize"}},
+             static_cast<double>(t->refused_unauthenticated_oversize));
+    w.sample({{"limit", "per_address"}}, static_cast<double>(t->refused_per_address));
+    w.sample({{"limit", "total"}}, static_cast<double>(t->refused_total));
+    w.counter("farmem_tcp_auth_timeouts_total",
+              "TCP data connections closed for not authenticating in time.",
+              static_cast<double>(t->auth_timeouts));
+    w.counter("farmem_tcp_backpressure_events_total",
+              "Times a TCP peer's requests were paused because its replies queued up.",
+              static_cast<double>(t->backpressure_events));
+    w.gauge("farmem_tcp_throttled_connections", "TCP peers whose requests are paused now.",
+            static_cast<double>(t->throttled_connections));
+    w.gauge("farmem_tcp_open_connections", "Open TCP data connections.",
+            static_cast<double>(t->open_connections));
   }
   for (const auto& s : services_) s->metrics(w);
   return w.text();

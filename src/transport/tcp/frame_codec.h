@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -53,18 +54,22 @@ DecodeResult DecodeFrame(std::span<const uint8_t> buf, const DecodeLimits& limit
 bool IsRequestOpcode(uint8_t opcode);
 
 // A growable byte FIFO that keeps its storage: append at the tail, consume at the head.
-// Steady-state use does not allocate.
+// Steady-state use does not allocate. Growth does not zero the new storage, so pages the queue
+// reserves but never fills (a recv buffer sized for a frame that never arrives) stay untouched
+// and cost no resident memory.
 class ByteQueue {
  public:
   size_t size() const { return tail_ - head_; }
   bool empty() const { return tail_ == head_; }
-  const uint8_t* data() const { return buf_.data() + head_; }
+  const uint8_t* data() const { return buf_.get() + head_; }
   std::span<const uint8_t> readable() const { return {data(), size()}; }
+  // Bytes of storage held (content plus free space).
+  size_t capacity() const { return cap_; }
 
   // Returns `n` writable bytes at the tail; they count as content immediately.
   uint8_t* append(size_t n) {
     reserve_tail(n);
-    uint8_t* p = buf_.data() + tail_;
+    uint8_t* p = buf_.get() + tail_;
     tail_ += n;
     return p;
   }
@@ -74,7 +79,7 @@ class ByteQueue {
   // Returns at least `min_space` writable bytes at the tail (use with commit(), e.g. for recv).
   std::span<uint8_t> prepare(size_t min_space) {
     reserve_tail(min_space);
-    return {buf_.data() + tail_, buf_.size() - tail_};
+    return {buf_.get() + tail_, cap_ - tail_};
   }
   void commit(size_t n) { tail_ += n; }
   void consume(size_t n) {
@@ -82,23 +87,35 @@ class ByteQueue {
     if (head_ == tail_) head_ = tail_ = 0;
   }
   void clear() { head_ = tail_ = 0; }
+  // Frees the storage if the queue is empty and holds more than `keep` bytes, so a connection
+  // that once carried a large frame does not keep its buffer for the rest of its life.
+  void release_if_empty_above(size_t keep) {
+    if (empty() && cap_ > keep) {
+      buf_.reset();
+      cap_ = head_ = tail_ = 0;
+    }
+  }
 
  private:
   void reserve_tail(size_t n) {
-    if (buf_.size() - tail_ >= n) return;
+    if (cap_ - tail_ >= n) return;
     if (head_ != 0) {  // slide the unread bytes to the front before growing
-      std::memmove(buf_.data(), buf_.data() + head_, tail_ - head_);
+      std::memmove(buf_.get(), buf_.get() + head_, tail_ - head_);
       tail_ -= head_;
       head_ = 0;
-      if (buf_.size() - tail_ >= n) return;
+      if (cap_ - tail_ >= n) return;
     }
-    size_t want = buf_.size() * 2;
+    size_t want = cap_ * 2;
     if (want < tail_ + n) want = tail_ + n;
     if (want < 4096) want = 4096;
-    buf_.resize(want);
+    auto bigger = std::make_unique_for_overwrite<uint8_t[]>(want);
+    if (tail_ != 0) std::memcpy(bigger.get(), buf_.get(), tail_);
+    buf_ = std::move(bigger);
+    cap_ = want;
   }
 
-  std::vector<uint8_t> buf_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0;
   size_t head_ = 0;
   size_t tail_ = 0;
 };

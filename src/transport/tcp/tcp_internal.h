@@ -10,9 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "common/copy_epoch.h"
+#include "common/net/accept_backoff.h"
 #include "common/net/fd.h"
 #include "farmem/transport.h"
 #include "transport/tcp/frame_codec.h"
@@ -47,6 +50,12 @@ inline constexpr int kEpollSleepMs = 50;
 // Initiator send buffers flush inside post once they hold this much, bounding their memory.
 inline constexpr size_t kEagerFlushBytes = 256 * 1024;
 inline constexpr size_t kRecvChunk = 64 * 1024;
+// A connection's receive or send buffer larger than this is freed once it empties, so memory a
+// single large frame needed is not held for the connection's lifetime.
+inline constexpr size_t kKeepBufferBytes = 4u << 20;
+// Connections accepted per AcceptAll call: a flood of connections (refused or not) cannot keep
+// the NIC thread from serving the open ones; epoll reports the listener again next round.
+inline constexpr int kMaxAcceptsPerRound = 64;
 
 inline std::string ErrnoText(int err) {
   return std::strerror(err);
@@ -99,6 +108,23 @@ struct ServerStats {
   std::atomic<uint64_t> sends{0};
   std::atomic<uint64_t> protocol_errors{0};
   std::atomic<uint64_t> read_copy_waits{0};
+  // Connection limits (TcpLimits); see TcpTransportStats for each one's meaning.
+  std::atomic<uint64_t> refused_unauthenticated_oversize{0};
+  std::atomic<uint64_t> auth_timeouts{0};
+  std::atomic<uint64_t> refused_per_address{0};
+  std::atomic<uint64_t> refused_total{0};
+  std::atomic<uint64_t> backpressure_events{0};
+  std::atomic<uint64_t> throttled{0};  // gauge
+  std::atomic<uint64_t> peak_send_queue{0};
+  std::atomic<uint64_t> accept_backoffs{0};
+  std::atomic<uint64_t> open{0};  // gauge
+
+  void NoteSendQueue(size_t bytes) {
+    uint64_t peak = peak_send_queue.load(std::memory_order_relaxed);
+    while (bytes > peak &&
+           !peak_send_queue.compare_exchange_weak(peak, bytes, std::memory_order_relaxed)) {
+    }
+  }
 };
 
 class ServerConn;
@@ -129,6 +155,7 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   Clock::time_point close_deadline{};
   w::ByteQueue rbuf;
   size_t rneed = 0;
+  std::string addr_key;  // the peer's IP address bytes (per-address connection count)
 
   // The write side may be used from any thread (RPC replies).
   std::mutex wmu;
@@ -136,9 +163,14 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   bool closed = false;      // guarded by wmu: fd closed
   bool write_shut = false;  // guarded by wmu: no more output (error sent or send failed)
   bool want_out = false;    // guarded by wmu: EPOLLOUT armed
+  // Guarded by wmu, written by the NIC thread only: reading requests is paused because too many
+  // reply bytes are queued (EPOLLIN off). Under wmu because FlushLocked rebuilds the event mask.
+  bool paused = false;
 
   // Requires wmu. Sends what the socket takes; arms EPOLLOUT for the rest.
   Status FlushLocked();
+  // Requires wmu. Sets the epoll mask from `paused` and `out` (EPOLLOUT wanted).
+  void ArmLocked(bool out);
   // Requires wmu. On the NIC thread defers the send to the end of the batch (one syscall for all
   // responses of a batch); on other threads sends at once.
   Status SubmitLocked();
@@ -264,9 +296,16 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TransportConfig& config)
       : shared_(std::make_shared<Shared>(config)),
         nic_(std::make_shared<NicShared>()),
-        rng_(std::random_device{}()) {
+        rng_(std::random_device{}()),
+        accept_backoff_("tcp NIC thread", config.tcp_limits.accept_backoff_min,
+                        config.tcp_limits.accept_backoff_max) {
     limits_.max_io_bytes = w::kMaxIoBytes;
     limits_.max_rpc_bytes = config.max_rpc_bytes;
+    // Nothing larger than one legitimate frame is ever buffered, plus one recv of the next.
+    max_rbuf_ = sizeof(w::FrameHeader) +
+                std::max<size_t>(sizeof(w::WriteReq) + limits_.max_io_bytes,
+                                 sizeof(w::RpcHeader) + limits_.max_rpc_bytes) +
+                kRecvChunk;
   }
 
   ~TcpTransport() override { stop(); }
@@ -307,9 +346,23 @@ class TcpTransport final : public Transport {
                   std::string* msg);
   bool Serve(const std::shared_ptr<ServerConn>& conn_ptr, const w::FrameView& f, BatchLocks& locks);
   // Sends a connection-level error frame, stops writing and drains input until the peer closes.
-  void Fatal(const std::shared_ptr<ServerConn>& conn, Code code, const std::string& msg);
+  // `protocol_error`: counted in protocol_errors and logged as a warning (else at debug level).
+  void Fatal(const std::shared_ptr<ServerConn>& conn, Code code, const std::string& msg,
+             bool protocol_error = true);
   void SweepClosing();
   static void CloseConn(ServerConn& conn);
+  // Closes the connection and forgets it (per-address count, gauges). NIC thread.
+  void Drop(const std::shared_ptr<ServerConn>& conn);
+  // Closes connections that did not authenticate within auth_timeout.
+  void SweepAuth(Clock::time_point now);
+  // True (and the connection paused) if serving `f` could queue more reply bytes than
+  // max_send_queue_bytes. Requires the connection's wmu.
+  bool ThrottleLocked(ServerConn& conn, const w::FrameView& f);
+  // Resumes paused connections whose queued replies drained below send_queue_resume_bytes and
+  // serves the requests already buffered.
+  void ResumePaused();
+  // Re-polls the listener once an accept back-off ends.
+  void MaybeRearmListener(Clock::time_point now);
 
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<NicShared> nic_;
@@ -333,6 +386,17 @@ class TcpTransport final : public Transport {
   std::unordered_map<uint64_t, std::shared_ptr<ServerConn>> conns_;
   std::vector<uint64_t> closing_;
   uint64_t next_conn_id_ = 2;
+  // Connection limits (TransportConfig::tcp_limits). NIC thread only.
+  struct AuthWait {
+    Clock::time_point deadline;
+    uint64_t id;
+  };
+  std::deque<AuthWait> auth_waits_;  // accept order, hence deadline order
+  std::unordered_map<std::string, uint32_t> per_address_;
+  std::vector<uint64_t> paused_;  // connections whose reads are paused (may hold closed ids)
+  size_t max_rbuf_ = 0;           // largest frame + kRecvChunk
+  net::AcceptBackoff accept_backoff_;
+  bool listen_armed_ = true;
 };
 
 }  // namespace farmem::tcp::internal

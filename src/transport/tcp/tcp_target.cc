@@ -43,31 +43,30 @@ Status ServerConn::FlushLocked() {
     const int err = n < 0 ? errno : EPIPE;
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) {
-      if (!want_out) {
-        epoll_event ev{};
-        ev.events = EPOLLIN | EPOLLOUT;
-        ev.data.u64 = id;
-        (void)::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
-        want_out = true;
-      }
+      if (!want_out) ArmLocked(true);
       return Status::OK();
     }
     // The NIC thread sees the socket error on its next read and closes the connection.
     wbuf.clear();
+    wbuf.release_if_empty_above(kKeepBufferBytes);
     write_shut = true;
     return Status::Unavailable(fmt::format("send to {}: {}", peer_name, ErrnoText(err)));
   }
-  if (want_out) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = id;
-    (void)::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
-    want_out = false;
-  }
+  wbuf.release_if_empty_above(kKeepBufferBytes);
+  if (want_out) ArmLocked(false);
   return Status::OK();
 }
 
+void ServerConn::ArmLocked(bool out) {
+  epoll_event ev{};
+  ev.events = (paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (out ? EPOLLOUT : 0u);
+  ev.data.u64 = id;
+  (void)::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, fd, &ev);
+  want_out = out;
+}
+
 Status ServerConn::SubmitLocked() {
+  nic->stats.NoteSendQueue(wbuf.size());
   if (nic->nic_thread.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
     if (!in_dirty) {
       in_dirty = true;
@@ -199,15 +198,32 @@ void TcpTransport::NicLoop() {
         auto it = conns_.find(id);
         if (it == conns_.end()) continue;  // closed earlier in this batch
         std::shared_ptr<ServerConn> conn = it->second;
-        if (events[i].events & EPOLLOUT) {
+        const uint32_t ev = events[i].events;
+        const bool hangup = (ev & (EPOLLERR | EPOLLHUP)) != 0;
+        if ((ev & EPOLLOUT) || hangup) {
           std::lock_guard lock(conn->wmu);
-          (void)conn->FlushLocked();
+          (void)conn->FlushLocked();  // on a hang-up this fails, clearing the queue
         }
-        if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) HandleReadable(conn);
+        if (conn->paused) {  // only the NIC thread writes it: no lock needed to read it here
+          // Reads resume from ResumePaused once the replies drain. A hang-up on a paused
+          // connection whose replies cannot drain is final: close it rather than see the
+          // (level-triggered) hang-up again in every round.
+          if (hangup) ResumePaused();
+          if (hangup && conns_.count(conn->id) != 0 && conn->paused) Drop(conn);
+          continue;
+        }
+        if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) HandleReadable(conn);
       }
     }
     FlushDirty();
+    const Clock::time_point now = Clock::now();
+    if (!paused_.empty()) {
+      ResumePaused();
+      FlushDirty();  // what the resumed requests answered
+    }
     if (!closing_.empty()) SweepClosing();
+    if (!auth_waits_.empty()) SweepAuth(now);
+    if (!listen_armed_) MaybeRearmListener(now);
   }
   FlushDirty();
 }
@@ -222,17 +238,79 @@ void TcpTransport::FlushDirty() {
   nic_->dirty.clear();
 }
 
+namespace {
+
+// The peer's IP address as bytes (the port left out): the key of the per-address limit.
+std::string AddressKey(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  return {};
+}
+
+// Closes a connection refused at accept, telling the peer why (best effort: one non-blocking
+// send of a small error frame; the peer may see a reset instead if it already sent data).
+void Refuse(int fd, const std::string& why) {
+  w::ByteQueue q;
+  w::EncodeError(q, 0, static_cast<uint16_t>(Code::kResourceExhausted), why);
+  (void)!::send(fd, q.data(), q.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::close(fd);
+}
+
+}  // namespace
+
 void TcpTransport::AcceptAll() {
-  for (;;) {
+  const TcpLimits& lim = shared_->config.tcp_limits;
+  for (int accepted = 0; accepted < kMaxAcceptsPerRound;) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
     const int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        FARMEM_LOG_WARN("tcp NIC thread: accept: {}", ErrnoText(errno));
-      return;
+      const int err = errno;
+      switch (accept_backoff_.OnError(err, Clock::now())) {
+        case net::AcceptBackoff::Action::kStop:
+          return;
+        case net::AcceptBackoff::Action::kRetry:
+          continue;
+        case net::AcceptBackoff::Action::kPause: {
+          // Out of descriptors: the listener stays readable, so polling it again would spin.
+          // Stop polling it until the back-off ends (MaybeRearmListener); open connections are
+          // still served meanwhile.
+          nic_->stats.accept_backoffs.fetch_add(1, std::memory_order_relaxed);
+          epoll_event ev{};
+          ev.events = 0;
+          ev.data.u64 = kListenId;
+          (void)::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+          listen_armed_ = false;
+          return;
+        }
+      }
+      continue;
+    }
+    ++accepted;
+    accept_backoff_.OnSuccess();
+    std::string key = AddressKey(ss);
+    if (conns_.size() >= lim.max_connections) {
+      nic_->stats.refused_total.fetch_add(1, std::memory_order_relaxed);
+      FARMEM_LOG_DEBUG("tcp: refusing {}: {} connections open", net::FormatSockaddr(ss),
+                       conns_.size());
+      Refuse(fd, fmt::format("too many connections (limit {})", lim.max_connections));
+      continue;
+    }
+    auto count = per_address_.find(key);
+    if (count != per_address_.end() && count->second >= lim.max_connections_per_address) {
+      nic_->stats.refused_per_address.fetch_add(1, std::memory_order_relaxed);
+      FARMEM_LOG_DEBUG("tcp: refusing {}: {} connections open from that address",
+                       net::FormatSockaddr(ss), count->second);
+      Refuse(fd, fmt::format("too many connections from this address (limit {})",
+                             lim.max_connections_per_address));
+      continue;
     }
     SetNoDelay(fd);
     const uint64_t id = next_conn_id_++;
@@ -247,17 +325,109 @@ void TcpTransport::AcceptAll() {
       continue;
     }
     nic_->stats.accepted.fetch_add(1, std::memory_order_relaxed);
+    nic_->stats.open.fetch_add(1, std::memory_order_relaxed);
+    ++per_address_[key];
+    conn->addr_key = std::move(key);
+    auth_waits_.push_back({Clock::now() + lim.auth_timeout, id});
     conns_.emplace(id, std::move(conn));
+  }
+}
+
+void TcpTransport::MaybeRearmListener(Clock::time_point now) {
+  if (accept_backoff_.paused(now)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenId;
+  (void)::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, listen_fd_.get(), &ev);
+  listen_armed_ = true;
+}
+
+void TcpTransport::Drop(const std::shared_ptr<ServerConn>& conn) {
+  CloseConn(*conn);
+  if (conn->paused) nic_->stats.throttled.fetch_sub(1, std::memory_order_relaxed);
+  auto count = per_address_.find(conn->addr_key);
+  if (count != per_address_.end() && --count->second == 0) per_address_.erase(count);
+  nic_->stats.open.fetch_sub(1, std::memory_order_relaxed);
+  conns_.erase(conn->id);
+}
+
+void TcpTransport::SweepAuth(Clock::time_point now) {
+  while (!auth_waits_.empty() && auth_waits_.front().deadline <= now) {
+    const uint64_t id = auth_waits_.front().id;
+    auth_waits_.pop_front();
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second->authenticated || it->second->closing) continue;
+    nic_->stats.auth_timeouts.fetch_add(1, std::memory_order_relaxed);
+    Fatal(it->second, Code::kTimedOut,
+          fmt::format("no hello with the cluster token within {} ms",
+                      shared_->config.tcp_limits.auth_timeout.count()),
+          /*protocol_error=*/false);
+  }
+}
+
+bool TcpTransport::ThrottleLocked(ServerConn& conn, const w::FrameView& f) {
+  const TcpLimits& lim = shared_->config.tcp_limits;
+  const size_t queued = conn.wbuf.size();
+  if (queued == 0) return false;  // one reply is always sent, however large
+  // Bound on the reply this frame adds now (RPC replies come later, from the handler).
+  size_t reply = 0;
+  if (f.opcode == w::Opcode::kRead) {
+    reply = sizeof(w::FrameHeader) + f.read.length;
+  } else if (f.opcode != w::Opcode::kRpc) {
+    reply = sizeof(w::FrameHeader) + w::kMaxErrorMessageBytes;
+  }
+  if (queued + reply <= lim.max_send_queue_bytes) return false;
+  conn.paused = true;
+  conn.ArmLocked(conn.want_out);
+  nic_->stats.backpressure_events.fetch_add(1, std::memory_order_relaxed);
+  nic_->stats.throttled.fetch_add(1, std::memory_order_relaxed);
+  paused_.push_back(conn.id);
+  FARMEM_LOG_DEBUG("tcp: {} has {} reply bytes queued: pausing its requests", conn.peer_name,
+                   queued);
+  return true;
+}
+
+void TcpTransport::ResumePaused() {
+  const size_t resume_below = shared_->config.tcp_limits.send_queue_resume_bytes;
+  std::vector<uint64_t> ids;
+  ids.swap(paused_);
+  for (uint64_t id : ids) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    std::shared_ptr<ServerConn> conn = it->second;
+    if (!conn->paused) continue;
+    {
+      std::lock_guard lock(conn->wmu);
+      if (!conn->closed && !conn->write_shut && conn->wbuf.size() > resume_below) {
+        paused_.push_back(id);
+        continue;
+      }
+      conn->paused = false;
+      if (!conn->closed) conn->ArmLocked(conn->want_out);
+    }
+    nic_->stats.throttled.fetch_sub(1, std::memory_order_relaxed);
+    // Requests already buffered would otherwise wait for more bytes from the peer, which may be
+    // waiting for their replies.
+    if (!conn->closing && !conn->rbuf.empty()) (void)ProcessFrames(conn);
   }
 }
 
 void TcpTransport::HandleReadable(const std::shared_ptr<ServerConn>& conn) {
   // Bounded so one busy peer cannot starve the others (epoll is level-triggered).
+  const size_t max_unauth = shared_->config.tcp_limits.max_unauthenticated_bytes;
   for (int round = 0; round < 8; ++round) {
+    if (conn->paused) return;  // back-pressure: further requests wait in the socket
     const size_t have = conn->rbuf.size();
-    const size_t want = conn->rneed > have ? std::max(kRecvChunk, conn->rneed - have) : kRecvChunk;
+    // How much this recv may add: before authentication only what a hello can need (the header
+    // check in ProcessFrames refuses a first frame announcing more), after it one frame plus
+    // one chunk. Requests beyond stay in the socket until these are served.
+    const size_t cap = conn->closing ? kRecvChunk : conn->authenticated ? max_rbuf_ : max_unauth;
+    if (have >= cap) return;  // only while paused with a full buffer; resumed by ResumePaused
+    size_t want = conn->rneed > have ? std::max(kRecvChunk, conn->rneed - have) : kRecvChunk;
+    want = std::min(want, cap - have);
     std::span<uint8_t> space = conn->rbuf.prepare(want);
-    const ssize_t n = ::recv(conn->fd, space.data(), space.size(), MSG_DONTWAIT);
+    const size_t len = std::min(space.size(), cap - have);
+    const ssize_t n = ::recv(conn->fd, space.data(), len, MSG_DONTWAIT);
     if (n > 0) {
       conn->rbuf.commit(static_cast<size_t>(n));
       if (conn->closing) {
@@ -265,14 +435,14 @@ void TcpTransport::HandleReadable(const std::shared_ptr<ServerConn>& conn) {
       } else if (!ProcessFrames(conn)) {
         return;
       }
-      if (static_cast<size_t>(n) < space.size()) return;
+      conn->rbuf.release_if_empty_above(kKeepBufferBytes);
+      if (static_cast<size_t>(n) < len) return;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n < 0) FARMEM_LOG_DEBUG("tcp: recv from {}: {}", conn->peer_name, ErrnoText(errno));
-    CloseConn(*conn);
-    conns_.erase(conn->id);
+    Drop(conn);
     return;
   }
 }
@@ -281,7 +451,24 @@ bool TcpTransport::ProcessFrames(const std::shared_ptr<ServerConn>& conn) {
   BatchLocks locks(regions_mu_, conn->wmu);
   uint64_t frames = 0;
   bool alive = true;
+  const size_t max_unauth = shared_->config.tcp_limits.max_unauthenticated_bytes;
   for (;;) {
+    if (!conn->authenticated && conn->rbuf.size() >= sizeof(w::FrameHeader)) {
+      // Checked from the header alone, before anything is buffered for the body: an
+      // unauthenticated peer must not make the target allocate what its frame announces.
+      w::FrameHeader h;
+      std::memcpy(&h, conn->rbuf.data(), sizeof(h));
+      if (sizeof(w::FrameHeader) + uint64_t{h.body_len} > max_unauth) {
+        nic_->stats.refused_unauthenticated_oversize.fetch_add(1, std::memory_order_relaxed);
+        locks.Unlock();
+        Fatal(conn, Code::kPermissionDenied,
+              fmt::format("first frame of {} bytes exceeds the {} bytes allowed before the hello",
+                          sizeof(w::FrameHeader) + uint64_t{h.body_len}, max_unauth),
+              /*protocol_error=*/false);
+        alive = false;
+        break;
+      }
+    }
     w::FrameView f;
     const w::DecodeResult r = w::DecodeFrame(conn->rbuf.readable(), limits_, &f);
     if (r.state == w::DecodeState::kNeedMore) {
@@ -293,6 +480,10 @@ bool TcpTransport::ProcessFrames(const std::shared_ptr<ServerConn>& conn) {
       Fatal(conn, Code::kProtocol, fmt::format("malformed frame: {}", r.error));
       alive = false;
       break;
+    }
+    if (conn->authenticated) {
+      locks.Lock();                         // wbuf's size is read under wmu
+      if (ThrottleLocked(*conn, f)) break;  // the frame stays buffered until replies drain
     }
     ++frames;
     if (!Serve(conn, f, locks)) {
@@ -443,10 +634,14 @@ bool TcpTransport::Serve(const std::shared_ptr<ServerConn>& conn_ptr, const w::F
   return true;
 }
 
-void TcpTransport::Fatal(const std::shared_ptr<ServerConn>& conn, Code code,
-                         const std::string& msg) {
-  nic_->stats.protocol_errors.fetch_add(1, std::memory_order_relaxed);
-  FARMEM_LOG_WARN("tcp: closing connection from {}: {}", conn->peer_name, msg);
+void TcpTransport::Fatal(const std::shared_ptr<ServerConn>& conn, Code code, const std::string& msg,
+                         bool protocol_error) {
+  if (protocol_error) {
+    nic_->stats.protocol_errors.fetch_add(1, std::memory_order_relaxed);
+    FARMEM_LOG_WARN("tcp: closing connection from {}: {}", conn->peer_name, msg);
+  } else {
+    FARMEM_LOG_DEBUG("tcp: closing connection from {}: {}", conn->peer_name, msg);
+  }
   {
     std::lock_guard lock(conn->wmu);
     if (!conn->closed && !conn->write_shut) {
@@ -470,8 +665,7 @@ void TcpTransport::SweepClosing() {
     auto it = conns_.find(id);
     if (it == conns_.end()) continue;
     if (now >= it->second->close_deadline) {
-      CloseConn(*it->second);
-      conns_.erase(it);
+      Drop(std::shared_ptr<ServerConn>(it->second));  // a copy: Drop erases the map entry
       continue;
     }
     closing_[keep++] = id;

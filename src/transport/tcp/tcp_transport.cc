@@ -153,6 +153,17 @@ TcpTransportStats TcpTransport::stats() const {
   s.send_calls = nic_->stats.sends.load(std::memory_order_relaxed);
   s.protocol_errors = nic_->stats.protocol_errors.load(std::memory_order_relaxed);
   s.read_copy_waits = nic_->stats.read_copy_waits.load(std::memory_order_relaxed);
+  const ServerStats& n = nic_->stats;
+  s.refused_unauthenticated_oversize =
+      n.refused_unauthenticated_oversize.load(std::memory_order_relaxed);
+  s.auth_timeouts = n.auth_timeouts.load(std::memory_order_relaxed);
+  s.refused_per_address = n.refused_per_address.load(std::memory_order_relaxed);
+  s.refused_total = n.refused_total.load(std::memory_order_relaxed);
+  s.backpressure_events = n.backpressure_events.load(std::memory_order_relaxed);
+  s.throttled_connections = n.throttled.load(std::memory_order_relaxed);
+  s.peak_send_queue_bytes = n.peak_send_queue.load(std::memory_order_relaxed);
+  s.accept_backoffs = n.accept_backoffs.load(std::memory_order_relaxed);
+  s.open_connections = n.open.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -168,6 +179,22 @@ Result<std::unique_ptr<Transport>> CreateTcpTransport(const TransportConfig& con
                                                config.max_rpc_bytes, tcpwire::kMaxRpcBytes));
   if (config.op_timeout.count() <= 0 || config.connect_timeout.count() <= 0)
     return Status::InvalidArgument("op_timeout and connect_timeout must be positive");
+  const TcpLimits& lim = config.tcp_limits;
+  const size_t hello =
+      sizeof(tcpwire::FrameHeader) + sizeof(tcpwire::HelloBody) + config.cluster_token.size();
+  if (lim.max_unauthenticated_bytes < hello)
+    return Status::InvalidArgument(
+        fmt::format("tcp_limits.max_unauthenticated_bytes {} cannot hold a hello of {} bytes",
+                    lim.max_unauthenticated_bytes, hello));
+  if (lim.auth_timeout.count() <= 0)
+    return Status::InvalidArgument("tcp_limits.auth_timeout must be positive");
+  if (lim.max_send_queue_bytes == 0 || lim.send_queue_resume_bytes > lim.max_send_queue_bytes)
+    return Status::InvalidArgument(
+        "tcp_limits: need 0 < max_send_queue_bytes and send_queue_resume_bytes <= it");
+  if (lim.max_connections == 0 || lim.max_connections_per_address == 0)
+    return Status::InvalidArgument("tcp_limits: connection limits must be positive");
+  if (lim.accept_backoff_min.count() <= 0 || lim.accept_backoff_max < lim.accept_backoff_min)
+    return Status::InvalidArgument("tcp_limits: need 0 < accept_backoff_min <= accept_backoff_max");
   return std::unique_ptr<Transport>(std::make_unique<tcp::internal::TcpTransport>(config));
 }
 

@@ -29,6 +29,16 @@ struct TcpTransportStats {
   uint64_t send_calls = 0;       // send() syscalls on target connections
   uint64_t protocol_errors = 0;  // connections closed for malformed frames or a wrong token
   uint64_t read_copy_waits = 0;  // wait_for_read_copies calls (CoRM merges' grace periods)
+  // Connection limits (TransportConfig::tcp_limits, docs/transport.md "Connection limits").
+  uint64_t refused_unauthenticated_oversize = 0;  // first frame announced > max_unauth. bytes
+  uint64_t auth_timeouts = 0;          // closed without authenticating within auth_timeout
+  uint64_t refused_per_address = 0;    // closed at accept: max_connections_per_address reached
+  uint64_t refused_total = 0;          // closed at accept: max_connections reached
+  uint64_t backpressure_events = 0;    // times a connection's reads were paused (replies queued)
+  uint64_t throttled_connections = 0;  // connections paused right now (gauge)
+  uint64_t peak_send_queue_bytes = 0;  // most reply bytes ever queued for one connection
+  uint64_t accept_backoffs = 0;        // accept failures (EMFILE...) that paused the listener
+  uint64_t open_connections = 0;       // accepted connections not yet closed (gauge)
 };
 
 // Both return InvalidArgument when the object is not from the TCP backend.

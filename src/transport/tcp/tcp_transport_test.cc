@@ -25,6 +25,7 @@
 
 #include "transport/tcp/frame_codec.h"
 #include "transport/testing/completion_util.h"
+#include "transport/testing/limits_util.h"
 
 namespace farmem {
 namespace {
@@ -56,8 +57,27 @@ class RawSocket {
   }
   int fd() const { return fd_; }
 
-  static RawSocket Connect(uint16_t port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // `source` (host order, e.g. 127.0.0.2) binds the local end, so tests can play several peer
+  // addresses on loopback; `rcvbuf` shrinks the receive buffer (a slow reader).
+  static RawSocket Connect(uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return RawSocket();
+    return ConnectFd(fd, port, source, rcvbuf);
+  }
+  // A socket not connected yet (ConnectFd later): tests that run out of descriptors make their
+  // clients' descriptors first.
+  static int Unconnected() { return ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
+  static RawSocket ConnectFd(int fd, uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
+    if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    if (source != 0) {
+      sockaddr_in b{};
+      b.sin_family = AF_INET;
+      b.sin_addr.s_addr = htonl(source);
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof(b)) != 0) {
+        ::close(fd);
+        return RawSocket();
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -103,19 +123,19 @@ class RawSocket {
     }
   }
 
-  // True when the peer closed the connection (EOF or reset) before kWait, ignoring data.
-  bool WaitClosed() {
+  // True when the peer closed the connection (EOF or reset) before `limit`, ignoring data.
+  bool WaitClosed(std::chrono::milliseconds limit = kWait) {
     for (;;) {
-      if (!ReadSome()) return !timed_out_;
+      if (!ReadSome(limit)) return !timed_out_;
       buf_.clear();
       consumed_ = 0;
     }
   }
 
  private:
-  bool ReadSome() {
+  bool ReadSome(std::chrono::milliseconds limit = kWait) {
     pollfd p{fd_, POLLIN, 0};
-    const int ms = static_cast<int>(std::chrono::milliseconds(kWait).count());
+    const int ms = static_cast<int>(limit.count());
     if (::poll(&p, 1, ms) <= 0) {
       timed_out_ = true;
       return false;
@@ -142,6 +162,7 @@ class TcpTransportTest : public ::testing::Test {
     c.cluster_token = "test-token";
     c.op_timeout = 5s;
     c.connect_timeout = 3s;
+    c.tcp_limits = limits_;
     return c;
   }
 
@@ -185,6 +206,7 @@ class TcpTransportTest : public ::testing::Test {
 
   TcpTransportStats TargetStats() { return *GetTcpTransportStats(*target_); }
 
+  TcpLimits limits_;  // applied to both transports; set before StartPair()
   testing::AlignedBuffer mem_;
   std::unique_ptr<Transport> target_, initiator_;
   std::unique_ptr<Context> ctx_;
@@ -664,6 +686,226 @@ TEST_F(TcpTransportTest, ConfigIsValidated) {
   EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
   c = Config();
   c.max_rpc_bytes = w::kMaxRpcBytes + 1;
+  EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection limits (TcpLimits, docs/transport.md "Connection limits").
+
+constexpr uint32_t kLoopback2 = 0x7f000002;  // 127.0.0.2
+
+// Waits until `pred` holds or `limit` passes; returns pred().
+template <typename Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// Issue 16, finding 1: 24 unauthenticated connections each announcing a 16 MiB WRITE made the
+// target size a receive buffer from the announced length (+385 MiB RSS). Now the first frame is
+// refused from its header, nothing is allocated and a legitimate peer is still served.
+TEST_F(TcpTransportTest, UnauthenticatedOversizeFramesAllocateNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));
+  const size_t rss_before = testing::RssBytes();
+  std::vector<RawSocket> attackers;
+  std::vector<uint8_t> some_data(64 * 1024, 0xab);
+  for (int i = 0; i < 24; ++i) {
+    RawSocket s = Raw();
+    ASSERT_GE(s.fd(), 0);
+    w::FrameHeader h{16u << 20, static_cast<uint8_t>(w::Opcode::kWrite), 0, 0, 1};
+    ASSERT_TRUE(s.Send(&h, sizeof(h)));
+    (void)s.Send(some_data.data(), some_data.size());  // may fail once the target closed it
+    attackers.push_back(std::move(s));
+  }
+  WaitFor([&] { return TargetStats().refused_unauthenticated_oversize >= 24; }, 2s);
+  const size_t rss_after = testing::RssBytes();
+  EXPECT_LT(rss_after, rss_before + (6u << 20))
+      << "RSS grew by " << (rss_after - rss_before) / 1024 << " KiB for 24 unauthenticated peers";
+  EXPECT_EQ(TargetStats().refused_unauthenticated_oversize, 24u);
+  mem_.store_word(0, 99);
+  ASSERT_OK(ReadWord(0, &v));
+  EXPECT_EQ(v, 99u);
+  EXPECT_TRUE(attackers[0].WaitClosed(3s)) << "the refused connection was kept open";
+}
+
+// Issue 16, finding 1: unauthenticated connections were never timed out. A silent one and one
+// that stops in the middle of its hello are closed after auth_timeout; authenticated peers stay.
+TEST_F(TcpTransportTest, UnauthenticatedConnectionIsClosedAfterAuthDeadline) {
+  limits_.auth_timeout = 300ms;
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));
+  const auto start = std::chrono::steady_clock::now();
+  RawSocket silent = Raw();
+  RawSocket partial = Raw();
+  ASSERT_GE(silent.fd(), 0);
+  ASSERT_GE(partial.fd(), 0);
+  w::ByteQueue q;
+  w::EncodeHello(q, "test-token");
+  ASSERT_TRUE(partial.Send(q.data(), q.size() - 3));
+  EXPECT_TRUE(silent.WaitClosed(3s)) << "a silent unauthenticated connection was kept";
+  EXPECT_TRUE(partial.WaitClosed(3s)) << "an incomplete hello was kept";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(TargetStats().auth_timeouts, 2u);
+  // The authenticated connection outlived the deadline and still works without reconnecting.
+  std::this_thread::sleep_for(400ms);  // the delay being tested: past the auth deadline
+  ASSERT_OK(ReadWord(0, &v));
+  EXPECT_EQ(GetTcpContextStats(*ctx_)->connects, 1u);
+}
+
+// Issue 16, finding 2: a peer posting large READs without reading the replies grew the target by
+// 527 MiB. Now its reads pause once max_send_queue_bytes are queued (back-pressure), others are
+// served meanwhile, and once it reads it gets every reply, in order, with the right bytes.
+TEST_F(TcpTransportTest, SlowReaderIsThrottledAndGetsEveryReplyInOrder) {
+  limits_.max_send_queue_bytes = 4u << 20;
+  limits_.send_queue_resume_bytes = 1u << 20;
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  constexpr size_t kBig = 2u << 20, kReadLen = 256u << 10;
+  constexpr int kReads = 400;  // 100 MiB of replies
+  testing::AlignedBuffer big(kBig);
+  for (size_t i = 0; i < kBig; ++i) big.data()[i] = static_cast<std::byte>((i * 131) >> 7);
+  auto region = target_->register_memory(big.data(), big.size());
+  ASSERT_TRUE(region.ok());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));
+  const size_t rss_before = testing::RssBytes();
+
+  RawSocket slow = RawSocket::Connect(PortOf(target_->local_address()), 0, 64 << 10);
+  ASSERT_GE(slow.fd(), 0);
+  auto offset_of = [&](int i) { return static_cast<uint64_t>(i) * 4096 % (kBig - kReadLen); };
+  w::ByteQueue q;
+  w::EncodeHello(q, "test-token");
+  for (int i = 0; i < kReads; ++i)
+    w::EncodeRead(q, static_cast<uint64_t>(i) + 1, region->key, offset_of(i), kReadLen);
+  ASSERT_TRUE(slow.Send(q));
+  EXPECT_TRUE(WaitFor([&] { return TargetStats().throttled_connections == 1; }, 5s))
+      << "the slow reader was never throttled";
+  std::this_thread::sleep_for(200ms);  // the target would keep queueing here if unthrottled
+  const size_t rss_throttled = testing::RssBytes();
+  EXPECT_LT(rss_throttled, rss_before + (20u << 20))
+      << "RSS grew by " << (rss_throttled - rss_before) / 1024 << " KiB for one slow reader";
+  EXPECT_LE(TargetStats().peak_send_queue_bytes, limits_.max_send_queue_bytes);
+
+  // Other peers are served while the slow one is throttled.
+  for (int i = 0; i < 20; ++i) {
+    mem_.store_word(0, 1000 + i);
+    ASSERT_OK(ReadWord(0, &v));
+    EXPECT_EQ(v, 1000u + i);
+  }
+
+  // The slow reader reads now: every reply, in order, with its bytes.
+  for (int i = 0; i < kReads; ++i) {
+    w::FrameView f;
+    ASSERT_TRUE(slow.ReadFrame(&f)) << "reply " << i;
+    ASSERT_EQ(f.opcode, w::Opcode::kReadResp) << "reply " << i;
+    ASSERT_EQ(f.header.seq, static_cast<uint64_t>(i) + 1);
+    ASSERT_EQ(f.data.size(), kReadLen);
+    ASSERT_EQ(std::memcmp(f.data.data(), big.data() + offset_of(i), kReadLen), 0) << "reply " << i;
+  }
+  const TcpTransportStats st = TargetStats();
+  EXPECT_GE(st.backpressure_events, 1u);
+  EXPECT_EQ(st.throttled_connections, 0u);
+  EXPECT_LE(st.peak_send_queue_bytes, limits_.max_send_queue_bytes);
+}
+
+// Limits on connections per peer address and in total: the ones beyond are closed at accept,
+// others (another address, already open connections) are unaffected.
+TEST_F(TcpTransportTest, ConnectionsBeyondPerAddressAndTotalLimitsAreRefused) {
+  limits_.max_connections_per_address = 4;
+  limits_.max_connections = 8;
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));  // 1 connection from 127.0.0.1
+  const uint16_t port = PortOf(target_->local_address());
+  std::vector<RawSocket> from2;
+  for (int i = 0; i < 6; ++i) from2.push_back(RawSocket::Connect(port, kLoopback2));
+  ASSERT_TRUE(WaitFor([&] { return TargetStats().refused_per_address == 2; }, 3s))
+      << TargetStats().refused_per_address;
+  int closed = 0;
+  for (auto& s : from2) closed += s.WaitClosed(200ms) ? 1 : 0;
+  EXPECT_EQ(closed, 2);
+  // 1 + 4 open; 127.0.0.3..5 bring it to 8, the 9th is refused for the total.
+  std::vector<RawSocket> others;
+  for (uint32_t a = 3; a <= 6; ++a) others.push_back(RawSocket::Connect(port, 0x7f000000 + a));
+  ASSERT_TRUE(WaitFor([&] { return TargetStats().refused_total == 1; }, 3s))
+      << TargetStats().refused_total;
+  EXPECT_TRUE(others.back().WaitClosed(3s));
+  mem_.store_word(0, 5);
+  ASSERT_OK(ReadWord(0, &v));
+  EXPECT_EQ(v, 5u);
+}
+
+// Issue 16, finding 3: at the descriptor limit the NIC thread retried accept without backoff (a
+// core at 100 %, millions of log lines). Now it stops polling the listener, backing off, logs at
+// most once per second, keeps serving open connections, and accepts again once descriptors free.
+TEST_F(TcpTransportTest, AcceptAtDescriptorLimitBacksOffAndRecoversStress) {
+  // Attached before the transports' threads start and detached after they stopped (below), so
+  // the logger's sink list is never changed while they log.
+  testing::LogCounter emfile_logs("Too many open files");
+  testing::ScopeExit stop_first{[this] { TearDown(); }};
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));
+  const uint16_t port = PortOf(target_->local_address());
+  std::vector<RawSocket> waiting;
+  {
+    std::vector<int> client_fds;
+    for (int i = 0; i < 8; ++i) client_fds.push_back(RawSocket::Unconnected());
+    testing::FdExhauster fds;
+    ASSERT_TRUE(fds.ok()) << "could not lower RLIMIT_NOFILE";
+    w::ByteQueue q;
+    w::EncodeHello(q, "test-token");
+    w::EncodeRead(q, 7, region_.key, 0, 8);
+    for (int fd : client_fds) {  // queued in the kernel's backlog: the target cannot accept
+      ASSERT_GE(fd, 0);
+      waiting.push_back(RawSocket::ConnectFd(fd, port));
+      ASSERT_GE(waiting.back().fd(), 0);
+      ASSERT_TRUE(waiting.back().Send(q));
+    }
+    const double cpu0 = testing::ProcessCpuSeconds();
+    std::this_thread::sleep_for(1s);  // the interval being measured
+    const double cpu = testing::ProcessCpuSeconds() - cpu0;
+    EXPECT_LT(cpu, 0.3) << "the process used " << cpu << " s of CPU in 1 s at the fd limit";
+    EXPECT_LE(emfile_logs.count(), 3u) << "the accept error was not rate-limited";
+    const TcpTransportStats st = TargetStats();
+    EXPECT_GE(st.accept_backoffs, 1u);
+    EXPECT_LE(st.accept_backoffs, 12u);
+    ASSERT_OK(ReadWord(0, &v));  // an open connection is still served
+  }
+  // Descriptors are free again: the queued clients are accepted and answered.
+  for (auto& s : waiting) {
+    w::FrameView f;
+    ASSERT_TRUE(s.ReadFrame(&f));
+    EXPECT_EQ(f.opcode, w::Opcode::kReadResp);
+    EXPECT_EQ(f.header.seq, 7u);
+  }
+  auto c = initiator_->create_context();  // and a new context connects
+  ASSERT_TRUE(c.ok());
+  ctx_ = std::move(*c);
+  ASSERT_OK(ReadWord(0, &v));
+}
+
+TEST_F(TcpTransportTest, LimitsAreValidated) {
+  TransportConfig c = Config();
+  c.tcp_limits.max_unauthenticated_bytes = 20;  // cannot hold a hello
+  EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
+  c = Config();
+  c.tcp_limits.auth_timeout = 0ms;
+  EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
+  c = Config();
+  c.tcp_limits.send_queue_resume_bytes = c.tcp_limits.max_send_queue_bytes + 1;
+  EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
+  c = Config();
+  c.tcp_limits.max_connections = 0;
+  EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
+  c = Config();
+  c.tcp_limits.accept_backoff_max = c.tcp_limits.accept_backoff_min - 1ms;
   EXPECT_EQ(CreateTcpTransport(c).status().code(), Code::kInvalidArgument);
 }
 

@@ -1,0 +1,117 @@
+// Test helpers for the connection-limit tests of the TCP transport and the bootstrap listener:
+// process RSS and CPU time, a log sink counting matching lines, and a scope that uses up every
+// file descriptor. Header-only test code; each helper is used by the test's own thread.
+#pragma once
+
+#include <dirent.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+namespace farmem::testing {
+
+// Runs `f` when the scope ends (e.g. stop the threads that log before a LogCounter detaches).
+template <typename F>
+struct ScopeExit {
+  F f;
+  ~ScopeExit() { f(); }
+};
+
+// Resident set size of this process in bytes (/proc/self/statm, second field).
+inline size_t RssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// CPU time (user + system) of every thread of this process, in seconds.
+inline double ProcessCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Counts log lines containing `needle` while it lives (attached to spdlog's default logger).
+class LogCounter {
+ public:
+  explicit LogCounter(std::string needle) : sink_(std::make_shared<Sink>(std::move(needle))) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCounter() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  LogCounter(const LogCounter&) = delete;
+  LogCounter& operator=(const LogCounter&) = delete;
+  uint64_t count() const { return sink_->count.load(); }
+
+ private:
+  struct Sink : spdlog::sinks::base_sink<std::mutex> {
+    explicit Sink(std::string n) : needle(std::move(n)) {}
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      if (std::string_view(msg.payload.data(), msg.payload.size()).find(needle) !=
+          std::string_view::npos)
+        count.fetch_add(1);
+    }
+    void flush_() override {}
+    const std::string needle;
+    std::atomic<uint64_t> count{0};
+  };
+  std::shared_ptr<Sink> sink_;
+};
+
+// Lowers RLIMIT_NOFILE to a little above the descriptors in use and fills the rest with dup()s,
+// so the next socket()/accept() in this process fails with EMFILE (make the test's own client
+// sockets before). The destructor frees everything and restores the limit.
+class FdExhauster {
+ public:
+  FdExhauster() {
+    ::getrlimit(RLIMIT_NOFILE, &saved_);
+    int highest = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) highest = std::max(highest, std::atoi(e->d_name));
+      ::closedir(d);
+    }
+    rlimit lowered = saved_;
+    lowered.rlim_cur = static_cast<rlim_t>(highest) + 64;
+    ok_ = ::setrlimit(RLIMIT_NOFILE, &lowered) == 0;
+    for (;;) {
+      const int fd = ::dup(0);
+      if (fd < 0) break;
+      fds_.push_back(fd);
+    }
+  }
+  ~FdExhauster() { Release(); }
+  FdExhauster(const FdExhauster&) = delete;
+  FdExhauster& operator=(const FdExhauster&) = delete;
+
+  bool ok() const { return ok_ && !fds_.empty(); }
+  // Closes every held descriptor and restores the limit.
+  void Release() {
+    for (int fd : fds_) ::close(fd);
+    fds_.clear();
+    if (ok_) ::setrlimit(RLIMIT_NOFILE, &saved_);
+    ok_ = false;
+  }
+
+ private:
+  rlimit saved_{};
+  bool ok_ = false;
+  std::vector<int> fds_;
+};
+
+}  // namespace farmem::testing
