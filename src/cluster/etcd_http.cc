@@ -23,9 +23,12 @@ size_t AppendBody(char* data, size_t size, size_t n, void* user) {
   return size * n;
 }
 
+// Nothing of the request was sent: trying another endpoint is safe. A failed TLS handshake
+// (certificate not trusted, not TLS at all) counts: the request goes only after the handshake.
 bool IsConnectFailure(CURLcode rc) {
   return rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
-         rc == CURLE_COULDNT_RESOLVE_PROXY;
+         rc == CURLE_COULDNT_RESOLVE_PROXY || rc == CURLE_SSL_CONNECT_ERROR ||
+         rc == CURLE_PEER_FAILED_VERIFICATION;
 }
 
 }  // namespace
@@ -99,6 +102,7 @@ Result<EtcdHttpResponse> EtcdHttp::Post(std::string_view path, const std::string
     headers = curl_slist_append(headers, auth_header.c_str());
   }
   Status last;
+  char error[CURL_ERROR_SIZE];  // outlives every use of the handle below
   const size_t start = preferred_.load(std::memory_order_relaxed) % n;
   for (size_t i = 0; i < n; ++i) {
     const size_t idx = (start + i) % n;
@@ -116,6 +120,7 @@ Result<EtcdHttpResponse> EtcdHttp::Post(std::string_view path, const std::string
     connect_ms = std::min<long>(connect_ms, static_cast<long>(left));
     std::string url = EtcdUrl(config_, endpoint, path);
     EtcdHttpResponse resp;
+    error[0] = '\0';
     // reset keeps the handle's open connections; only the options go.
     curl_easy_reset(curl);
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
@@ -130,6 +135,9 @@ Result<EtcdHttpResponse> EtcdHttp::Post(std::string_view path, const std::string
     // Timeouts must not raise SIGALRM-based DNS timeouts in a multi-threaded process.
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
+    // The details ("SSL certificate problem: unable to get local issuer certificate") that
+    // curl_easy_strerror's generic text lacks.
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
     EtcdApplyTls(config_, curl);
     CURLcode rc = curl_easy_perform(curl);
     if (rc == CURLE_OK) {
@@ -137,10 +145,12 @@ Result<EtcdHttpResponse> EtcdHttp::Post(std::string_view path, const std::string
       resp.endpoint = endpoint;
       preferred_.store(idx, std::memory_order_relaxed);
       curl_slist_free_all(headers);
+      curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);  // `error` dies with this call
       Release(curl);
       return resp;
     }
     std::string what = "etcd " + endpoint + " " + std::string(path) + ": " + curl_easy_strerror(rc);
+    if (error[0] != '\0') what += std::string(" (") + error + ")";
     curl_off_t connected_us = 0;
     curl_easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connected_us);
     if (rc == CURLE_OPERATION_TIMEDOUT && connected_us == 0) {

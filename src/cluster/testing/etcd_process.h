@@ -1,6 +1,7 @@
 // EtcdProcess: a real etcd (Debian's etcd-server) started by a test on free loopback ports with a
 // temporary data directory, stopped (or killed, or restarted on the same ports and data) by the
-// test, and removed at the end. Tests skip with a message when /usr/bin/etcd is missing.
+// test, and removed at the end; optionally with TLS (and client-certificate auth) on the client
+// port. Tests skip with a message when /usr/bin/etcd is missing.
 #pragma once
 
 #include <fcntl.h>
@@ -69,6 +70,21 @@ inline bool PortAccepts(int port) {
   return ok;
 }
 
+// TLS on etcd's client port (the peer port stays plain: one member, loopback only). Paths of PEM
+// files, typically written into EtcdProcess::dir() after Prepare().
+struct EtcdTls {
+  std::string cert_file;  // the server's certificate (--cert-file)
+  std::string key_file;   // and its key (--key-file)
+  // Require clients to present a certificate signed by trusted_ca_file (--client-cert-auth).
+  bool client_cert_auth = false;
+  std::string trusted_ca_file;
+  // What Etcdctl() uses to reach this etcd: the CA that signed cert_file and, with
+  // client_cert_auth, a client certificate and key.
+  std::string ca_file;
+  std::string client_cert_file;
+  std::string client_key_file;
+};
+
 class EtcdProcess {
  public:
   EtcdProcess() = default;
@@ -85,21 +101,41 @@ class EtcdProcess {
   // Picks ports and a data directory, starts etcd and waits (up to 20 s) until it accepts
   // clients. `extra_args` go to etcd as they are (e.g. "--auto-compaction-retention=1").
   Status Start(std::vector<std::string> extra_args = {}) {
+    FARMEM_RETURN_IF_ERROR(Prepare());
+    use_tls_ = false;
+    extra_args_ = std::move(extra_args);
+    return Restart();
+  }
+
+  // Like Start, with TLS on the client port: etcd listens on https:// and url() is etcds://.
+  // Call Prepare() first to have dir() to write the certificates into.
+  Status StartTls(EtcdTls tls, std::vector<std::string> extra_args = {}) {
+    FARMEM_RETURN_IF_ERROR(Prepare());
+    tls_ = std::move(tls);
+    use_tls_ = true;
+    extra_args_ = std::move(extra_args);
+    return Restart();
+  }
+
+  // Picks the ports and creates the temporary directory without starting etcd (Start and
+  // StartTls do it when it was not done). NotFound when etcd is not installed.
+  Status Prepare() {
     if (!EtcdAvailable())
       return Status::NotFound(EtcdBinary() + " not found (apt install etcd-server)");
+    if (!dir_.empty()) return Status::OK();
     char tmpl[] = "/tmp/farmem-etcd-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return Status::FromErrno("mkdtemp", errno);
     dir_ = tmpl;
     client_port_ = FreeLoopbackPort();
     peer_port_ = FreeLoopbackPort();
-    extra_args_ = std::move(extra_args);
-    return Restart();
+    return Status::OK();
   }
 
   // Starts etcd again on the same ports and data (after Stop or Kill).
   Status Restart() {
     if (pid_ > 0) return Status::Internal("etcd already running");
-    std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    std::string client =
+        (use_tls_ ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client_port_);
     std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> args = {EtcdBinary(),
                                      "--name=farmem-test",
@@ -111,6 +147,13 @@ class EtcdProcess {
                                      "--initial-cluster=farmem-test=" + peer,
                                      "--log-outputs=" + dir_ + "/etcd.log",
                                      "--logger=zap"};
+    if (use_tls_) {
+      args.push_back("--cert-file=" + tls_.cert_file);
+      args.push_back("--key-file=" + tls_.key_file);
+      if (tls_.client_cert_auth) args.push_back("--client-cert-auth");
+      if (!tls_.trusted_ca_file.empty())
+        args.push_back("--trusted-ca-file=" + tls_.trusted_ca_file);
+    }
     for (const auto& a : extra_args_) args.push_back(a);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -155,11 +198,17 @@ class EtcdProcess {
 
   // Runs `etcdctl --endpoints=<this etcd> <args...>` (API v3, 5 s command timeout) and waits;
   // its stdout+stderr go to *output. Internal unless it exits 0. For tests that set up the
-  // store out of band (auth, compaction, ...).
+  // store out of band (auth, compaction, ...). Uses EtcdTls' ca/client files after StartTls.
   Status Etcdctl(const std::vector<std::string>& args, std::string* output = nullptr) const {
     std::string out_file = dir_ + "/etcdctl.out";
-    std::vector<std::string> all = {EtcdctlBinary(), "--endpoints=" + endpoint(),
-                                    "--dial-timeout=3s", "--command-timeout=5s"};
+    std::vector<std::string> all = {
+        EtcdctlBinary(), "--endpoints=" + std::string(use_tls_ ? "https://" : "") + endpoint(),
+        "--dial-timeout=3s", "--command-timeout=5s"};
+    if (use_tls_) {
+      if (!tls_.ca_file.empty()) all.push_back("--cacert=" + tls_.ca_file);
+      if (!tls_.client_cert_file.empty()) all.push_back("--cert=" + tls_.client_cert_file);
+      if (!tls_.client_key_file.empty()) all.push_back("--key=" + tls_.client_key_file);
+    }
     for (const auto& a : args) all.push_back(a);
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
@@ -193,7 +242,8 @@ class EtcdProcess {
   bool running() const { return pid_ > 0; }
   int client_port() const { return client_port_; }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
-  std::string url() const { return "etcd://" + endpoint(); }
+  // etcd:// (etcds:// when started with StartTls).
+  std::string url() const { return (use_tls_ ? "etcds://" : "etcd://") + endpoint(); }
   const std::string& dir() const { return dir_; }
 
  private:
@@ -210,6 +260,8 @@ class EtcdProcess {
   int client_port_ = -1;
   int peer_port_ = -1;
   std::vector<std::string> extra_args_;
+  bool use_tls_ = false;
+  EtcdTls tls_;
   pid_t pid_ = -1;
 };
 
