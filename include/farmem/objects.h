@@ -25,13 +25,17 @@ namespace farmem {
 // (never out of it, as far as the pointer is concerned): the client then corrects `offset` in
 // place. The region key is not in the pointer: `server` indexes the client's server table, which
 // holds the key learned at connect time.
+// `id` and `gen` name the allocation: a copy of a pointer whose object was freed (or re-homed by
+// release_ptr) never reaches the object allocated next in the same slot (docs/objects.md,
+// "Pointer identity"). `gen` took the bits of the former version hint and of the upper half of
+// the size class (classes fit in 7 bits).
 struct Ptr {
-  uint64_t offset = 0;       // slot offset inside the server's object region
-  uint16_t id = 0;           // object ID (0 in offset-only size classes)
-  uint16_t size_class = 0;   // server's size class index
-  uint16_t server = 0;       // index into ObjectClient's server table
-  uint8_t version_hint = 0;  // version seen by the last successful read or write
-  uint8_t flags = 0;         // kPtrValid when the pointer came from alloc()
+  uint64_t offset = 0;     // slot offset inside the server's object region
+  uint16_t id = 0;         // object ID (0 in offset-only size classes)
+  uint16_t gen = 0;        // generation: which allocation of the slot this pointer names
+  uint16_t server = 0;     // index into ObjectClient's server table
+  uint8_t size_class = 0;  // server's size class index
+  uint8_t flags = 0;       // kPtrValid when the pointer came from alloc()
 
   static constexpr uint8_t kPtrValid = 1;
   bool valid() const { return (flags & kPtrValid) != 0; }

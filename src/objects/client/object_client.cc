@@ -82,11 +82,17 @@ uint64_t HeaderOf(std::span<const uint8_t> copy) {
   return word;
 }
 
-// CheckSlot on a copy, plus the home check: a slot that passes the ID check but names another
-// home is some other object (our pointer is stale after release_ptr, or forged): "moved".
-corm::SlotCheck CheckCopy(std::span<const uint8_t> copy, uint64_t addr, uint16_t id, uint16_t mask,
-                          uint32_t home) {
-  corm::SlotCheck check = corm::CheckSlot(copy, addr, id, mask);
+// The header tag a pointer's object carries (its ID and the low bits of its generation).
+uint16_t TagOf(const Ptr& p, uint16_t id_mask) {
+  return corm::TagOf(p.id, p.gen, id_mask);
+}
+
+// CheckSlot on a copy (class and full tag), plus the home check: a slot that passes the tag
+// check but names another home is some other object (our pointer is stale after release_ptr,
+// or forged): "moved".
+corm::SlotCheck CheckCopy(std::span<const uint8_t> copy, uint64_t addr, uint16_t tag,
+                          uint32_t size_class, uint32_t home) {
+  corm::SlotCheck check = corm::CheckSlot(copy, addr, tag, corm::hdr::kTagMask, size_class);
   if (check == corm::SlotCheck::kOk && corm::Header::Unpack(HeaderOf(copy)).home_block != home) {
     check = corm::SlotCheck::kMoved;
   }
@@ -115,6 +121,16 @@ void RunReadHook(objects_internal::ReadStage stage, uint64_t offset, std::span<u
     ctx = h.ctx;
   }
   if (hook != nullptr) hook(ctx, stage, offset, copy);
+}
+
+// A one-sided read found a slot of another size class at the pointer's offset. Objects never
+// change class, so the pointer's class is forged (or the pointer is stale and its block now
+// holds another class): refused like the RPC path refuses it.
+Status WrongClass(std::string_view op, const Ptr& p, uint64_t header) {
+  return Status::InvalidArgument(std::string(op) + " " + Describe(p) +
+                                 ": the slot holds an object of size class " +
+                                 std::to_string(corm::Header::Unpack(header).size_class) +
+                                 " (forged size class, or a stale pointer)");
 }
 
 // Why a read gave up, for its TimedOut message.
@@ -155,6 +171,11 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply,
   }
   if (head.hybrid > 1) return Status::Protocol(who + "hybrid flag is not 0/1");
   if (head.num_classes == 0) return Status::Protocol(who + "no size classes");
+  if (head.num_classes > corm::kMaxSizeClasses) {
+    return Status::Protocol(who + std::to_string(head.num_classes) +
+                            " size classes; slot headers and pointers hold at most " +
+                            std::to_string(corm::kMaxSizeClasses));
+  }
   if (head.region_length < head.block_size) {
     return Status::Protocol(who + "object region of " + std::to_string(head.region_length) +
                             " bytes is smaller than one block");
@@ -242,11 +263,15 @@ bool UsesHeaderRecheck(ReadValidation mode, std::string_view transport_name) {
   return transport_name != "tcp";
 }
 
-corm::SlotCheck CheckHeaderWord(uint64_t word, uint16_t id, uint16_t id_mask, uint32_t home) {
+corm::SlotCheck CheckHeaderWord(uint64_t word, uint16_t tag, uint16_t tag_mask, uint32_t size_class,
+                                uint32_t home) {
   const corm::Header h = corm::Header::Unpack(word);
   if (!h.allocated) return corm::SlotCheck::kFreed;
   if (h.locked || h.compacting) return corm::SlotCheck::kLocked;
-  if ((h.id & id_mask) != (id & id_mask) || h.home_block != home) return corm::SlotCheck::kMoved;
+  if (h.size_class != size_class) return corm::SlotCheck::kWrongClass;
+  if ((h.tag & tag_mask) != (tag & tag_mask) || h.home_block != home) {
+    return corm::SlotCheck::kMoved;
+  }
   return corm::SlotCheck::kOk;
 }
 
@@ -417,12 +442,17 @@ Status CheckServerIndex(size_t count, uint16_t server, std::string_view op) {
 // A pointer the server sent back: it must have a valid shape, or we refuse it (Protocol).
 Result<Ptr> FromWire(const ObjectServerInfo& info, const wire::WirePtr& w, uint16_t server,
                      std::string_view op) {
+  if (w.size_class >= info.classes.size() || w.reserved != 0) {
+    return Status::Protocol(std::string(op) + ": server replied with a malformed pointer (class " +
+                            std::to_string(w.size_class) + ", reserved " +
+                            std::to_string(w.reserved) + ")");
+  }
   Ptr p;
   p.offset = w.offset;
   p.id = w.id;
-  p.size_class = w.size_class;
+  p.gen = w.gen;
+  p.size_class = static_cast<uint8_t>(w.size_class);
   p.server = server;
-  p.version_hint = w.version_hint;
   p.flags = Ptr::kPtrValid;
   Status st = objects_internal::CheckPtrShape(info, p, op);
   if (!st.ok()) {
@@ -437,10 +467,10 @@ Status ApplyReplyPtr(const ObjectServerInfo& info, const wire::WirePtr& w, Ptr& 
                      std::string_view op, std::atomic<uint64_t>& corrections) {
   Result<Ptr> q = FromWire(info, w, p.server, op);
   if (!q.ok()) return q.status();
-  if (q->id != p.id || q->size_class != p.size_class) {
+  if (q->id != p.id || q->gen != p.gen || q->size_class != p.size_class) {
     return Status::Protocol(std::string(op) + ": server replied for another object (id " +
-                            Hex(q->id) + " class " + std::to_string(q->size_class) + ") than " +
-                            Describe(p));
+                            Hex(q->id) + " generation " + std::to_string(q->gen) + " class " +
+                            std::to_string(q->size_class) + ") than " + Describe(p));
   }
   if (q->offset != p.offset) corrections.fetch_add(1, std::memory_order_relaxed);
   p = *q;
@@ -656,6 +686,7 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
   Impl::Inc(c.direct_reads);
   const uint32_t slot = info.classes[p.size_class].slot_size;
   const uint16_t mask = IdMaskOf(info, p.size_class);
+  const uint16_t tag = TagOf(p, mask);
   const auto home = static_cast<uint32_t>(p.offset / info.block_size);
   const bool recheck = impl_->servers[p.server].header_recheck;
   const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, p.offset};
@@ -671,12 +702,15 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
     corm::SlotCheck check = corm::SlotCheck::kOk;
     bool changed = false;  // recheck mode: a header read differed from the copy's header
     uint64_t before = 0;
+    uint64_t before_or_copy = 0;  // the last header seen (for error messages)
     if (recheck) {
       // A header that already shows the slot locked, freed or holding another object settles
       // the attempt without copying the slot.
       Status st = co_await sched.read(ref, &before, sizeof(before));
       if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p) + " (header)");
-      check = objects_internal::CheckHeaderWord(before, p.id, mask, home);
+      check =
+          objects_internal::CheckHeaderWord(before, tag, corm::hdr::kTagMask, p.size_class, home);
+      before_or_copy = before;
       if (check == corm::SlotCheck::kOk) {
         RunReadHook(objects_internal::ReadStage::kBeforeCopy, p.offset, {});
       }
@@ -685,7 +719,8 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
       Status st = co_await sched.read(ref, copy.data(), slot);
       if (!st.ok()) co_return st.WithContext("direct_read " + Describe(p));
       RunReadHook(objects_internal::ReadStage::kAfterCopy, p.offset, copy);
-      check = CheckCopy(copy, p.offset, p.id, mask, home);
+      before_or_copy = HeaderOf(copy);
+      check = CheckCopy(copy, p.offset, tag, p.size_class, home);
       if (check == corm::SlotCheck::kOk && recheck) {
         Impl::Inc(c.header_rechecks);
         uint64_t after = 0;
@@ -695,7 +730,6 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
       }
     }
     if (check == corm::SlotCheck::kOk && !changed) {
-      p.version_hint = corm::Header::Unpack(HeaderOf(copy)).version;
       Impl::Inc(c.direct_ok);
       co_return corm::DecodePayload(copy, p.offset,
                                     std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
@@ -710,6 +744,8 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
         co_await sched.sleep_for(*wait);
         continue;
       }
+      case corm::SlotCheck::kWrongClass:
+        co_return WrongClass("direct_read", p, before_or_copy);
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
         if (mask == 0) {
@@ -733,6 +769,7 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
   auto& c = impl_->counters;
   const uint32_t slot = info.classes[p.size_class].slot_size;
   const uint16_t mask = IdMaskOf(info, p.size_class);
+  const uint16_t tag = TagOf(p, mask);
   const uint64_t block_off = p.offset - p.offset % info.block_size;
   const auto home = static_cast<uint32_t>(block_off / info.block_size);
   const bool recheck = impl_->servers[p.server].header_recheck;
@@ -746,8 +783,9 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
     Status st = co_await sched.read(ref, image.data(), image.size());
     if (!st.ok()) co_return st.WithContext("scan_read " + Describe(p));
     // Offset-only classes have no IDs to search by, and their objects never move.
-    const int64_t found = mask == 0 ? static_cast<int64_t>(p.offset - block_off)
-                                    : corm::ScanBlockImage(image, slot, p.id, mask);
+    const int64_t found =
+        mask == 0 ? static_cast<int64_t>(p.offset - block_off)
+                  : corm::ScanBlockImage(image, slot, tag, corm::hdr::kTagMask, p.size_class);
     if (found < 0) {
       co_return Status::NotFound("scan_read " + Describe(p) +
                                  ": no slot of its home block holds the ID: the object was freed");
@@ -758,12 +796,12 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
     bool changed = false;
     if (!recheck) {
       RunReadHook(objects_internal::ReadStage::kAfterCopy, addr, copy);
-      check = CheckCopy(copy, addr, p.id, mask, home);
+      check = CheckCopy(copy, addr, tag, p.size_class, home);
     } else {
       // The block copy located the slot; its header word there was read before anything issued
       // after the block read, so it is the seqlock's first header read. Copy the slot alone,
       // then read its header again.
-      check = CheckCopy(copy, addr, p.id, mask, home);
+      check = CheckCopy(copy, addr, tag, p.size_class, home);
       if (check == corm::SlotCheck::kOk) {
         const uint64_t before = HeaderOf(copy);
         RunReadHook(objects_internal::ReadStage::kBeforeCopy, addr, {});
@@ -772,7 +810,7 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
         if (!st.ok()) co_return st.WithContext("scan_read " + Describe(p) + " (slot)");
         copy = std::span(slot_copy);
         RunReadHook(objects_internal::ReadStage::kAfterCopy, addr, copy);
-        check = CheckCopy(copy, addr, p.id, mask, home);
+        check = CheckCopy(copy, addr, tag, p.size_class, home);
         if (check == corm::SlotCheck::kMoved || check == corm::SlotCheck::kFreed) {
           // The block copy showed the object here a moment ago: it moved (or was freed) in
           // between. Scan again rather than report a move as a free.
@@ -793,7 +831,6 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
         p.offset = addr;
         Impl::Inc(c.corrections);
       }
-      p.version_hint = h.version;
       co_return corm::DecodePayload(copy, addr,
                                     std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
     }
@@ -807,6 +844,8 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
         co_await sched.sleep_for(*wait);
         continue;
       }
+      case corm::SlotCheck::kWrongClass:
+        co_return WrongClass("scan_read", p, HeaderOf(copy));
       case corm::SlotCheck::kMoved:
       case corm::SlotCheck::kFreed:
         co_return Status::NotFound(

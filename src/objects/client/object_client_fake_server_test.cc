@@ -78,7 +78,8 @@ class FakeServer {
            uint8_t version = 7, bool locked = false, std::optional<uint32_t> home = std::nullopt) {
     std::vector<uint8_t> image(kSlots[size_class]);
     corm::Header h;
-    h.id = id;
+    h.tag = id;  // generation 0
+    h.size_class = static_cast<uint8_t>(size_class);
     h.allocated = true;
     h.locked = locked;
     h.version = version;
@@ -210,7 +211,6 @@ TEST_F(FakeServerTest, DirectReadDecodesSlotsAtEveryAlignment) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(*r, pay.size());
     EXPECT_TRUE(Same(out, pay));
-    EXPECT_EQ(p.version_hint, 9);
   }
   EXPECT_EQ(c.stats().direct_ok, 8u);
 }
@@ -317,7 +317,7 @@ TEST_F(FakeServerTest, AskOwnerUsesLocateAndChecksItsReply) {
   const uint64_t old_off = kBlock, new_off = kBlock + 10 * 64;
   auto pay = Payload(30, 2);
   fake_->Put(new_off, kC64, 0x2222, pay, 6);
-  fake_->CannedStruct(wire::kOpLocate, wire::PtrReply{{new_off, 0x2222, kC64, 6, {0, 0, 0}}});
+  fake_->CannedStruct(wire::kOpLocate, wire::PtrReply{{new_off, 0x2222, kC64, 0, 0}});
   Ptr p = P(old_off, kC64, 0x2222);
   std::vector<std::byte> out(30);
   Result<size_t> r = c.read_any(p, out);
@@ -338,9 +338,9 @@ TEST_F(FakeServerTest, AskOwnerUsesLocateAndChecksItsReply) {
     return b;
   };
   std::vector<Bad> bad = {
-      {"another object", bytes({{new_off, 0x3333, kC64, 6, {0, 0, 0}}})},
-      {"another block", bytes({{2 * kBlock, 0x2222, kC64, 6, {0, 0, 0}}})},
-      {"off the slot grid", bytes({{kBlock + 8, 0x2222, kC64, 6, {0, 0, 0}}})},
+      {"another object", bytes({{new_off, 0x3333, kC64, 0, 0}})},
+      {"another block", bytes({{2 * kBlock, 0x2222, kC64, 0, 0}})},
+      {"off the slot grid", bytes({{kBlock + 8, 0x2222, kC64, 0, 0}})},
       {"short", std::vector<std::byte>(8)},
   };
   for (const Bad& b : bad) {
@@ -383,7 +383,7 @@ TEST_F(FakeServerTest, OffsetOnlyClassNeverMoves) {
 TEST_F(FakeServerTest, MalformedRepliesAreProtocolErrors) {
   ObjectClient& c = Client();
   auto ptr_reply = [](uint64_t off, uint16_t id, uint16_t cls) {
-    return wire::PtrReply{{off, id, cls, 1, {0, 0, 0}}};
+    return wire::PtrReply{{off, id, cls, 0, 0}};
   };
   fake_->Canned(wire::kOpAlloc, std::vector<std::byte>(3));
   EXPECT_EQ(c.alloc(10).status().code(), Code::kProtocol);
@@ -476,18 +476,18 @@ TEST(ReadValidationChoice, OnlyNativeTcpIsTrustedWithoutARecheck) {
 
   using objects_internal::CheckHeaderWord;
   corm::Header h{0x1234, false, false, true, 9, 3};
-  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kOk);
-  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 4), corm::SlotCheck::kMoved);
-  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1235, 0xffff, 3), corm::SlotCheck::kMoved);
-  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x9999, 0, 3), corm::SlotCheck::kOk) << "offset-only";
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 0, 3), corm::SlotCheck::kOk);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1234, 0xffff, 0, 4), corm::SlotCheck::kMoved);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x1235, 0xffff, 0, 3), corm::SlotCheck::kMoved);
+  EXPECT_EQ(CheckHeaderWord(h.Pack(), 0x9999, 0, 0, 3), corm::SlotCheck::kOk) << "offset-only";
   corm::Header locked = h, compacting = h, freed = h;
   locked.locked = true;
   compacting.compacting = true;
   freed.allocated = false;
   freed.locked = true;  // freed is reported first, as CheckSlot does
-  EXPECT_EQ(CheckHeaderWord(locked.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kLocked);
-  EXPECT_EQ(CheckHeaderWord(compacting.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kLocked);
-  EXPECT_EQ(CheckHeaderWord(freed.Pack(), 0x1234, 0xffff, 3), corm::SlotCheck::kFreed);
+  EXPECT_EQ(CheckHeaderWord(locked.Pack(), 0x1234, 0xffff, 0, 3), corm::SlotCheck::kLocked);
+  EXPECT_EQ(CheckHeaderWord(compacting.Pack(), 0x1234, 0xffff, 0, 3), corm::SlotCheck::kLocked);
+  EXPECT_EQ(CheckHeaderWord(freed.Pack(), 0x1234, 0xffff, 0, 3), corm::SlotCheck::kFreed);
 }
 
 TEST_F(FakeServerTest, ValidationModeIsCheckedAndAutoTrustsNativeTcp) {
@@ -527,9 +527,9 @@ TEST_F(FakeServerTest, HeaderRecheckRejectsAnOutOfOrderCopyThatPassesTheVersionC
   for (size_t i = 0; i < cap; ++i) mixed[i] = i < cap / 2 ? old_pay[i] : new_pay[i];
   auto torn_copy = [&](uint64_t at, std::span<uint8_t> copy) {
     fake_->Put(at, kC72, 7, new_pay, 21);  // W completes during the copy ...
-    corm::Header h{7, false, false, true, 21, static_cast<uint32_t>(at / kBlock)};
+    corm::Header h{7, false, false, true, 21, static_cast<uint32_t>(at / kBlock), kC72};
     corm::EncodeSlot(copy, at, h, mixed);  // ... which holds W's header, half of its payload
-    ASSERT_EQ(corm::CheckSlot(copy, at, 7, 0xffff), corm::SlotCheck::kOk);
+    ASSERT_EQ(corm::CheckSlot(copy, at, 7, 0xffff, kC72), corm::SlotCheck::kOk);
   };
   std::vector<std::byte> out(cap);
 
@@ -552,7 +552,6 @@ TEST_F(FakeServerTest, HeaderRecheckRejectsAnOutOfOrderCopyThatPassesTheVersionC
     Result<size_t> r = scan ? c.scan_read(p, out) : c.direct_read(p, out);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(Same(out, new_pay)) << "the retry reads W's value";
-    EXPECT_EQ(p.version_hint, 21);
     const ObjectClientStats st = c.stats();
     EXPECT_EQ(st.recheck_failures, 1u);
     EXPECT_EQ(st.header_rechecks, 2u);

@@ -31,10 +31,12 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
 // ascending order (src/transport/tcp/ordered_copy.h); libfabric providers give no such order.
 bool UsesHeaderRecheck(ReadValidation mode, std::string_view transport_name);
 
-// Classifies a header word read on its own (the seqlock's first read) for the object `id` homed
-// at virtual block `home`, in corm::CheckSlot's order: freed, locked, moved (ID or home differs),
-// else kOk. It never returns kTorn: one aligned word carries one version.
-corm::SlotCheck CheckHeaderWord(uint64_t word, uint16_t id, uint16_t id_mask, uint32_t home);
+// Classifies a header word read on its own (the seqlock's first read) for the object with header
+// tag `tag` (bits in tag_mask compared) of `size_class` homed at virtual block `home`, in
+// corm::CheckSlot's order: freed, locked, wrong class, moved (tag or home differs), else kOk. It
+// never returns kTorn: one aligned word carries one version.
+corm::SlotCheck CheckHeaderWord(uint64_t word, uint16_t tag, uint16_t tag_mask, uint32_t size_class,
+                                uint32_t home);
 
 // ---- Test seam --------------------------------------------------------------------------------
 // Lets a test change the remote memory (or the local copy) between the steps of a one-sided read,

@@ -1,5 +1,6 @@
 // BlockAllocator: memfd pools mapped block by block into one reserved virtual range; remap and
-// punch for compaction; home reference counts for virtual-block reuse (see block_allocator.h).
+// punch for compaction; home reference counts and FIFO quarantine for virtual-block reuse (see
+// block_allocator.h).
 
 #include "objects/engine/block_allocator.h"
 
@@ -75,6 +76,7 @@ Result<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
   a->pool_bytes_ = options.pool_bytes;
   a->blocks_per_pool_ = options.pool_bytes / bs;
   a->max_physical_blocks_ = options.max_physical_bytes / bs;
+  a->vblock_quarantine_ = options.vblock_quarantine;
   if (options.max_physical_bytes != 0 && a->max_physical_blocks_ == 0) {
     return Status::InvalidArgument("physical budget is smaller than one block");
   }
@@ -157,8 +159,11 @@ Result<BlockGrant> BlockAllocator::AllocBlock() {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t v;
   bool fresh_v = false;
-  if (!free_virt_.empty()) {
-    v = free_virt_.back();
+  // Oldest released block first, and only past the quarantine while fresh blocks remain: the
+  // block a stale pointer names is reused as late as possible.
+  if (!free_virt_.empty() &&
+      (free_virt_.size() > vblock_quarantine_ || fresh_virt_ == num_vblocks_)) {
+    v = free_virt_.front();
   } else if (fresh_virt_ < num_vblocks_) {
     v = fresh_virt_;
     fresh_v = true;
@@ -176,7 +181,7 @@ Result<BlockGrant> BlockAllocator::AllocBlock() {
   if (fresh_v) {
     ++fresh_virt_;
   } else {
-    free_virt_.pop_back();
+    free_virt_.pop_front();
   }
   vstate_[v] = VState::kMapped;
   refs_[v] = 0;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -19,6 +20,11 @@ struct BlockAllocatorOptions {
   size_t reserve_bytes = size_t{4} << 30;  // virtual range (reads as zeros until blocks are mapped)
   size_t pool_bytes = size_t{16} << 20;    // one memfd file; multiple of block_size
   size_t max_physical_bytes = 0;           // 0 = unlimited; else AllocBlock fails beyond it
+  // Released virtual blocks are reused first in, first out, and only while more than this many
+  // wait (or no never-used virtual block is left). A stale pointer into a released block reads
+  // zeros ("freed") until the block is reused; the quarantine makes that window long. The Store
+  // also changes generations across lives (docs/objects.md, "Pointer identity").
+  size_t vblock_quarantine = 0;
 };
 
 // Where a virtual block's pages come from.
@@ -112,7 +118,8 @@ class BlockAllocator {
   std::vector<VState> vstate_;
   std::vector<uint32_t> vphys_;  // mapped physical block per virtual block
   std::vector<uint32_t> refs_;
-  std::vector<uint32_t> free_virt_;
+  std::deque<uint32_t> free_virt_;  // released, oldest first (reused FIFO, see vblock_quarantine)
+  size_t vblock_quarantine_ = 0;
   uint32_t fresh_virt_ = 0;
   uint64_t vblocks_in_use_ = 0;
   uint64_t remaps_ = 0;

@@ -385,7 +385,10 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     store_.table_[v].store(&dst, std::memory_order_release);
     dst.vblocks.push_back(v);
   }
-  for (const Move& m : plan) dst.AddObject(m.to, src.slot_id[m.from]);
+  for (const Move& m : plan) {
+    // The object keeps its generation: its pointers carry it.
+    dst.AddObject(m.to, src.slot_id[m.from], src.slot_gen[m.from]);
+  }
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
   store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list
   // 6. Release the moved objects.

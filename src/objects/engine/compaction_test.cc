@@ -50,7 +50,7 @@ bool OneSidedReadCorrecting(Store& st, ObjectPtr& p, std::vector<uint8_t>& out) 
   std::vector<uint8_t> slot(st.SlotSize(p.size_class));
   const uint16_t mask = st.IdMask(p.size_class);
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const SlotCheck c = OneSidedReadSlot(p.addr, p.id, mask, slot);
+    const SlotCheck c = OneSidedReadSlot(p.addr, p.id, mask, p.size_class, slot);
     if (c == SlotCheck::kOk) {
       DecodePayload(slot, p.addr, out);
       return true;
@@ -60,7 +60,8 @@ bool OneSidedReadCorrecting(Store& st, ObjectPtr& p, std::vector<uint8_t>& out) 
       std::vector<uint8_t> block(bs);
       uint8_t* base = st.blocks().VAddr(p.block);
       ReadSlotWords(base, block.data(), bs);
-      const int64_t off = ScanBlockImage(block, st.SlotSize(p.size_class), p.id, mask);
+      const int64_t off =
+          ScanBlockImage(block, st.SlotSize(p.size_class), p.id, mask, p.size_class);
       if (off < 0) return false;
       p.addr = reinterpret_cast<uint64_t>(base) + off;
     }
@@ -261,7 +262,7 @@ SlotCheck FinishSplitCopy(Store& st, const ObjectPtr& p, uint64_t header,
   slot.assign(st.SlotSize(p.size_class), 0);
   std::memcpy(slot.data(), &header, 8);
   ReadSlotWords(reinterpret_cast<const uint8_t*>(p.addr) + 8, slot.data() + 8, slot.size() - 8);
-  const SlotCheck c = CheckSlot(slot, p.addr, p.id, st.IdMask(p.size_class));
+  const SlotCheck c = CheckSlot(slot, p.addr, p.id, st.IdMask(p.size_class), p.size_class);
   if (c == SlotCheck::kOk) DecodePayload(slot, p.addr, value);
   return c;
 }

@@ -162,9 +162,10 @@ bool IdTable::Erase(uint32_t slot, std::span<const uint16_t> slot_id) {
   return true;
 }
 
-void Block::AddObject(uint32_t slot, uint16_t id) {
+void Block::AddObject(uint32_t slot, uint16_t id, uint16_t gen) {
   occupied[slot] = 1;
   slot_id[slot] = id;
+  slot_gen[slot] = gen;
   if (mode == ClassMode::kIds) (void)ids.Insert(slot, slot_id);
 }
 
@@ -218,7 +219,13 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
   bo.reserve_bytes = options.reserve_bytes;
   bo.pool_bytes = options.pool_bytes;
   bo.max_physical_bytes = options.max_physical_bytes;
+  bo.vblock_quarantine = options.vblock_quarantine;
   FARMEM_ASSIGN_OR_RETURN(s->ba_, BlockAllocator::Create(bo));
+  if (s->ba_->num_virtual_blocks() > kMaxHomeBlocks) {
+    return Status::InvalidArgument("reservation has more than 2^" + std::to_string(hdr::kHomeBits) +
+                                   " blocks (slot headers name their home block in " +
+                                   std::to_string(hdr::kHomeBits) + " bits): use larger blocks");
+  }
   const uint32_t id_space = options.id_bits == 0 ? 1 : (1u << options.id_bits);
   for (const SizeClass& c : s->classes_.all()) {
     ClassMode mode = ClassMode::kIds;
@@ -238,6 +245,7 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
   const uint32_t nv = s->ba_->num_virtual_blocks();
   s->table_ = std::make_unique<std::atomic<detail::Block*>[]>(nv);
   for (uint32_t i = 0; i < nv; ++i) s->table_[i].store(nullptr, std::memory_order_relaxed);
+  s->next_gen_ = std::make_unique<uint16_t[]>(nv);  // value-initialised: generation 0 first
   std::random_device rd;
   const uint64_t seed = options.seed != 0 ? options.seed : (uint64_t{rd()} << 32 | rd());
   for (uint32_t w = 0; w < options.workers; ++w) {
@@ -307,6 +315,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->vblocks.assign(1, g.vblock);
   b->occupied.assign(b->slots, 0);
   b->slot_id.assign(b->slots, 0);
+  b->slot_gen.assign(b->slots, 0);
   b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
@@ -339,11 +348,20 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
   if (b.mode == ClassMode::kIds && b.ids.size() >= b.capacity) {
     return Status::Internal("CoRM block's ID table is full despite live count");
   }
-  uint16_t id = 0;
-  if (b.mode == ClassMode::kIds) id = w.PickId(b, 1u << options_.id_bits);
   uint8_t* addr = SlotAddr(v, slot, b.slot_size);
   uint64_t old = LoadHeader(addr);
   const Header prev = Header::Unpack(old);
+  const uint16_t mask = IdMask(b.size_class);
+  uint16_t id = 0;
+  if (b.mode == ClassMode::kIds) {
+    id = w.PickId(b, 1u << options_.id_bits);
+    // Not the previous occupant's ID if another is free: a stale pointer to it then fails the
+    // one-sided ID check whatever the generation bits say (few tries: a full ID space has one).
+    const uint32_t id_space = 1u << options_.id_bits;
+    for (int i = 0; i < 4 && id == (prev.tag & mask) && b.live.load() + 1 < id_space; ++i) {
+      id = w.PickId(b, 1u << options_.id_bits);
+    }
+  }
   if (prev.allocated || prev.locked || prev.compacting) {
     return Status::Internal("free CoRM slot has header " + Hex(old));
   }
@@ -351,19 +369,21 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
     return Status::Internal("free CoRM slot header changed under the block lock");
   }
   FARMEM_RETURN_IF_ERROR(ba_->AddHomeRef(v));
+  const uint16_t gen = IssueGenLocked(v, id, mask, prev.tag);
   Header h;
-  h.id = id;
+  h.tag = TagOf(id, gen, mask);
   h.allocated = true;
   h.version = static_cast<uint8_t>(prev.version + 1);
   h.home_block = v;
+  h.size_class = static_cast<uint8_t>(b.size_class);
   thread_local std::vector<uint8_t> image;  // no heap allocation per object
   image.assign(b.slot_size, 0);
   EncodeSlot(image, reinterpret_cast<uint64_t>(addr), h, {});
   PublishSlot(addr, image);
-  b.AddObject(slot, id);
+  b.AddObject(slot, id, gen);
   b.first_free = slot + 1;
   b.live.fetch_add(1, std::memory_order_relaxed);
-  return ObjectPtr{reinterpret_cast<uint64_t>(addr), id, b.size_class, v};
+  return ObjectPtr{reinterpret_cast<uint64_t>(addr), id, b.size_class, v, gen};
 }
 
 Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
@@ -483,11 +503,23 @@ Result<uint32_t> Store::ResolveSlotLocked(const detail::Block& b, const ObjectPt
       return Status::NotFound("no object at " + Hex(p.addr) + " (freed?)");
     }
   }
+  return CheckIdentityLocked(b, p, slot);
+}
+
+Result<uint32_t> Store::CheckIdentityLocked(const detail::Block& b, const ObjectPtr& p,
+                                            uint32_t slot) const {
   const Header h = Header::Unpack(LoadHeader(SlotAddr(p.block, slot, b.slot_size)));
   if (!h.allocated) return Status::Internal("occupied CoRM slot has a free header");
   if (h.home_block != p.block) {
     return Status::NotFound("object at " + Hex(p.addr) +
                             " is homed in another virtual block (stale or forged pointer)");
+  }
+  // The ID (or, offset-only, the offset) names a live object; the generation says whether it is
+  // the allocation the pointer was made for, or a later one in a reused slot.
+  if (b.slot_gen[slot] != p.gen) {
+    return Status::NotFound("object at " + Hex(p.addr) + " is generation " +
+                            std::to_string(b.slot_gen[slot]) + ", the pointer's is " +
+                            std::to_string(p.gen) + " (freed; the slot was reused)");
   }
   return slot;
 }
@@ -497,17 +529,13 @@ Result<uint32_t> Store::ScanSlotLocked(const detail::Block& b, const ObjectPtr& 
   const size_t bs = ba_->block_size();
   std::vector<uint8_t> image(bs);
   ReadSlotWords(ba_->VAddr(p.block), image.data(), bs);
-  const int64_t off = ScanBlockImage(image, b.slot_size, p.id, IdMask(p.size_class));
+  const int64_t off = ScanBlockImage(image, b.slot_size, TagOf(p.id, p.gen, IdMask(p.size_class)),
+                                     hdr::kTagMask, p.size_class);
   if (off < 0) {
     return Status::NotFound("object " + std::to_string(p.id) + " not found in block of " +
                             Hex(p.addr) + " (freed?)");
   }
-  const Header h = Header::Unpack(LoadHeader(ba_->VAddr(p.block) + off));
-  if (h.home_block != p.block) {
-    return Status::NotFound("object at " + Hex(p.addr) +
-                            " is homed in another virtual block (stale or forged pointer)");
-  }
-  return static_cast<uint32_t>(off / b.slot_size);
+  return CheckIdentityLocked(b, p, static_cast<uint32_t>(off / b.slot_size));
 }
 
 Result<ObjectPtr> Store::Locate(const ObjectPtr& p, CorrectionMode mode) {
@@ -547,6 +575,14 @@ Status Store::Free(const ObjectPtr& p) {
   }();
   b->mu.Unlock();
   return st;
+}
+
+uint16_t Store::IssueGenLocked(uint32_t v, uint16_t id, uint16_t id_mask, uint16_t prev_tag) {
+  uint16_t gen = next_gen_[v]++;
+  // Consecutive generations differ in their low bits, so one skip suffices; with 16-bit IDs the
+  // tag has no generation bits and nothing can be skipped.
+  if (std::popcount(id_mask) < 16 && TagOf(id, gen, id_mask) == prev_tag) gen = next_gen_[v]++;
+  return gen;
 }
 
 Status Store::RetireBlockLocked(detail::Block& b) {
@@ -627,6 +663,7 @@ void Store::RecycleDeadLocked(ThreadAllocator& w) {
     // otherwise stay allocated until the structs are reused.
     std::vector<uint8_t>().swap(b->occupied);
     std::vector<uint16_t>().swap(b->slot_id);
+    std::vector<uint16_t>().swap(b->slot_gen);
     std::vector<uint32_t>().swap(b->vblocks);
     b->ids.Reset(0, 0);
     b->mu.Unlock();
@@ -700,13 +737,15 @@ Result<size_t> Store::Read(ObjectPtr& p, std::span<uint8_t> out) {
     // Read through the home virtual block, as a client's one-sided read would.
     uint8_t* addr = SlotAddr(p.block, *slot, b->slot_size);
     copy.resize(b->slot_size);
-    last = OneSidedReadSlot(reinterpret_cast<uint64_t>(addr), p.id, IdMask(p.size_class), copy);
+    last =
+        OneSidedReadSlot(reinterpret_cast<uint64_t>(addr), TagOf(p.id, p.gen, IdMask(p.size_class)),
+                         hdr::kTagMask, p.size_class, copy);
     b->mu.UnlockShared();
     if (last == SlotCheck::kOk) {
       p.addr = reinterpret_cast<uint64_t>(addr);
       return DecodePayload(copy, reinterpret_cast<uint64_t>(addr), out);
     }
-    if (last == SlotCheck::kMoved || last == SlotCheck::kFreed) {
+    if (last == SlotCheck::kMoved || last == SlotCheck::kFreed || last == SlotCheck::kWrongClass) {
       // The block lock excludes free and compaction, so the metadata and the slot must agree.
       return Status::Internal(std::string("CoRM slot check says ") +
                               std::string(SlotCheckName(last)) + " under the block lock");
@@ -735,9 +774,17 @@ Result<ObjectPtr> Store::ReleasePtr(const ObjectPtr& p) {
       return Status::Internal("CoRM header locked under the exclusive block lock");
     }
     FARMEM_RETURN_IF_ERROR(ba_->AddHomeRef(primary));
+    // A new name is a new identity: a generation of the primary's sequence, so the old pointer
+    // fails the generation check as well as the home check.
+    const uint16_t old_gen = b->slot_gen[slot];
+    q.gen = IssueGenLocked(primary, b->slot_id[slot], IdMask(b->size_class), h.tag);
     h.home_block = primary;
-    // Only the home field changes; readers never check it, so no version bump is needed.
+    h.tag = TagOf(b->slot_id[slot], q.gen, IdMask(b->size_class));
+    // Only the home and tag change, not the payload: a copy mixing the old and the new header
+    // word holds the same bytes, so no version bump is needed.
+    b->slot_gen[slot] = q.gen;
     if (!CasHeader(addr, old, h.Pack())) {
+      b->slot_gen[slot] = old_gen;
       (void)ba_->DropHomeRef(primary);
       return Status::Internal("CoRM header changed under the exclusive block lock");
     }

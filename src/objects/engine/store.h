@@ -88,6 +88,10 @@ struct StoreOptions {
   size_t max_physical_bytes = 0;               // 0 = unlimited
   std::chrono::milliseconds op_timeout{2000};  // lock waits and read retries
   uint64_t seed = 0;                           // 0 = random
+  // A released virtual block is handed out again only once this many others were released after
+  // it (or no never-used block is left): stale pointers into it have time to be noticed before
+  // their addresses show new objects (BlockAllocatorOptions::vblock_quarantine).
+  size_t vblock_quarantine = 1024;
 };
 
 // Server-side pointer information (what a client's 128-bit pointer carries).
@@ -96,6 +100,9 @@ struct ObjectPtr {
   uint16_t id = 0;          // object ID (0 in offset-only classes)
   uint32_t size_class = 0;  // index into SizeClasses
   uint32_t block = 0;       // home virtual block index (== (addr - base) / block_size)
+  // Generation of the allocation: together with the home block and the slot it names one
+  // allocation (docs/objects.md, "Pointer identity"); a freed-and-reused slot has another one.
+  uint16_t gen = 0;
 
   bool operator==(const ObjectPtr&) const = default;
 };
@@ -206,7 +213,10 @@ struct Block {
   std::vector<uint32_t> vblocks;  // [0] = primary (used for new allocations), then aliases
   std::vector<uint8_t> occupied;  // per slot
   std::vector<uint16_t> slot_id;  // per slot (valid when occupied)
-  IdTable ids;                    // kIds only
+  // Generation of the object in each slot (of the last one when free); moves with the object
+  // in a merge. The header holds only its low bits (TagOf); the RPC paths compare all 16.
+  std::vector<uint16_t> slot_gen;
+  IdTable ids;  // kIds only
   // Changed under mu (exclusive) AND the owner's lists_mu; read under either.
   bool in_avail = false;  // in the owner's free-slot list
   // Guarded by the owner's lists_mu: positions in the owner's lists (kNoPos: not listed).
@@ -217,7 +227,8 @@ struct Block {
   // Slot of the object with this ID (kIds), or IdTable::kNotFound.
   uint32_t FindSlot(uint16_t id) const { return ids.Find(id, slot_id, occupied); }
   // Records an object in a free slot (exclusive lock held; live is the caller's business).
-  void AddObject(uint32_t slot, uint16_t id);
+  void AddObject(uint32_t slot, uint16_t id, uint16_t gen);
+
   // Forgets the object in an occupied slot (exclusive lock held).
   void RemoveObject(uint32_t slot);
 };
@@ -310,6 +321,10 @@ class Store {
   // Slot of p's object inside locked block b (ID map or offset), checking home and class.
   Result<uint32_t> ResolveSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
   Result<uint32_t> ScanSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
+  // NotFound unless `slot` of locked block b holds p's allocation: homed at p.block, with p's
+  // generation.
+  Result<uint32_t> CheckIdentityLocked(const detail::Block& b, const ObjectPtr& p,
+                                       uint32_t slot) const;
   uint8_t* SlotAddr(uint32_t vblock, uint32_t slot, uint32_t slot_size) const {
     return ba_->VAddr(vblock) + size_t{slot} * slot_size;
   }
@@ -326,6 +341,12 @@ class Store {
   void SyncAvailLocked(detail::Block& b);
   // Recycles w's dead block structs (Worker mu held); a busy one waits for the next call.
   void RecycleDeadLocked(ThreadAllocator& w);
+  // The generation of a new allocation (or re-homing) homed at virtual block v, which is the
+  // primary of a block whose exclusive lock the caller holds. `prev_tag` is the header tag the
+  // slot showed before (the previous occupant): a generation that would give the new object
+  // the same tag is skipped, so the most likely stale pointer, one to the slot's previous
+  // object, fails even the one-sided tag check (docs/objects.md, "Pointer identity").
+  uint16_t IssueGenLocked(uint32_t v, uint16_t id, uint16_t id_mask, uint16_t prev_tag);
   // Releases alias vblock v of b if its home count is 0 (exclusive lock held).
   Status MaybeReleaseAliasLocked(detail::Block& b, uint32_t v);
   detail::Block* TakeBlockStruct();
@@ -338,6 +359,12 @@ class Store {
   std::vector<uint32_t> class_capacity_;
   std::unique_ptr<BlockAllocator> ba_;
   std::unique_ptr<std::atomic<detail::Block*>[]> table_;  // per virtual block
+  // Per virtual block: the next generation of an object homed there. One sequence per virtual
+  // block, never reset (it survives the block's release and reuse), so (home, generation) names
+  // one allocation until 2^16 more were homed there. Used under the exclusive lock of the block
+  // whose primary the virtual block is; a released virtual block passes to its next block
+  // through BlockAllocator's mutex.
+  std::unique_ptr<uint16_t[]> next_gen_;
   std::vector<std::unique_ptr<ThreadAllocator>> workers_;
 
   std::mutex pool_mu_;

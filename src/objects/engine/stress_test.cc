@@ -152,7 +152,7 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
         SlotCheck c;
         {
           CopyEpoch::Scope copying(reader_epochs[id]);
-          c = OneSidedReadSlot(p.addr, p.id, mask, slot);
+          c = OneSidedReadSlot(p.addr, p.id, mask, p.size_class, slot);
         }
         if (c == SlotCheck::kOk) {
           DecodePayload(slot, p.addr, value);
@@ -169,7 +169,7 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
             CopyEpoch::Scope copying(reader_epochs[id]);
             ReadSlotWords(base, block.data(), block.size());
           }
-          const int64_t off = ScanBlockImage(block, slot_size, p.id, mask);
+          const int64_t off = ScanBlockImage(block, slot_size, p.id, mask, p.size_class);
           if (off >= 0) {
             p.addr = reinterpret_cast<uint64_t>(base) + off;
             corrections.fetch_add(1, std::memory_order_relaxed);

@@ -22,6 +22,8 @@ std::string_view SlotCheckName(SlotCheck c) {
       return "moved";
     case SlotCheck::kFreed:
       return "freed";
+    case SlotCheck::kWrongClass:
+      return "wrong size class";
   }
   return "unknown";
 }
@@ -64,8 +66,8 @@ size_t DecodePayload(std::span<const uint8_t> image, uint64_t addr, std::span<ui
   return n;
 }
 
-SlotCheck CheckSlot(std::span<const uint8_t> image, uint64_t addr, uint16_t expected_id,
-                    uint16_t id_mask) {
+SlotCheck CheckSlot(std::span<const uint8_t> image, uint64_t addr, uint16_t expected_tag,
+                    uint16_t tag_mask, uint32_t size_class) {
   const size_t size = image.size();
   if (size <= kHeaderBytes) return SlotCheck::kTorn;
   uint64_t word;
@@ -73,7 +75,8 @@ SlotCheck CheckSlot(std::span<const uint8_t> image, uint64_t addr, uint16_t expe
   const Header h = Header::Unpack(word);
   if (!h.allocated) return SlotCheck::kFreed;
   if (h.locked || h.compacting) return SlotCheck::kLocked;
-  if ((h.id & id_mask) != (expected_id & id_mask)) return SlotCheck::kMoved;
+  if (h.size_class != size_class) return SlotCheck::kWrongClass;
+  if ((h.tag & tag_mask) != (expected_tag & tag_mask)) return SlotCheck::kMoved;
   if (image[size - 1] != h.version) return SlotCheck::kTorn;
   // Line starts strictly inside the slot: the first one at or after addr + 8.
   for (uint64_t a = (addr / kCacheLine + 1) * kCacheLine; a < addr + size; a += kCacheLine) {
@@ -134,20 +137,22 @@ void PublishSlot(void* slot, std::span<const uint8_t> image) {
   StoreHeader(slot, header);
 }
 
-SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_id, uint16_t id_mask,
-                           std::span<uint8_t> copy) {
+SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_tag, uint16_t tag_mask,
+                           uint32_t size_class, std::span<uint8_t> copy) {
   ReadSlotWords(reinterpret_cast<const void*>(addr), copy.data(), copy.size());
-  return CheckSlot(copy, addr, expected_id, id_mask);
+  return CheckSlot(copy, addr, expected_tag, tag_mask, size_class);
 }
 
-int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t id,
-                       uint16_t id_mask) {
+int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t tag,
+                       uint16_t tag_mask, uint32_t size_class) {
   if (slot_size < kMinSlotSize) return -1;
   for (size_t off = 0; off + slot_size <= block.size(); off += slot_size) {
     uint64_t w;
     std::memcpy(&w, block.data() + off, 8);
     const Header h = Header::Unpack(w);
-    if (h.allocated && (h.id & id_mask) == (id & id_mask)) return static_cast<int64_t>(off);
+    if (h.allocated && h.size_class == size_class && (h.tag & tag_mask) == (tag & tag_mask)) {
+      return static_cast<int64_t>(off);
+    }
   }
   return -1;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,61 +23,100 @@ inline constexpr size_t kSlotAlign = 8;
 inline constexpr int kMaxIdBits = 16;
 
 // Header word (little endian, first 8 bytes of a slot):
-//   bits  0..15  object ID (only the low `id_bits` are used; the rest are 0)
+//   bits  0..15  tag: the object ID in the low id_bits, the allocation's generation above it
+//                (TagOf; offset-only classes: all 16 bits are generation)
 //   bit  16      lock bit        (a writer owns the slot)
 //   bit  17      compaction bit  (the compactor is moving the slot)
 //   bit  18      allocated bit
-//   bits 19..23  reserved, 0
-//   bits 24..31  version (wraps at 256)
-//   bits 32..63  home virtual block index (the block the object's pointer addresses)
+//   bits 19..25  size class of the slot (so a reader can tell a pointer whose class is wrong)
+//   bits 26..33  version (wraps at 256)
+//   bits 34..63  home virtual block index (the block the object's pointer addresses)
+// Why the class is here: nothing else in a slot says how big it is, and a one-sided reader that
+// trusts a forged class would read a neighbour's bytes as part of the object. Why the
+// generation is in the tag: an ID is only unique among live objects of a block, so a freed slot
+// that is reused (often with the same ID in a nearly full block) would look like the old object;
+// the generation changes with every allocation of the slot (docs/objects.md, "Pointer identity").
+// The home index has 30 bits: a reservation has at most 2^30 blocks (4 TiB of 4 KiB blocks).
 namespace hdr {
-inline constexpr uint64_t kIdMask = 0xFFFFull;
+inline constexpr uint64_t kTagMask = 0xFFFFull;
 inline constexpr uint64_t kLockBit = 1ull << 16;
 inline constexpr uint64_t kCompactionBit = 1ull << 17;
 inline constexpr uint64_t kAllocatedBit = 1ull << 18;
-inline constexpr uint64_t kReservedMask = 0x1Full << 19;
-inline constexpr int kVersionShift = 24;
+inline constexpr int kClassShift = 19;
+inline constexpr uint64_t kClassMask = 0x7Full << kClassShift;
+inline constexpr int kVersionShift = 26;
 inline constexpr uint64_t kVersionMask = 0xFFull << kVersionShift;
-inline constexpr int kHomeShift = 32;
+inline constexpr int kHomeShift = 34;
+inline constexpr int kHomeBits = 64 - kHomeShift;
 }  // namespace hdr
 
-static_assert((hdr::kIdMask & hdr::kLockBit) == 0 && (hdr::kLockBit & hdr::kCompactionBit) == 0);
-static_assert(((hdr::kIdMask | hdr::kLockBit | hdr::kCompactionBit | hdr::kAllocatedBit |
-                hdr::kReservedMask | hdr::kVersionMask) >>
-               hdr::kHomeShift) == 0,
-              "header fields below the home block index must not overlap it");
-static_assert(hdr::kIdMask == (1ull << kMaxIdBits) - 1);
+// Size classes and virtual blocks the header can name.
+inline constexpr uint32_t kMaxSizeClasses = 1u << 7;
+inline constexpr uint64_t kMaxHomeBlocks = uint64_t{1} << hdr::kHomeBits;
+
+static_assert((hdr::kTagMask & hdr::kLockBit) == 0 && (hdr::kLockBit & hdr::kCompactionBit) == 0);
+static_assert((hdr::kTagMask | hdr::kLockBit | hdr::kCompactionBit | hdr::kAllocatedBit |
+               hdr::kClassMask | hdr::kVersionMask) == (uint64_t{1} << hdr::kHomeShift) - 1,
+              "header fields below the home block index must tile bits 0..33 exactly");
+static_assert(((hdr::kTagMask ^ hdr::kLockBit ^ hdr::kCompactionBit ^ hdr::kAllocatedBit ^
+                hdr::kClassMask ^ hdr::kVersionMask) ==
+               (hdr::kTagMask | hdr::kLockBit | hdr::kCompactionBit | hdr::kAllocatedBit |
+                hdr::kClassMask | hdr::kVersionMask)),
+              "header fields must not overlap");
+static_assert(hdr::kTagMask == (1ull << kMaxIdBits) - 1);
+static_assert(hdr::kClassMask >> hdr::kClassShift == kMaxSizeClasses - 1);
+
+// The header tag of an allocation: its ID in the bits of `id_mask` ((1 << id_bits) - 1, 0 in
+// offset-only classes) and the low (16 - id_bits) bits of its 16-bit generation above them.
+// Pointers carry the ID and the whole generation; one-sided readers compare this tag, the server
+// compares the whole generation (docs/objects.md, "Pointer identity").
+constexpr uint16_t TagOf(uint16_t id, uint16_t gen, uint16_t id_mask) {
+  const int id_bits = std::popcount(id_mask);
+  const uint32_t shifted = id_bits >= 16 ? 0u : uint32_t{gen} << id_bits;
+  return static_cast<uint16_t>((id & id_mask) | (shifted & 0xFFFFu));
+}
+static_assert(TagOf(0xAB, 0x1234, 0xFF) == 0x34AB);
+static_assert(TagOf(0xABC, 0x1234, 0xFFF) == 0x4ABC);
+static_assert(TagOf(0xBEEF, 0x1234, 0xFFFF) == 0xBEEF);
+static_assert(TagOf(0, 0x1234, 0) == 0x1234);
 
 // Decoded view of a header word.
 struct Header {
-  uint16_t id = 0;
+  uint16_t tag = 0;
   bool locked = false;
   bool compacting = false;
   bool allocated = false;
   uint8_t version = 0;
-  uint32_t home_block = 0;
+  uint32_t home_block = 0;  // < kMaxHomeBlocks
+  uint8_t size_class = 0;   // < kMaxSizeClasses
 
   constexpr uint64_t Pack() const {
-    return uint64_t{id} | (locked ? hdr::kLockBit : 0) | (compacting ? hdr::kCompactionBit : 0) |
-           (allocated ? hdr::kAllocatedBit : 0) | (uint64_t{version} << hdr::kVersionShift) |
-           (uint64_t{home_block} << hdr::kHomeShift);
+    return uint64_t{tag} | (locked ? hdr::kLockBit : 0) | (compacting ? hdr::kCompactionBit : 0) |
+           (allocated ? hdr::kAllocatedBit : 0) |
+           ((uint64_t{size_class} << hdr::kClassShift) & hdr::kClassMask) |
+           (uint64_t{version} << hdr::kVersionShift) | (uint64_t{home_block} << hdr::kHomeShift);
   }
   static constexpr Header Unpack(uint64_t w) {
     Header h;
-    h.id = static_cast<uint16_t>(w & hdr::kIdMask);
+    h.tag = static_cast<uint16_t>(w & hdr::kTagMask);
     h.locked = (w & hdr::kLockBit) != 0;
     h.compacting = (w & hdr::kCompactionBit) != 0;
     h.allocated = (w & hdr::kAllocatedBit) != 0;
+    h.size_class = static_cast<uint8_t>((w & hdr::kClassMask) >> hdr::kClassShift);
     h.version = static_cast<uint8_t>((w & hdr::kVersionMask) >> hdr::kVersionShift);
     h.home_block = static_cast<uint32_t>(w >> hdr::kHomeShift);
     return h;
   }
 };
 static_assert(sizeof(uint64_t) == kHeaderBytes);
-static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x12345678}.Pack())
-                  .home_block == 0x12345678);
-static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x12345678}.Pack()).version ==
-              0xA5);
+static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x2345678, 0x55}.Pack())
+                  .home_block == 0x2345678);
+static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x2345678, 0x55}.Pack())
+                  .version == 0xA5);
+static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x2345678, 0x55}.Pack())
+                  .size_class == 0x55);
+static_assert(Header::Unpack(Header{0xBEEF, true, false, true, 0xA5, 0x2345678, 0x55}.Pack()).tag ==
+              0xBEEF);
 
 // Number of cacheline starts strictly inside (addr, addr + slot_size): each holds a copy of the
 // version. The header's own line is protected by the header itself.
@@ -116,8 +156,11 @@ enum class SlotCheck : uint8_t {
   kOk = 0,
   kTorn,    // a version byte disagrees with the header: the copy mixes two writes
   kLocked,  // a writer or the compactor holds the slot: retry later
-  kMoved,   // allocated, but another object's ID: the object moved (or the pointer is stale)
+  kMoved,   // allocated, but another object's tag: the object moved (or the pointer is stale)
   kFreed,   // the slot is not allocated (freed, or moved away by compaction)
+  // Allocated, but a slot of another size class: the pointer's class is forged, or the pointer
+  // is stale and its block now holds another class. Never a move: objects keep their class.
+  kWrongClass,
 };
 std::string_view SlotCheckName(SlotCheck c);
 
@@ -131,11 +174,12 @@ void EncodeSlot(std::span<uint8_t> image, uint64_t addr, const Header& h,
 // number copied (min(out.size(), PayloadCapacity)).
 size_t DecodePayload(std::span<const uint8_t> image, uint64_t addr, std::span<uint8_t> out);
 
-// The consistency check of a one-sided read: `image` is a copy of the slot at `addr`.
-// `id_mask` is (1 << id_bits) - 1 (0 for offset-only classes, where any ID matches).
-// Order of checks: freed, locked, moved (ID), torn (versions).
-SlotCheck CheckSlot(std::span<const uint8_t> image, uint64_t addr, uint16_t expected_id,
-                    uint16_t id_mask);
+// The consistency check of a one-sided read: `image` is a copy of the slot at `addr`, which the
+// pointer says holds an object of `size_class` whose header tag is `expected_tag` (TagOf). Only
+// the tag bits in `tag_mask` are compared (0xFFFF for a pointer's full identity).
+// Order of checks: freed, locked, wrong class, moved (tag), torn (versions).
+SlotCheck CheckSlot(std::span<const uint8_t> image, uint64_t addr, uint16_t expected_tag,
+                    uint16_t tag_mask, uint32_t size_class);
 
 // Re-lays a slot image copied from `src_addr` for a new home at `dst_addr` (same slot size):
 // header copied verbatim, payload re-positioned around the destination's version bytes.
@@ -192,11 +236,12 @@ void PublishSlot(void* slot, std::span<const uint8_t> image);
 
 // One-sided helpers: what a client does with bytes it read over the transport.
 // Copies the slot at `addr` (live memory, ascending atomic words) into `copy` and checks it.
-SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_id, uint16_t id_mask,
-                           std::span<uint8_t> copy);
-// Finds the slot carrying `id` (allocated, ID match) in a copy of a whole block at block_addr;
-// returns its offset or -1.
-int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t id,
-                       uint16_t id_mask);
+SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_tag, uint16_t tag_mask,
+                           uint32_t size_class, std::span<uint8_t> copy);
+// Finds the slot carrying `tag` (allocated, tag bits in tag_mask equal, header of `size_class`)
+// in a copy of a whole block; returns its offset or -1. A forged class walks the wrong slot grid,
+// whose headers (where they are headers at all) name the block's real class: no match.
+int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t tag,
+                       uint16_t tag_mask, uint32_t size_class);
 
 }  // namespace farmem::corm

@@ -50,7 +50,7 @@ TEST(ObjectLayout, EncodeDecodeRoundTripAtEveryAlignment) {
       std::vector<uint8_t> out(payload.size());
       ASSERT_EQ(DecodePayload(image, addr, out), payload.size());
       ASSERT_EQ(out, payload) << size << " @" << a;
-      EXPECT_EQ(CheckSlot(image, addr, 0x1234, 0xFFFF), SlotCheck::kOk);
+      EXPECT_EQ(CheckSlot(image, addr, 0x1234, 0xFFFF, 0), SlotCheck::kOk);
     }
   }
 }
@@ -99,18 +99,18 @@ TEST(ObjectLayout, CheckDetectsEachState) {
   std::vector<uint8_t> image(size);
   Header h{0x0ABC, false, false, true, 3, 1};
   EncodeSlot(image, addr, h, payload);
-  ASSERT_EQ(CheckSlot(image, addr, 0x0ABC, 0x0FFF), SlotCheck::kOk);
-  EXPECT_EQ(CheckSlot(image, addr, 0x0ABD, 0x0FFF), SlotCheck::kMoved);
-  EXPECT_EQ(CheckSlot(image, addr, 0x0ABD, 0), SlotCheck::kOk);  // offset-only: IDs ignored
+  ASSERT_EQ(CheckSlot(image, addr, 0x0ABC, 0x0FFF, 0), SlotCheck::kOk);
+  EXPECT_EQ(CheckSlot(image, addr, 0x0ABD, 0x0FFF, 0), SlotCheck::kMoved);
+  EXPECT_EQ(CheckSlot(image, addr, 0x0ABD, 0, 0), SlotCheck::kOk);  // offset-only: IDs ignored
 
   for (size_t line : {24u, 88u, 152u}) {
     auto torn = image;
     torn[line] = 4;
-    EXPECT_EQ(CheckSlot(torn, addr, 0x0ABC, 0x0FFF), SlotCheck::kTorn) << line;
+    EXPECT_EQ(CheckSlot(torn, addr, 0x0ABC, 0x0FFF, 0), SlotCheck::kTorn) << line;
   }
   auto torn_tail = image;
   torn_tail[size - 1] = 2;
-  EXPECT_EQ(CheckSlot(torn_tail, addr, 0x0ABC, 0x0FFF), SlotCheck::kTorn);
+  EXPECT_EQ(CheckSlot(torn_tail, addr, 0x0ABC, 0x0FFF, 0), SlotCheck::kTorn);
 
   for (bool compaction : {false, true}) {
     auto locked = image;
@@ -118,14 +118,14 @@ TEST(ObjectLayout, CheckDetectsEachState) {
     (compaction ? lh.compacting : lh.locked) = true;
     const uint64_t w = lh.Pack();
     std::memcpy(locked.data(), &w, 8);
-    EXPECT_EQ(CheckSlot(locked, addr, 0x0ABC, 0x0FFF), SlotCheck::kLocked);
+    EXPECT_EQ(CheckSlot(locked, addr, 0x0ABC, 0x0FFF, 0), SlotCheck::kLocked);
   }
   auto freed = image;
   Header fh = h;
   fh.allocated = false;
   const uint64_t w = fh.Pack();
   std::memcpy(freed.data(), &w, 8);
-  EXPECT_EQ(CheckSlot(freed, addr, 0x0ABC, 0x0FFF), SlotCheck::kFreed);
+  EXPECT_EQ(CheckSlot(freed, addr, 0x0ABC, 0x0FFF, 0), SlotCheck::kFreed);
 }
 
 // Moving a slot to an offset with a different alignment mod 64 must re-lay the version bytes;
@@ -149,7 +149,7 @@ TEST(ObjectLayout, ReLayBetweenEveryAlignment) {
         dh.compacting = false;
         const uint64_t w = dh.Pack();
         std::memcpy(dst.data(), &w, 8);
-        ASSERT_EQ(CheckSlot(dst, dst_addr, 0x77, 0xFF), SlotCheck::kOk)
+        ASSERT_EQ(CheckSlot(dst, dst_addr, 0x77, 0xFF, 0), SlotCheck::kOk)
             << "size " << size << " from " << from << " to " << to;
         // And it equals a fresh encode at the destination.
         std::vector<uint8_t> fresh(size);
@@ -173,7 +173,7 @@ TEST(ObjectLayout, PublishSlotWritesTheImage) {
     std::vector<uint8_t> copy(size);
     ReadSlotWords(base + a, copy.data(), size);
     EXPECT_EQ(copy, image);
-    EXPECT_EQ(CheckSlot(copy, reinterpret_cast<uint64_t>(base + a), 9, 0xFFFF), SlotCheck::kOk);
+    EXPECT_EQ(CheckSlot(copy, reinterpret_cast<uint64_t>(base + a), 9, 0xFFFF, 0), SlotCheck::kOk);
   }
 }
 

@@ -23,14 +23,15 @@ inline constexpr uint16_t kOpRelease = kObjectsOpcodes.first + 6;  // PtrRequest
 inline constexpr uint16_t kOpCompact = kObjectsOpcodes.first + 7;  // CompactRequest -> JSON text
 inline constexpr uint16_t kLastObjectsOpcode = kObjectsOpcodes.last;
 
-// A pointer as the server sees it: slot offset inside the object region, ID, size class.
+// A pointer as the server sees it: slot offset inside the object region, ID, size class and
+// generation (which allocation of the slot it names; docs/objects.md, "Pointer identity").
 // (The client's Ptr::server and flags are client-side only and never sent.)
 struct WirePtr {
   uint64_t offset;
   uint16_t id;
-  uint16_t size_class;
-  uint8_t version_hint;  // ignored by the server on requests; set on replies
-  uint8_t reserved[3];   // 0
+  uint16_t size_class;  // < corm::kMaxSizeClasses (Ptr::size_class is 8 bits)
+  uint16_t gen;
+  uint16_t reserved;  // 0
 };
 static_assert(sizeof(WirePtr) == 16 && std::is_trivially_copyable_v<WirePtr>);
 
@@ -83,7 +84,7 @@ struct CompactRequest {
 static_assert(sizeof(CompactRequest) == 8 && std::is_trivially_copyable_v<CompactRequest>);
 
 inline WirePtr ToWire(const Ptr& p) {
-  return WirePtr{p.offset, p.id, p.size_class, p.version_hint, {0, 0, 0}};
+  return WirePtr{p.offset, p.id, p.size_class, p.gen, 0};
 }
 
 }  // namespace farmem::object_wire

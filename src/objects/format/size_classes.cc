@@ -40,6 +40,12 @@ Result<SizeClasses> SizeClasses::Create(size_t block_size) {
                                     static_cast<uint32_t>(PayloadCapacity(s)),
                                     static_cast<uint32_t>(block_size / s)});
   }
+  // Slot headers store the class in 7 bits (object_layout.h); 1 MiB blocks need ~92 classes.
+  if (sc.classes_.size() > kMaxSizeClasses) {
+    return Status::Internal("block size " + std::to_string(block_size) + " needs " +
+                            std::to_string(sc.classes_.size()) + " size classes, more than " +
+                            std::to_string(kMaxSizeClasses));
+  }
   sc.lookup_.resize(sc.max_payload() / 8 + 1);
   size_t c = 0;
   for (size_t i = 0; i < sc.lookup_.size(); ++i) {

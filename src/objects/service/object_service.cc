@@ -130,8 +130,11 @@ Status ValidateObjectsConfig(const ServerConfig& config) {
         "non-zero multiple of the block size " +
         std::to_string(bs) + ", got " + std::to_string(reserve));
   }
-  if (reserve / bs > UINT32_MAX) {
-    return Status::InvalidArgument("objects.reserve_bytes holds more than 2^32 blocks");
+  if (reserve / bs > corm::kMaxHomeBlocks) {
+    // Slot headers name their home block in 30 bits (object_layout.h).
+    return Status::InvalidArgument("objects.reserve_bytes holds more than 2^" +
+                                   std::to_string(corm::hdr::kHomeBits) +
+                                   " blocks: use a larger objects block size");
   }
   const uint64_t physical = o.max_physical_bytes != 0 ? o.max_physical_bytes : config.memory_bytes;
   if (physical < bs) {
@@ -361,9 +364,7 @@ Status ObjectService::Handle(const RpcCall& call, std::vector<std::byte>& reply)
 Result<corm::ObjectPtr> ObjectService::FromWire(const void* wire_ptr) const {
   wire::WirePtr w;
   std::memcpy(&w, wire_ptr, sizeof(w));
-  if (w.reserved[0] != 0 || w.reserved[1] != 0 || w.reserved[2] != 0) {
-    return Status::Protocol("pointer's reserved bytes must be 0");
-  }
+  if (w.reserved != 0) return Status::Protocol("pointer's reserved bytes must be 0");
   const size_t classes = store_->classes().count();
   if (w.size_class >= classes) {
     return Status::InvalidArgument("size class " + std::to_string(w.size_class) +
@@ -379,6 +380,7 @@ Result<corm::ObjectPtr> ObjectService::FromWire(const void* wire_ptr) const {
   p.addr = base_ + w.offset;
   p.id = w.id;
   p.size_class = w.size_class;
+  p.gen = w.gen;
   p.block = static_cast<uint32_t>(w.offset / config_.block_size);
   return p;
 }
@@ -388,11 +390,7 @@ void ObjectService::AppendPtrReply(const corm::ObjectPtr& p, std::vector<std::by
   r.ptr.offset = p.addr - base_;
   r.ptr.id = p.id;
   r.ptr.size_class = static_cast<uint16_t>(p.size_class);
-  // Read after the Store call, without its locks: a concurrent FREE may have released the block
-  // meanwhile. That is safe because the whole reservation stays readable (unused blocks map
-  // read-only zero pages, see block_allocator.cc); the hint is then 0.
-  r.ptr.version_hint =
-      corm::Header::Unpack(corm::LoadHeader(reinterpret_cast<const void*>(p.addr))).version;
+  r.ptr.gen = p.gen;
   Append(reply, r);
 }
 

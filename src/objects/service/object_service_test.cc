@@ -172,7 +172,8 @@ class ObjectServiceTest : public ::testing::Test {
     FARMEM_RETURN_IF_ERROR(sched_->block_on(
         sched_->read(RemoteRef{peer_.id, info_.region_key, p.offset}, copy.data(), copy.size())));
     const corm::SlotCheck check =
-        corm::CheckSlot(copy, p.offset, p.id, static_cast<uint16_t>(wc.id_mask));
+        corm::CheckSlot(copy, p.offset, corm::TagOf(p.id, p.gen, static_cast<uint16_t>(wc.id_mask)),
+                        corm::hdr::kTagMask, p.size_class);
     if (check != corm::SlotCheck::kOk) {
       return Status::Moved(std::string(corm::SlotCheckName(check)));
     }
@@ -234,7 +235,7 @@ TEST_F(ObjectServiceTest, AllocWriteReadRoundTrip) {
   EXPECT_GE(wc.payload_capacity, 100u);
   EXPECT_LT(p->offset, info_.region_length);
   EXPECT_EQ(p->offset % 8, 0u);
-  EXPECT_EQ(p->reserved[0] | p->reserved[1] | p->reserved[2], 0);
+  EXPECT_EQ(p->reserved, 0);
 
   auto zero = Read(*p);
   ASSERT_TRUE(zero.ok()) << zero.status().ToString();
@@ -244,14 +245,14 @@ TEST_F(ObjectServiceTest, AllocWriteReadRoundTrip) {
   auto w = Write(*p, data);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->offset, p->offset);
-  EXPECT_EQ(w->version_hint, static_cast<uint8_t>(p->version_hint + 1));  // one write later
+  EXPECT_EQ(w->gen, p->gen);  // the same allocation
 
   auto r = Read(*p);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->data.size(), wc.payload_capacity);
   EXPECT_TRUE(std::equal(data.begin(), data.end(), r->data.begin()));
   EXPECT_TRUE(std::all_of(r->data.begin() + 100, r->data.end(), [](uint8_t b) { return b == 0; }));
-  EXPECT_EQ(r->ptr.version_hint, w->version_hint);
+  EXPECT_EQ(r->ptr.gen, w->gen);
 
   auto part = Read(*p, 10);  // max_bytes caps the copy
   ASSERT_TRUE(part.ok());
@@ -363,7 +364,7 @@ TEST_F(ObjectServiceTest, ForgedPointersAreRejected) {
   EXPECT_EQ(CodeOf(Read(bad)), Code::kNotFound);
 
   bad = *p;
-  bad.reserved[1] = 1;
+  bad.reserved = 1;
   EXPECT_EQ(Free(bad).code(), Code::kProtocol);
 
   // Nothing was freed or damaged; the server keeps serving.
