@@ -89,6 +89,22 @@ TEST(NetSocket, ParseHostPortWantsBracketsAroundAnIpv6Host) {
   EXPECT_EQ(v4->second, 0);
 }
 
+// Found by bootstrap_fuzz: "[[a]:1" parsed to host "[a", whose FormatHostPort ("[a:1") did not
+// parse again. A bracket is never part of a host.
+TEST(NetSocket, ParseHostPortRefusesBracketsInsideTheHost) {
+  for (const char* bad : {"[[a]:1", "[a[b]:1", "a]b:1", "[a]]:1", "x[:1"}) {
+    EXPECT_EQ(ParseHostPort(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+  for (const char* good : {"[::1]:80", "host.example:7", "[fe80::1%eth0]:9"}) {
+    auto hp = ParseHostPort(good);
+    ASSERT_TRUE(hp.ok()) << good << ": " << hp.status().ToString();
+    auto again = ParseHostPort(FormatHostPort(hp->first, hp->second));
+    ASSERT_TRUE(again.ok()) << good;
+    EXPECT_EQ(again->first, hp->first);
+    EXPECT_EQ(again->second, hp->second);
+  }
+}
+
 TEST(NetSocket, FormatsAddressesAsHostPort) {
   EXPECT_EQ(FormatHostPort("127.0.0.1", 7000), "127.0.0.1:7000");
   EXPECT_EQ(FormatHostPort("::1", 7000), "[::1]:7000");

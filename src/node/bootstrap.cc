@@ -38,10 +38,6 @@ using net::Fd;
 using net::FormatHostPort;
 using net::MsLeft;
 
-// Largest HELLO body the listener buffers: four strings of at most kMaxFieldBytes, even if every
-// byte is JSON-escaped (\u00XX, 6 bytes), plus the keys. Far below kMaxBootstrapBody (which
-// bounds WELCOME, the region list), so idle handshakes cannot pin megabytes each.
-constexpr uint32_t kMaxHelloBody = 128 * 1024;
 // Connections accepted per poll round, so a connection flood cannot starve open handshakes.
 constexpr int kMaxAcceptsPerRound = 64;
 
@@ -129,8 +125,12 @@ std::string Frame(FrameType type, const std::string& body) {
   return out;
 }
 
+// Every error code of farmem/status.h (kFailedPrecondition is the last): EncodeError sends any of
+// them, so the decoder accepts all of them (it stopped at kInternal, turning kMoved and
+// kFailedPrecondition into Protocol errors).
 bool ValidCode(int64_t c) {
-  return c > static_cast<int64_t>(Code::kOk) && c <= static_cast<int64_t>(Code::kInternal);
+  return c > static_cast<int64_t>(Code::kOk) &&
+         c <= static_cast<int64_t>(Code::kFailedPrecondition);
 }
 
 }  // namespace
@@ -202,6 +202,47 @@ Result<std::vector<RegionInfo>> DecodeRegionList(std::span<const std::byte> body
   return RegionsFromJson(j);
 }
 
+HelloFrame ParseHelloFrame(std::span<const std::byte> in) {
+  HelloFrame f;
+  if (in.size() < kFrameHeaderSize) {
+    f.frame_bytes = kFrameHeaderSize;
+    return f;
+  }
+  const FrameHeader h = DecodeHeader(in.data());
+  auto fail = [&f](HelloFrame::Kind kind, Status st) {
+    f.kind = kind;
+    f.error = std::move(st);
+    return f;
+  };
+  if (h.magic != kBootstrapMagic) {
+    return fail(HelloFrame::Kind::kMalformed,
+                Status::Protocol("not a farmem bootstrap frame (bad magic)"));
+  }
+  if (h.version != kBootstrapVersion) {
+    return fail(HelloFrame::Kind::kRejected,
+                Status::InvalidArgument("bootstrap protocol version " + std::to_string(h.version) +
+                                        " not supported (this node speaks " +
+                                        std::to_string(kBootstrapVersion) + ")"));
+  }
+  if (h.type != static_cast<uint16_t>(FrameType::kHello)) {
+    return fail(HelloFrame::Kind::kMalformed,
+                Status::Protocol("expected a HELLO frame, got type " + std::to_string(h.type)));
+  }
+  if (h.body_length > kMaxHelloBody) {
+    return fail(HelloFrame::Kind::kMalformed,
+                Status::Protocol("HELLO body of " + std::to_string(h.body_length) +
+                                 " bytes exceeds the limit of " + std::to_string(kMaxHelloBody)));
+  }
+  f.frame_bytes = kFrameHeaderSize + h.body_length;
+  if (in.size() < f.frame_bytes) return f;
+  std::string_view body(reinterpret_cast<const char*>(in.data()) + kFrameHeaderSize, h.body_length);
+  Result<HelloMsg> hello = DecodeHello(body);
+  if (!hello.ok()) return fail(HelloFrame::Kind::kMalformed, hello.status());
+  f.kind = HelloFrame::Kind::kHello;
+  f.hello = std::move(*hello);
+  return f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Client
 
@@ -217,7 +258,15 @@ Result<WelcomeMsg> Handshake(std::string_view host_sv, uint16_t port, const Hell
 
   std::byte hdr_buf[kFrameHeaderSize];
   FARMEM_RETURN_IF_ERROR(net::RecvAll(fd.get(), hdr_buf, sizeof(hdr_buf), deadline, what));
-  FrameHeader h = DecodeHeader(hdr_buf);
+  const FrameHeader h = DecodeHeader(hdr_buf);
+  FARMEM_RETURN_IF_ERROR(CheckReplyHeader(h, target));
+  std::string body(h.body_length, '\0');
+  FARMEM_RETURN_IF_ERROR(net::RecvAll(fd.get(), body.data(), body.size(), deadline, what));
+  return DecodeReply(h.type, body, target);
+}
+
+Status CheckReplyHeader(const FrameHeader& h, std::string_view target_sv) {
+  const std::string target(target_sv);
   if (h.magic != kBootstrapMagic) {
     return Status::Protocol("bootstrap: " + target + " is not a farmem bootstrap listener");
   }
@@ -230,16 +279,18 @@ Result<WelcomeMsg> Handshake(std::string_view host_sv, uint16_t port, const Hell
     return Status::Protocol("bootstrap: answer from " + target + " too large (" +
                             std::to_string(h.body_length) + " bytes)");
   }
-  std::string body(h.body_length, '\0');
-  FARMEM_RETURN_IF_ERROR(net::RecvAll(fd.get(), body.data(), body.size(), deadline, what));
-  switch (static_cast<FrameType>(h.type)) {
+  return Status::OK();
+}
+
+Result<WelcomeMsg> DecodeReply(uint16_t type, std::string_view body, std::string_view target) {
+  switch (static_cast<FrameType>(type)) {
     case FrameType::kWelcome:
       return DecodeWelcome(body);
     case FrameType::kError:
       return DecodeError(body);
     default:
-      return Status::Protocol("bootstrap: unexpected frame type " + std::to_string(h.type) +
-                              " from " + target);
+      return Status::Protocol("bootstrap: unexpected frame type " + std::to_string(type) +
+                              " from " + std::string(target));
   }
 }
 
@@ -332,42 +383,24 @@ void BootstrapServer::Loop() {
 
   // Called when c.in holds a complete header (and maybe the body). Returns false to keep reading.
   auto on_input = [&](Conn& c) -> bool {
-    FrameHeader h = DecodeHeader(c.in.data());
-    if (h.magic != kBootstrapMagic) {
-      malformed_++;
-      reject(c, Status::Protocol("not a farmem bootstrap frame (bad magic)"));
-      return true;
-    }
-    if (h.version != kBootstrapVersion) {
-      rejected_++;
-      reject(c, Status::InvalidArgument("bootstrap protocol version " + std::to_string(h.version) +
-                                        " not supported (this node speaks " +
-                                        std::to_string(kBootstrapVersion) + ")"));
-      return true;
-    }
-    if (h.type != static_cast<uint16_t>(FrameType::kHello)) {
-      malformed_++;
-      reject(c, Status::Protocol("expected a HELLO frame, got type " + std::to_string(h.type)));
-      return true;
-    }
-    if (h.body_length > kMaxHelloBody) {
-      malformed_++;
-      reject(c, Status::Protocol("HELLO body of " + std::to_string(h.body_length) +
-                                 " bytes exceeds the limit of " + std::to_string(kMaxHelloBody)));
-      return true;
-    }
-    if (c.in.size() < kFrameHeaderSize + h.body_length) return false;
-    std::string_view body(reinterpret_cast<const char*>(c.in.data()) + kFrameHeaderSize,
-                          h.body_length);
-    auto hello = DecodeHello(body);
-    if (!hello.ok()) {
-      malformed_++;
-      reject(c, hello.status());
-      return true;
+    HelloFrame f = ParseHelloFrame(c.in);
+    switch (f.kind) {
+      case HelloFrame::Kind::kNeedMore:
+        return false;
+      case HelloFrame::Kind::kMalformed:
+        malformed_++;
+        reject(c, f.error);
+        return true;
+      case HelloFrame::Kind::kRejected:
+        rejected_++;
+        reject(c, f.error);
+        return true;
+      case HelloFrame::Kind::kHello:
+        break;
     }
     Result<WelcomeMsg> welcome = Status::Internal("bootstrap: hello handler did not run");
     try {
-      welcome = on_hello_(*hello, c.peer);
+      welcome = on_hello_(f.hello, c.peer);
     } catch (const std::exception& e) {
       welcome = Status::Internal(std::string("bootstrap: hello handler threw: ") + e.what());
     } catch (...) {
@@ -393,13 +426,13 @@ void BootstrapServer::Loop() {
   auto do_read = [&](Conn& c) -> bool {
     std::byte buf[16384];
     for (;;) {
-      size_t need;
-      if (c.in.size() < kFrameHeaderSize) {
-        need = kFrameHeaderSize - c.in.size();
-      } else {
-        FrameHeader h = DecodeHeader(c.in.data());
-        need = kFrameHeaderSize + h.body_length - c.in.size();  // header was validated
+      // The header, then exactly the rest of the frame (ParseHelloFrame validated the header).
+      const HelloFrame f = ParseHelloFrame(c.in);
+      if (f.kind != HelloFrame::Kind::kNeedMore || f.frame_bytes <= c.in.size()) {
+        malformed_++;  // unreachable: on_input answered, or asked for more
+        return false;
       }
+      const size_t need = f.frame_bytes - c.in.size();
       ssize_t n = ::recv(c.fd.get(), buf, std::min(need, sizeof(buf)), MSG_DONTWAIT);
       if (n == 0) {
         malformed_++;

@@ -18,6 +18,7 @@
 
 #include "farmem/node.h"
 #include "farmem/status.h"
+#include "node/bootstrap_wire.h"
 
 namespace farmem::node {
 
@@ -47,6 +48,33 @@ Result<WelcomeMsg> DecodeWelcome(std::string_view body);
 std::string EncodeError(const Status& status);
 // The status an error frame carries (never OK: a malformed body yields a Protocol error).
 Status DecodeError(std::string_view body);
+
+// What the listener makes of the bytes a peer has sent so far (a HELLO frame, header first; the
+// listener never reads past the frame). Pure: the fuzz target (bootstrap_fuzz.cc) and the tests
+// call it directly.
+struct HelloFrame {
+  enum class Kind : uint8_t {
+    kNeedMore,   // `frame_bytes` bytes in total are needed (the header, or header + body)
+    kHello,      // `hello` is a well-formed HELLO of `frame_bytes` bytes
+    kMalformed,  // not a HELLO frame, or a malformed body: answer `error` and close
+    kRejected,   // a well-formed frame of a protocol version this node does not speak
+  };
+  Kind kind = Kind::kNeedMore;
+  size_t frame_bytes = 0;
+  HelloMsg hello;
+  Status error;
+};
+// Largest HELLO body the listener buffers: four strings of at most kMaxFieldBytes, even if every
+// byte is JSON-escaped (\u00XX, 6 bytes), plus the keys. Far below kMaxBootstrapBody (which
+// bounds WELCOME, the region list), so idle handshakes cannot pin megabytes each.
+inline constexpr uint32_t kMaxHelloBody = 128 * 1024;
+HelloFrame ParseHelloFrame(std::span<const std::byte> in);
+
+// Client side of the same exchange: checks a reply header (magic, version, body size) read from
+// `target`, then decodes the body by the header's frame type (WELCOME, or the status an error
+// frame carries; any other type is a Protocol error).
+Status CheckReplyHeader(const FrameHeader& h, std::string_view target);
+Result<WelcomeMsg> DecodeReply(uint16_t type, std::string_view body, std::string_view target);
 
 // The kOpListRegions reply: {"regions":[{"name","key","length"}...]} (same shape as in WELCOME).
 std::vector<std::byte> EncodeRegionList(const std::vector<RegionInfo>& regions);

@@ -99,6 +99,86 @@ TEST(BootstrapBodies, ErrorFrames) {
   EXPECT_EQ(DecodeError("garbage").code(), Code::kProtocol);
 }
 
+// bootstrap_fuzz's error-frame round trip: DecodeError refused the codes after kInternal.
+TEST(BootstrapBodies, ErrorFramesCarryEveryCode) {
+  for (int c = 1; c <= static_cast<int>(Code::kFailedPrecondition); ++c) {
+    const Status in(static_cast<Code>(c), "m");
+    const Status out = DecodeError(EncodeError(in));
+    EXPECT_EQ(out.code(), in.code()) << c;
+    EXPECT_EQ(out.message(), "m") << c;
+  }
+  EXPECT_EQ(DecodeError("{\"code\":14,\"message\":\"x\"}").code(), Code::kProtocol);
+}
+
+std::vector<std::byte> HelloFrameBytes(uint32_t magic, uint16_t version, uint16_t type,
+                                       const std::string& body, int64_t length = -1) {
+  FrameHeader h;
+  h.magic = magic;
+  h.version = version;
+  h.type = type;
+  h.body_length = length < 0 ? static_cast<uint32_t>(body.size()) : static_cast<uint32_t>(length);
+  auto hdr = EncodeHeader(h);
+  std::vector<std::byte> out(hdr.begin(), hdr.end());
+  for (char c : body) out.push_back(static_cast<std::byte>(c));
+  return out;
+}
+
+// The listener's framing (ParseHelloFrame): header, then exactly the announced body.
+TEST(BootstrapListenerFrame, AsksForTheHeaderThenTheBodyThenDecodes) {
+  const std::string body = EncodeHello({"t", "n", "127.0.0.1:1", "tcp"});
+  const auto frame = HelloFrameBytes(kBootstrapMagic, kBootstrapVersion, 1, body);
+  HelloFrame f = ParseHelloFrame(std::span(frame).first(5));
+  EXPECT_EQ(f.kind, HelloFrame::Kind::kNeedMore);
+  EXPECT_EQ(f.frame_bytes, kFrameHeaderSize);
+  f = ParseHelloFrame(std::span(frame).first(kFrameHeaderSize + 1));
+  EXPECT_EQ(f.kind, HelloFrame::Kind::kNeedMore);
+  EXPECT_EQ(f.frame_bytes, frame.size());
+  std::vector<std::byte> longer = frame;
+  longer.push_back(std::byte{'x'});  // bytes past the frame are not part of it
+  for (const auto& in : {frame, longer}) {
+    f = ParseHelloFrame(in);
+    ASSERT_EQ(f.kind, HelloFrame::Kind::kHello) << f.error.ToString();
+    EXPECT_EQ(f.frame_bytes, frame.size());
+    EXPECT_EQ(f.hello.name, "n");
+    EXPECT_EQ(f.hello.transport_address, "127.0.0.1:1");
+  }
+}
+
+TEST(BootstrapListenerFrame, RefusesBadHeadersBeforeTheBody) {
+  const auto bad_magic = HelloFrameBytes(0x12345678, kBootstrapVersion, 1, "");
+  EXPECT_EQ(ParseHelloFrame(bad_magic).kind, HelloFrame::Kind::kMalformed);
+  const auto version = HelloFrameBytes(kBootstrapMagic, 9, 1, "");
+  HelloFrame f = ParseHelloFrame(version);
+  EXPECT_EQ(f.kind, HelloFrame::Kind::kRejected);
+  EXPECT_EQ(f.error.code(), Code::kInvalidArgument);
+  const auto welcome = HelloFrameBytes(kBootstrapMagic, kBootstrapVersion, 2, "{}");
+  EXPECT_EQ(ParseHelloFrame(welcome).kind, HelloFrame::Kind::kMalformed);
+  const auto huge = HelloFrameBytes(kBootstrapMagic, kBootstrapVersion, 1, "", kMaxHelloBody + 1);
+  f = ParseHelloFrame(huge);
+  EXPECT_EQ(f.kind, HelloFrame::Kind::kMalformed);
+  EXPECT_EQ(f.error.code(), Code::kProtocol);
+  const auto junk = HelloFrameBytes(kBootstrapMagic, kBootstrapVersion, 1, "{\"token\":1}");
+  EXPECT_EQ(ParseHelloFrame(junk).kind, HelloFrame::Kind::kMalformed);
+}
+
+TEST(BootstrapClientFrame, ChecksTheReplyHeaderAndType) {
+  FrameHeader h;
+  h.type = static_cast<uint16_t>(FrameType::kWelcome);
+  EXPECT_TRUE(CheckReplyHeader(h, "x:1").ok());
+  h.body_length = kMaxBootstrapBody + 1;
+  EXPECT_EQ(CheckReplyHeader(h, "x:1").code(), Code::kProtocol);
+  h.body_length = 0;
+  h.version = 2;
+  EXPECT_EQ(CheckReplyHeader(h, "x:1").code(), Code::kProtocol);
+  EXPECT_EQ(DecodeReply(static_cast<uint16_t>(FrameType::kHello), "{}", "x:1").status().code(),
+            Code::kProtocol);
+  EXPECT_EQ(DecodeReply(static_cast<uint16_t>(FrameType::kError),
+                        EncodeError(Status::PermissionDenied("no")), "x:1")
+                .status()
+                .code(),
+            Code::kPermissionDenied);
+}
+
 TEST(BootstrapBodies, RegionListRoundTrip) {
   std::vector<RegionInfo> in{{"x", 1, 2}, {"y", 3, 4}};
   auto out = DecodeRegionList(EncodeRegionList(in));

@@ -26,9 +26,13 @@ class PoolsService final : public Service {
   std::vector<ServiceMethod> methods() override {
     return {
         {proto::kOpAllocRaw, "alloc_raw", RpcExecution::kWorker,
-         [this](const RpcCall& c, std::vector<std::byte>& r) { return AllocRaw(c, r); }},
+         [this](const RpcCall& c, std::vector<std::byte>& r) {
+           return ServeAllocRaw(*pools_, c, r);
+         }},
         {proto::kOpFreeRaw, "free_raw", RpcExecution::kWorker,
-         [this](const RpcCall& c, std::vector<std::byte>& r) { return FreeRaw(c, r); }},
+         [this](const RpcCall& c, std::vector<std::byte>& r) {
+           return ServeFreeRaw(*pools_, c, r);
+         }},
     };
   }
 
@@ -108,44 +112,44 @@ class PoolsService final : public Service {
     return t;
   }
 
-  Status AllocRaw(const RpcCall& call, std::vector<std::byte>& reply) {
-    auto req = proto::Decode<proto::AllocRawRequest>(call.request);
-    if (!req) {
-      return Status::Protocol("ALLOC_RAW request must be " +
-                              std::to_string(sizeof(proto::AllocRawRequest)) + " bytes, got " +
-                              std::to_string(call.request.size()));
-    }
-    Result<PoolAllocation> a = pools_->allocate(req->length);
-    if (!a.ok()) {
-      FARMEM_LOG_DEBUG("ALLOC_RAW {} from {}: {}", req->length, call.source, a.status().ToString());
-      return a.status();
-    }
-    reply = proto::Encode(proto::AllocRawReply{a->key, a->offset, a->length});
-    return Status::OK();
-  }
-
-  Status FreeRaw(const RpcCall& call, std::vector<std::byte>& reply) {
-    auto req = proto::Decode<proto::FreeRawRequest>(call.request);
-    if (!req) {
-      return Status::Protocol("FREE_RAW request must be " +
-                              std::to_string(sizeof(proto::FreeRawRequest)) + " bytes, got " +
-                              std::to_string(call.request.size()));
-    }
-    Result<uint64_t> len = pools_->free(req->key, req->offset);
-    if (!len.ok()) {
-      FARMEM_LOG_DEBUG("FREE_RAW offset {} from {}: {}", req->offset, call.source,
-                       len.status().ToString());
-      return len.status();
-    }
-    reply = proto::Encode(proto::FreeRawReply{*len});
-    return Status::OK();
-  }
-
   const uint64_t budget_;
   std::unique_ptr<PoolSet> pools_;
 };
 
 }  // namespace
+
+Status ServeAllocRaw(PoolSet& pools, const RpcCall& call, std::vector<std::byte>& reply) {
+  auto req = proto::Decode<proto::AllocRawRequest>(call.request);
+  if (!req) {
+    return Status::Protocol("ALLOC_RAW request must be " +
+                            std::to_string(sizeof(proto::AllocRawRequest)) + " bytes, got " +
+                            std::to_string(call.request.size()));
+  }
+  Result<PoolAllocation> a = pools.allocate(req->length);
+  if (!a.ok()) {
+    FARMEM_LOG_DEBUG("ALLOC_RAW {} from {}: {}", req->length, call.source, a.status().ToString());
+    return a.status();
+  }
+  reply = proto::Encode(proto::AllocRawReply{a->key, a->offset, a->length});
+  return Status::OK();
+}
+
+Status ServeFreeRaw(PoolSet& pools, const RpcCall& call, std::vector<std::byte>& reply) {
+  auto req = proto::Decode<proto::FreeRawRequest>(call.request);
+  if (!req) {
+    return Status::Protocol("FREE_RAW request must be " +
+                            std::to_string(sizeof(proto::FreeRawRequest)) + " bytes, got " +
+                            std::to_string(call.request.size()));
+  }
+  Result<uint64_t> len = pools.free(req->key, req->offset);
+  if (!len.ok()) {
+    FARMEM_LOG_DEBUG("FREE_RAW offset {} from {}: {}", req->offset, call.source,
+                     len.status().ToString());
+    return len.status();
+  }
+  reply = proto::Encode(proto::FreeRawReply{*len});
+  return Status::OK();
+}
 
 const ServiceDescriptor& PoolsServiceDescriptor() {
   static const ServiceDescriptor d{

@@ -29,6 +29,11 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address,
   if (host.empty() || port.empty()) {
     return Status::InvalidArgument("bad address '" + text + "' (expected host:port)");
   }
+  // No host name or IP literal has a bracket; "[[x]:1" would otherwise give the host "[x", which
+  // FormatHostPort turns into "[x:1", an address that no longer parses (bootstrap_fuzz).
+  if (host.find_first_of("[]") != std::string_view::npos) {
+    return Status::InvalidArgument("bad address '" + text + "' (brackets inside the host)");
+  }
   if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string_view::npos) {
     return Status::InvalidArgument("bad port in address '" + text + "'");
   }

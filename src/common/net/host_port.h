@@ -15,7 +15,8 @@ enum class PortZero : uint8_t { kAllowed, kRefused };
 
 // Splits `address` into host (brackets of an IPv6 literal removed) and port 0..65535. Port 0 is
 // an error unless `zero` is kAllowed (a listener's "any free port"); so is an IPv6 host without
-// brackets ("::1:80" is ambiguous). InvalidArgument otherwise.
+// brackets ("::1:80" is ambiguous), and so is a bracket inside the host. InvalidArgument
+// otherwise. FormatHostPort(host, port) of a result parses back to the same host and port.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address,
                                                        PortZero zero = PortZero::kAllowed);
 
