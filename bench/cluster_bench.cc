@@ -220,8 +220,9 @@ struct Samples {
 };
 
 struct Round {
-  Samples tool_watch;     // a put seen by 3 etcdctl watchers
-  Samples member_change;  // a join or leave seen by 3 farmem watchers
+  Samples tool_watch;                 // a put seen by 3 etcdctl watchers
+  Samples member_change;              // a join or leave seen by 3 farmem watchers
+  Samples member_join, member_leave;  // the same, split: a join is two writes (lease + txn)
   Samples tool_get, tool_put, tool_start;
   Samples get, put;
   Samples go_get, go_put;  // clientv3 in one process (empty when the Go baseline is unavailable)
@@ -361,12 +362,14 @@ class Bench {
                                                     Clock::now() + std::chrono::seconds(5)));
       out.member_change.ns.push_back(
           std::chrono::duration_cast<std::chrono::nanoseconds>(tj - t0).count());
+      out.member_join.ns.push_back(out.member_change.ns.back());
       t0 = Clock::now();
       FARMEM_RETURN_IF_ERROR(probe_->leave());
       FARMEM_ASSIGN_OR_RETURN(auto tl, log_.WaitAll(ClusterMemberEvent::Type::kLeave, m.name, 3,
                                                     Clock::now() + std::chrono::seconds(5)));
       out.member_change.ns.push_back(
           std::chrono::duration_cast<std::chrono::nanoseconds>(tl - t0).count());
+      out.member_leave.ns.push_back(out.member_change.ns.back());
     }
     // Baseline A: etcdctl get / put, one process per operation; and its bare start-up.
     const std::string ep = "--endpoints=" + etcd_.endpoint();
@@ -523,6 +526,18 @@ int RunClusterBench(ClusterBenchOptions o) {
                bench::FormatRoundRatios(c.ratios), c.factor, bench::TargetResultName(c.result));
   }
   fmt::print("etcdctl start-up alone (etcdctl version): p50 {:.2f} ms\n", all_start.p50_ms());
+  Samples joins, leaves, watch;
+  for (const auto& r : rounds) {
+    joins.ns.insert(joins.ns.end(), r.member_join.ns.begin(), r.member_join.ns.end());
+    leaves.ns.insert(leaves.ns.end(), r.member_leave.ns.begin(), r.member_leave.ns.end());
+    watch.ns.insert(watch.ns.end(), r.tool_watch.ns.begin(), r.tool_watch.ns.end());
+  }
+  fmt::print(
+      "membership changes split: join (lease grant + txn) p50 {:.2f} / p99 {:.2f} ms, leave (put "
+      "\"leaving\", seen before the revoke) p50 {:.2f} / p99 {:.2f} ms; one put to etcdctl watch "
+      "p50 {:.2f} / p99 {:.2f} ms\n",
+      joins.p50_ms(), joins.p99_ms(), leaves.p50_ms(), leaves.p99_ms(), watch.p50_ms(),
+      watch.p99_ms());
 
   if (!o.json_path.empty()) {
     nlohmann::json j;
@@ -535,6 +550,8 @@ int RunClusterBench(ClusterBenchOptions o) {
     nlohmann::json jr = nlohmann::json::array();
     for (const auto& r : rounds) {
       jr.push_back({{"member_change", SamplesJson(r.member_change)},
+                    {"member_join", SamplesJson(r.member_join)},
+                    {"member_leave", SamplesJson(r.member_leave)},
                     {"etcdctl_watch", SamplesJson(r.tool_watch)},
                     {"get", SamplesJson(r.get)},
                     {"put", SamplesJson(r.put)},
