@@ -5,18 +5,21 @@
 // Built with -DFARMEM_FUZZ=ON (scripts/test --fuzz).
 //
 // Input: byte 0 = mode bits; then an OBJ_INFO reply (its length taken from its own num_classes
-// field unless mode bit 0 says "the rest, as is"); then 16-byte pointers, each followed by the
+// field unless mode bit 0 says "the rest, as is"); then 16-byte pointers (the fields of a Ptr in
+// order: u64 offset, u16 id, u16 gen, u16 server, u8 size_class, u8 flags), each followed by the
 // bytes of a slot image.
 //
 // Checked beyond "no crash": a decoded geometry is one the client can read (block size a power of
 // two in 4 KiB..1 MiB, id_bits 0/8/12/16, slot sizes ascending multiples of 8 inside a block,
 // capacities equal to this build's PayloadCapacity, ID masks 0 or full) and re-encodes to the very
 // bytes it came from; a pointer CheckPtrShape accepts addresses a whole slot inside the region and
-// inside one block; a slot image CheckSlot accepts is rebuilt by EncodeSlot from its header and
-// DecodePayload's bytes with the same version bytes and payload bytes (only the unused slack
-// differs), so nothing but payload leaks into an object's data; the
-// header-word check agrees with CheckSlot on freed / locked / moved; a slot ScanBlockImage finds
-// is a whole, allocated slot with the wanted ID.
+// inside one block; a slot image CheckSlot accepts (allocated, unlocked, the pointer's class and
+// its whole 16-bit tag, TagOf(id, gen)) is rebuilt by EncodeSlot from its header and
+// DecodePayload's bytes with the same header word, version bytes and payload bytes (only the
+// unused slack differs), so nothing but payload leaks into an object's data, and is refused for
+// any other class (wrong class) or tag (moved); the header-word check agrees with CheckSlot on
+// freed / locked / wrong class / moved, and calls a slot homed elsewhere moved; a slot
+// ScanBlockImage finds is a whole, allocated slot of the wanted class and tag.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -57,7 +60,8 @@ void CheckInfo(const ObjectServerInfo& info, std::span<const std::byte> reply) {
   const uint32_t bs = info.block_size;
   FUZZ_CHECK(bs >= 4096 && bs <= (1u << 20) && (bs & (bs - 1)) == 0);
   FUZZ_CHECK(info.id_bits == 0 || info.id_bits == 8 || info.id_bits == 12 || info.id_bits == 16);
-  FUZZ_CHECK(!info.classes.empty() && info.region_length >= bs);
+  FUZZ_CHECK(!info.classes.empty() && info.classes.size() <= corm::kMaxSizeClasses &&
+             info.region_length >= bs);
   const uint32_t full = info.id_bits == 0 ? 0 : (1u << info.id_bits) - 1;
   uint32_t prev = 0;
   for (const auto& c : info.classes) {
@@ -91,9 +95,11 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   Ptr p;
   std::memcpy(&p.offset, raw.data(), 8);
   std::memcpy(&p.id, raw.data() + 8, 2);
-  std::memcpy(&p.size_class, raw.data() + 10, 2);
-  p.version_hint = raw[12];
-  p.flags = raw[13];
+  std::memcpy(&p.gen, raw.data() + 10, 2);
+  // Not checked by CheckPtrShape; its bytes pick the other class and tag tried below.
+  std::memcpy(&p.server, raw.data() + 12, 2);
+  p.size_class = raw[14];
+  p.flags = raw[15];
   const Status shape = oi::CheckPtrShape(info, p, "fuzz");
   if (!shape.ok()) {
     FUZZ_CHECK(shape.code() == Code::kInvalidArgument);
@@ -110,12 +116,20 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   const auto image = in.take(cls.slot_size);
   if (image.size() < cls.slot_size) return;
   const uint64_t addr = p.offset;  // absolute alignment mod 64 is what matters; region is aligned
+  // The header tag the client expects (object_client.cc): the ID in the class's ID bits, the
+  // generation's low bits above them (offset-only classes: all of the generation); the client
+  // compares all 16 bits, and the class.
   const uint16_t mask = static_cast<uint16_t>(cls.id_mask);
-  const corm::SlotCheck check = corm::CheckSlot(image, addr, p.id, mask);
+  const uint16_t tag = corm::TagOf(p.id, p.gen, mask);
+  FUZZ_CHECK((tag & mask) == p.id);
+  if (mask == 0) FUZZ_CHECK(tag == p.gen);
+  constexpr uint16_t kFull = corm::hdr::kTagMask;
+  const corm::SlotCheck check = corm::CheckSlot(image, addr, tag, kFull, p.size_class);
   uint64_t word;
   std::memcpy(&word, image.data(), sizeof(word));
   const corm::Header h = corm::Header::Unpack(word);
-  const corm::SlotCheck head_check = oi::CheckHeaderWord(word, p.id, mask, h.home_block);
+  const corm::SlotCheck head_check =
+      oi::CheckHeaderWord(word, tag, kFull, p.size_class, h.home_block);
   // The header-only check (seqlock's first read) agrees with the copy's check on everything but
   // torn versions, which one word cannot show.
   if (check == corm::SlotCheck::kTorn) {
@@ -123,7 +137,24 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   } else {
     FUZZ_CHECK(head_check == check);
   }
+  // With the home the client expects (the pointer's block): a slot homed elsewhere is another
+  // object, "moved"; the other verdicts come first.
+  const auto home = static_cast<uint32_t>(p.offset / info.block_size);
+  const corm::SlotCheck home_check = oi::CheckHeaderWord(word, tag, kFull, p.size_class, home);
+  if (h.home_block == home || head_check != corm::SlotCheck::kOk) {
+    FUZZ_CHECK(home_check == head_check);
+  } else {
+    FUZZ_CHECK(home_check == corm::SlotCheck::kMoved);
+  }
   if (check != corm::SlotCheck::kOk) return;
+  // An accepted slot is refused for any other class (never a move: objects keep their class) and
+  // for any other tag (another ID or generation: moved, or a stale pointer).
+  const uint32_t other_class =
+      (p.size_class + 1u + raw[12] % (corm::kMaxSizeClasses - 1)) % corm::kMaxSizeClasses;
+  FUZZ_CHECK(corm::CheckSlot(image, addr, tag, kFull, other_class) == corm::SlotCheck::kWrongClass);
+  const auto other_tag = static_cast<uint16_t>(tag ^ (1u << (raw[13] % 16)));
+  FUZZ_CHECK(corm::CheckSlot(image, addr, other_tag, kFull, p.size_class) ==
+             corm::SlotCheck::kMoved);
   std::vector<uint8_t> payload(cls.payload_capacity + (mode & 0x10 ? 17 : 0), 0xee);
   const size_t n = corm::DecodePayload(image, addr, payload);
   FUZZ_CHECK(n == cls.payload_capacity);
@@ -132,10 +163,10 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   // Every byte of an accepted slot is header, version or payload: re-encoding gives it back.
   std::vector<uint8_t> rebuilt(cls.slot_size);
   corm::EncodeSlot(rebuilt, addr, h, payload);
-  constexpr uint64_t kReserved = corm::hdr::kReservedMask;
+  // The header fields tile the whole word (no reserved bits), so it comes back bit for bit.
   uint64_t rebuilt_word;
   std::memcpy(&rebuilt_word, rebuilt.data(), sizeof(rebuilt_word));
-  FUZZ_CHECK(rebuilt_word == (word & ~kReserved));
+  FUZZ_CHECK(rebuilt_word == word);
   // Version bytes come back as they were; other bytes either are payload (identical) or the
   // slack a slot has at addresses with fewer line starts than the worst case (EncodeSlot zeroes
   // it; DecodePayload never returned it).
@@ -147,7 +178,7 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   }
   FUZZ_CHECK(slack <= corm::MaxLineVersionBytes(cls.slot_size) -
                           corm::LineVersionBytes(addr, cls.slot_size));
-  FUZZ_CHECK(corm::CheckSlot(rebuilt, addr, p.id, mask) == corm::SlotCheck::kOk);
+  FUZZ_CHECK(corm::CheckSlot(rebuilt, addr, tag, kFull, p.size_class) == corm::SlotCheck::kOk);
   std::vector<uint8_t> again(payload.size());
   FUZZ_CHECK(corm::DecodePayload(rebuilt, addr, again) == payload.size() && again == payload);
 
@@ -155,9 +186,20 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   std::vector<uint8_t> block(image.begin(), image.end());
   const auto more = in.take(std::min<size_t>(in.in.size(), 4 * cls.slot_size));
   block.insert(block.end(), more.begin(), more.end());
-  const int64_t at = corm::ScanBlockImage(block, cls.slot_size, p.id, mask);
-  FUZZ_CHECK(at >= 0);  // the first slot matches (allocated, same ID)
-  FUZZ_CHECK(at % cls.slot_size == 0 && static_cast<size_t>(at) + cls.slot_size <= block.size());
+  const int64_t at = corm::ScanBlockImage(block, cls.slot_size, tag, kFull, p.size_class);
+  FUZZ_CHECK(at == 0);  // the first slot matches (allocated, same class and tag)
+  // Past it, whatever the scan finds is a whole allocated slot of that class and tag.
+  const std::span<const uint8_t> rest = std::span<const uint8_t>(block).subspan(cls.slot_size);
+  const int64_t next = corm::ScanBlockImage(rest, cls.slot_size, tag, kFull, p.size_class);
+  FUZZ_CHECK(next >= -1);
+  if (next >= 0) {
+    FUZZ_CHECK(next % cls.slot_size == 0 &&
+               static_cast<size_t>(next) + cls.slot_size <= rest.size());
+    uint64_t w;
+    std::memcpy(&w, rest.data() + next, sizeof(w));
+    const corm::Header found = corm::Header::Unpack(w);
+    FUZZ_CHECK(found.allocated && found.size_class == p.size_class && found.tag == tag);
+  }
 }
 
 }  // namespace

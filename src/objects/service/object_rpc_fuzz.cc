@@ -10,15 +10,24 @@
 // pointers the model holds, or raw bytes / mutated pointers (forged), for every opcode.
 //
 // Checked beyond "no crash", for every answer: an error leaves the reply empty; a request of the
-// wrong size is a Protocol error; every pointer in a reply has zero reserved bytes, an existing
-// size class, lies inside the region on a slot boundary of its class, and has an ID inside the
-// class's mask; OBJ_INFO is consistent with the slot layout code; OBJ_ALLOC picks the smallest
-// class that fits. A model of the live objects checks, while no forged request has succeeded in
-// changing something: reads through a live pointer return exactly the bytes last written (zeros
-// after ALLOC), writes/locates/releases/frees through live pointers succeed and keep class and ID,
-// and oversize writes are refused. FARMEM_FUZZ_STALE_POINTERS=1 in the environment also demands
-// that FREE/WRITE/RELEASE/READ through a freed or released pointer never succeed (issue 16:
-// "pointers are exact on the RPC paths"; today's store fails it, see docs/testing.md).
+// wrong size, or a pointer with non-zero reserved bytes, is a Protocol error; every pointer in a
+// reply has zero reserved bytes, an existing size class, lies inside the region on a slot boundary
+// of its class, and has an ID inside the class's mask; READ / WRITE / LOCATE replies keep the
+// request's ID, class, generation and home block; OBJ_INFO is consistent with the slot layout
+// code; OBJ_ALLOC picks the smallest class that fits. A model of the live objects checks, while no
+// forged request has succeeded in changing something: reads through a live pointer return exactly
+// the bytes last written (zeros after ALLOC), writes/locates/releases/frees through live pointers
+// succeed and keep class, ID and (except a re-homing RELEASE) generation, and oversize writes are
+// refused.
+//
+// Strict stale-pointer mode (on by default; FARMEM_FUZZ_STALE_POINTERS=0 turns it off) checks that
+// pointers are exact on the RPC paths (issue 16; docs/objects.md, "Pointer identity"): FREE /
+// WRITE / RELEASE / READ through a freed or released pointer fail with NotFound or
+// InvalidArgument and change nothing; no request through a pointer that names no live object (home
+// block, class, ID and generation; offset-only classes: slot and generation) succeeds, e.g. a live
+// pointer with another generation; and no allocation gets the identity of a dead pointer. The one
+// exception, a 16-bit per-block generation counter that wrapped, needs >= 2^15 allocations homed
+// at one virtual block: more than an input's 256 operations can make.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -43,7 +52,7 @@ namespace {
 using namespace farmem;
 namespace wire = farmem::object_wire;
 
-bool g_strict_stale = false;
+bool g_strict_stale = true;
 
 Node& TheNode() {
   static std::unique_ptr<Node> node = [] {
@@ -82,10 +91,6 @@ std::vector<std::byte> Bytes(const T& v) {
   std::vector<std::byte> out(sizeof(T));
   std::memcpy(out.data(), &v, sizeof(T));
   return out;
-}
-
-bool SamePtr(const wire::WirePtr& a, const wire::WirePtr& b) {
-  return a.offset == b.offset && a.id == b.id && a.size_class == b.size_class;
 }
 
 struct Object {
@@ -165,7 +170,8 @@ class Harness {
     FUZZ_CHECK(st.ok() && reply.size() >= sizeof(wire::InfoReply));
     std::memcpy(&info_, reply.data(), sizeof(info_));
     FUZZ_CHECK(reply.size() == sizeof(info_) + info_.num_classes * sizeof(wire::WireClass));
-    FUZZ_CHECK(info_.block_size == 4096 && info_.id_bits == id_bits_ && info_.num_classes > 0);
+    FUZZ_CHECK(info_.block_size == 4096 && info_.id_bits == id_bits_ && info_.num_classes > 0 &&
+               info_.num_classes <= corm::kMaxSizeClasses);
     FUZZ_CHECK(info_.region_length >= info_.block_size);
     const uint32_t full_mask = id_bits_ == 0 ? 0 : (1u << id_bits_) - 1;
     for (uint16_t c = 0; c < info_.num_classes; ++c) {
@@ -190,8 +196,8 @@ class Harness {
   }
 
   void CheckPtr(const wire::WirePtr& p) const {
-    FUZZ_CHECK(p.reserved[0] == 0 && p.reserved[1] == 0 && p.reserved[2] == 0);
-    FUZZ_CHECK(p.size_class < classes_.size());
+    FUZZ_CHECK(p.reserved == 0);
+    FUZZ_CHECK(p.size_class < classes_.size() && p.size_class < corm::kMaxSizeClasses);
     const wire::WireClass& c = classes_[p.size_class];
     FUZZ_CHECK(p.offset % corm::kSlotAlign == 0 && p.offset < info_.region_length &&
                info_.region_length - p.offset >= c.slot_size);
@@ -207,6 +213,55 @@ class Harness {
     std::memcpy(&r, reply.data(), sizeof(r));
     CheckPtr(r.ptr);
     return r.ptr;
+  }
+
+  uint64_t BlockOf(const wire::WirePtr& p) const { return p.offset / info_.block_size; }
+
+  // Whether `a` and `b` name the same allocation as far as the server's RPC paths can tell: same
+  // class, ID and generation, and the same home block (ID classes: the server finds the slot by
+  // ID, the offset only names the block) or the same slot (offset-only classes).
+  bool SameObject(const wire::WirePtr& a, const wire::WirePtr& b) const {
+    if (a.size_class != b.size_class || a.id != b.id || a.gen != b.gen) return false;
+    if (a.size_class >= classes_.size()) return false;
+    if (classes_[a.size_class].id_mask == 0) return a.offset == b.offset;
+    return BlockOf(a) == BlockOf(b);
+  }
+  bool NamesLive(const wire::WirePtr& p) const {
+    return std::any_of(live_.begin(), live_.end(),
+                       [&](const Object& o) { return SameObject(o.ptr, p); });
+  }
+  bool NamesDead(const wire::WirePtr& p) const {
+    return std::any_of(dead_.begin(), dead_.end(),
+                       [&](const wire::WirePtr& d) { return SameObject(d, p); });
+  }
+
+  // A reply to READ / WRITE / LOCATE through `req` names the same object: only the offset inside
+  // the home block may change (the object's current slot).
+  void CheckSameName(const wire::WirePtr& req, const wire::WirePtr& reply) const {
+    FUZZ_CHECK(reply.size_class == req.size_class && reply.id == req.id && reply.gen == req.gen);
+    FUZZ_CHECK(BlockOf(reply) == BlockOf(req));
+  }
+
+  // A new object (ALLOC): never the identity of a live or (strict mode) a dead one.
+  void NewObject(const wire::WirePtr& p) {
+    if (!tainted_) {
+      for (const Object& o : live_) FUZZ_CHECK(!SameObject(o.ptr, p));  // nor the same pointer
+    }
+    if (g_strict_stale && NamesDead(p)) {
+      Report("ALLOC", p, "a new object got the identity of a freed or released pointer");
+    }
+    live_.push_back({p, std::vector<uint8_t>(classes_[p.size_class].payload_capacity, 0)});
+  }
+
+  [[noreturn]] void Report(const char* what, const wire::WirePtr& p, const char* why) const {
+    std::fprintf(stderr,
+                 "%s through {offset %llu (block %llu), id %u, class %u, gen %u}: %s (id_bits %d, "
+                 "%zu live objects, %zu dead pointers%s)\n",
+                 what, static_cast<unsigned long long>(p.offset),
+                 static_cast<unsigned long long>(BlockOf(p)), p.id, p.size_class, p.gen, why,
+                 id_bits_, live_.size(), dead_.size(), tainted_ ? ", model tainted" : "");
+    FUZZ_CHECK(!"stale pointer accepted");
+    std::abort();
   }
 
   Object* Live(uint8_t index) {
@@ -230,10 +285,7 @@ class Harness {
     // The smallest class that holds `size` bytes.
     FUZZ_CHECK(classes_[p.size_class].payload_capacity >= size);
     FUZZ_CHECK(p.size_class == 0 || classes_[p.size_class - 1].payload_capacity < size);
-    if (!tainted_) {
-      for (const Object& o : live_) FUZZ_CHECK(!SamePtr(o.ptr, p));
-    }
-    live_.push_back({p, std::vector<uint8_t>(classes_[p.size_class].payload_capacity, 0)});
+    NewObject(p);
   }
 
   void ReadLive(uint8_t index, uint16_t max_bytes) {
@@ -251,7 +303,7 @@ class Harness {
     FUZZ_CHECK(n == std::min<size_t>(max_bytes, o->payload.size()));
     std::vector<std::byte> head(reply.begin(), reply.begin() + sizeof(wire::PtrReply));
     const wire::WirePtr p = PtrOf(head);
-    FUZZ_CHECK(p.size_class == o->ptr.size_class && p.id == o->ptr.id);
+    CheckSameName(o->ptr, p);
     FUZZ_CHECK(n == 0 ||
                std::memcmp(reply.data() + sizeof(wire::PtrReply), o->payload.data(), n) == 0);
     o->ptr = p;
@@ -274,7 +326,7 @@ class Harness {
     }
     FUZZ_CHECK(st.ok());
     const wire::WirePtr p = PtrOf(reply);
-    FUZZ_CHECK(p.size_class == o->ptr.size_class && p.id == o->ptr.id);
+    CheckSameName(o->ptr, p);
     o->ptr = p;
     std::fill(o->payload.begin(), o->payload.end(), 0);
     std::copy(data.begin(), data.end(), o->payload.begin());
@@ -299,8 +351,17 @@ class Harness {
     if (tainted_) return;
     FUZZ_CHECK(st.ok());
     const wire::WirePtr p = PtrOf(reply);
-    FUZZ_CHECK(p.size_class == o->ptr.size_class && p.id == o->ptr.id);
-    if (release && !SamePtr(p, o->ptr)) dead_.push_back(o->ptr);
+    if (!release || BlockOf(p) == BlockOf(o->ptr)) {
+      // LOCATE, or RELEASE of an object already homed at its block's primary: the same name.
+      CheckSameName(o->ptr, p);
+    } else {
+      // Re-homed: a new name (the new home's next generation); the old one is dead.
+      FUZZ_CHECK(p.size_class == o->ptr.size_class && p.id == o->ptr.id);
+      if (g_strict_stale && NamesDead(p)) {
+        Report("RELEASE", p, "the new name is the identity of a freed or released pointer");
+      }
+      dead_.push_back(o->ptr);
+    }
     o->ptr = p;
   }
 
@@ -332,22 +393,25 @@ class Harness {
           const wire::WirePtr p = PtrOf(reply);
           uint64_t size;
           std::memcpy(&size, request.data(), sizeof(size));
-          live_.push_back({p, std::vector<uint8_t>(classes_[p.size_class].payload_capacity, 0)});
-          FUZZ_CHECK(size >= 1 && size <= live_.back().payload.size());
+          FUZZ_CHECK(size >= 1 && size <= classes_[p.size_class].payload_capacity);
+          NewObject(p);
         }
         break;
       case wire::kOpFree:
       case wire::kOpLocate:
       case wire::kOpRelease:
         if (n != sizeof(wire::PtrRequest)) FUZZ_CHECK(st.code() == Code::kProtocol);
-        if (st.ok() && opcode != wire::kOpFree) PtrOf(reply);
-        if (st.ok() && opcode != wire::kOpLocate) Changed(request);
+        if (st.ok() && opcode != wire::kOpFree) {
+          const wire::WirePtr p = PtrOf(reply);
+          if (opcode == wire::kOpLocate) CheckSameName(PtrIn(request), p);
+        }
+        if (st.ok()) Accepted(opcode, request);
         break;
       case wire::kOpWrite:
         if (n < sizeof(wire::PtrRequest)) FUZZ_CHECK(st.code() == Code::kProtocol);
         if (st.ok()) {
-          PtrOf(reply);
-          Changed(request);
+          CheckSameName(PtrIn(request), PtrOf(reply));
+          Accepted(opcode, request);
         }
         break;
       case wire::kOpRead:
@@ -358,8 +422,10 @@ class Harness {
           FUZZ_CHECK(reply.size() >= sizeof(wire::PtrReply));
           std::vector<std::byte> head(reply.begin(), reply.begin() + sizeof(wire::PtrReply));
           const wire::WirePtr p = PtrOf(head);
+          CheckSameName(req.ptr, p);
           FUZZ_CHECK(reply.size() - sizeof(wire::PtrReply) <=
                      std::min<size_t>(req.max_bytes, classes_[p.size_class].payload_capacity));
+          Accepted(opcode, request);
         }
         break;
       case wire::kOpCompact:
@@ -371,24 +437,28 @@ class Harness {
     }
   }
 
-  // A forged FREE / WRITE / RELEASE succeeded: it may have changed an object the model knows, so
-  // the model's data checks stop for this input. Through the current pointer of a live object
-  // that is a legitimate request (the pointer is the capability); through a freed or replaced
-  // pointer it is the stale-pointer bug of issue 16 (checked with FARMEM_FUZZ_STALE_POINTERS=1).
-  void Changed(const std::vector<std::byte>& request) {
+  static wire::WirePtr PtrIn(const std::vector<std::byte>& request) {
     wire::WirePtr w;
+    FUZZ_CHECK(request.size() >= sizeof(w));
     std::memcpy(&w, request.data(), sizeof(w));
-    for (const Object& o : live_) {
-      if (SamePtr(o.ptr, w)) {
-        tainted_ = true;
-        return;
+    return w;
+  }
+
+  // A forged request succeeded. A FREE / WRITE / RELEASE may have changed an object the model
+  // knows, so the model's data checks stop for this input. Through a pointer naming a live object
+  // that is a legitimate request (the pointer is the capability); through a freed or replaced
+  // pointer it is the stale-pointer bug of issue 16, and, while the model knows every live object
+  // (untainted), through any pointer that names none (strict mode).
+  void Accepted(uint16_t opcode, const std::vector<std::byte>& request) {
+    const wire::WirePtr w = PtrIn(request);
+    if (g_strict_stale) {
+      // Issue 16: a pointer whose object is gone must never reach another allocation.
+      if (NamesDead(w)) Report(ObjectService::OpName(opcode), w, "accepted (a dead pointer)");
+      if (!tainted_ && !NamesLive(w)) {
+        Report(ObjectService::OpName(opcode), w, "accepted (names no live object)");
       }
     }
-    for (const wire::WirePtr& d : dead_) {
-      // Issue 16: a pointer whose object is gone must never reach another allocation.
-      if (g_strict_stale && SamePtr(d, w)) FUZZ_CHECK(!"stale pointer accepted");
-    }
-    tainted_ = true;
+    if (opcode != wire::kOpRead && opcode != wire::kOpLocate) tainted_ = true;
   }
 
   void Mutated(Reader& in) {
@@ -417,10 +487,10 @@ class Harness {
         p.size_class = static_cast<uint16_t>(p.size_class + static_cast<int8_t>(value));
         break;
       case 4:
-        p.reserved[value % 3] = static_cast<uint8_t>(value >> 8 | 1);
+        p.reserved = static_cast<uint16_t>(value | 1);  // must be 0: Protocol
         break;
       case 5:
-        p.version_hint = static_cast<uint8_t>(value);  // ignored by the server
+        p.gen = value;  // another allocation of the slot (strict mode: must fail unless equal)
         break;
     }
     static constexpr uint16_t kOps[] = {wire::kOpFree, wire::kOpRead, wire::kOpWrite,
@@ -429,6 +499,11 @@ class Harness {
     std::vector<std::byte> req = Bytes(wire::PtrRequest{p});
     if (opcode == wire::kOpRead) req = Bytes(wire::ReadRequest{p, value, 0});
     if (opcode == wire::kOpWrite) req.resize(req.size() + value % 64, std::byte{0x3c});
+    std::vector<std::byte> reply;
+    if ((what >> 2) % 6 == 4) {
+      FUZZ_CHECK(Call(opcode, req, reply).code() == Code::kProtocol);
+      return;
+    }
     Forged(opcode, req);
   }
 
@@ -440,26 +515,29 @@ class Harness {
     const uint16_t opcode = kOps[op & 3];
     std::vector<std::byte> req = Bytes(wire::PtrRequest{p});
     if (opcode == wire::kOpRead) req = Bytes(wire::ReadRequest{p, 64, 0});
-    if (opcode == wire::kOpWrite) req.resize(req.size() + 8, std::byte{0x77});
+    if (opcode == wire::kOpWrite) {
+      // At most the capacity: an oversize write is refused before the pointer is looked at.
+      const size_t len = std::min<size_t>(8, classes_[p.size_class].payload_capacity);
+      req.resize(req.size() + len, std::byte{0x77});
+    }
     std::vector<std::byte> reply;
     const Status st = Call(opcode, req, reply);
-    if (g_strict_stale && st.ok()) {
-      // Only if no live object has that exact pointer (a new object may get the same slot and
-      // ID by chance; that pointer then is the new object's).
-      bool is_live = false;
-      for (const Object& o : live_) is_live = is_live || SamePtr(o.ptr, p);
-      if (!is_live) {
-        std::fprintf(stderr, "%s through the stale pointer {offset %llu, id %u, class %u}: OK",
-                     ObjectService::OpName(opcode), static_cast<unsigned long long>(p.offset), p.id,
-                     p.size_class);
+    if (g_strict_stale) {
+      // Exact on the RPC paths: a dead pointer reaches no object (no live one can carry its
+      // identity before a generation counter wraps), and is refused as such.
+      if (st.ok()) {
         if (reply.size() >= sizeof(wire::PtrReply)) {
           wire::PtrReply r;
           std::memcpy(&r, reply.data(), sizeof(r));
-          std::fprintf(stderr, ", reply pointer {offset %llu, id %u, class %u}",
-                       static_cast<unsigned long long>(r.ptr.offset), r.ptr.id, r.ptr.size_class);
+          std::fprintf(stderr, "reply pointer {offset %llu, id %u, class %u, gen %u}\n",
+                       static_cast<unsigned long long>(r.ptr.offset), r.ptr.id, r.ptr.size_class,
+                       r.ptr.gen);
         }
-        std::fprintf(stderr, " (id_bits %d, %zu live objects)\n", id_bits_, live_.size());
-        FUZZ_CHECK(!"stale pointer accepted");
+        Report(ObjectService::OpName(opcode), p, "OK through a freed or released pointer");
+      }
+      if (st.code() != Code::kNotFound && st.code() != Code::kInvalidArgument) {
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        Report(ObjectService::OpName(opcode), p, "neither NotFound nor InvalidArgument");
       }
     }
     if (st.ok() && opcode != wire::kOpRead) tainted_ = true;
@@ -478,8 +556,9 @@ class Harness {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   farmem::fuzz::RestoreCrashSignals();
+  // Strict unless FARMEM_FUZZ_STALE_POINTERS=0.
   const char* strict = std::getenv("FARMEM_FUZZ_STALE_POINTERS");
-  g_strict_stale = strict != nullptr && std::strcmp(strict, "1") == 0;
+  g_strict_stale = strict == nullptr || std::strcmp(strict, "0") != 0;
   return 0;
 }
 
