@@ -68,7 +68,7 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     cluster = std::move(*opened);
     ClusterMember self;
     self.name = config->node.name;
-    self.address = srv.node().bootstrap_address();
+    self.address = ClusterAdvertiseAddress(flags.options, srv.node().bootstrap_address());
     self.roles = {"memory"};
     self.capacity_bytes = config->memory_bytes;
     if (Status st = cluster->join(self); !st.ok()) {

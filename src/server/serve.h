@@ -40,6 +40,9 @@ struct ServeOptions {
   std::string cluster_url;
   std::string cluster_name = "default";
   int cluster_ttl_seconds = 5;  // membership lease: a killed daemon vanishes after this long
+  // The bootstrap address announced to the cluster, HOST or HOST:PORT (port: the bound one).
+  // "" = the bound --listen address, which must then not be a wildcard (0.0.0.0, ::).
+  std::string cluster_advertise;
   std::string cluster_user;
   std::string cluster_password;  // flag, else env FARMEM_CLUSTER_PASSWORD, else config file
   std::string cluster_ca;
@@ -63,6 +66,10 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags);
 // The Cluster::Open options of a resolved ServeOptions (create_if_missing: a daemon may be the
 // first member of a new cluster); url is empty when no --cluster was given.
 ClusterOptions ServeClusterOptions(const ServeOptions& options);
+
+// The address the daemon announces when it joins: --cluster-advertise (HOST or HOST:PORT; HOST
+// alone takes the port of `bound`) or, without it, `bound` (its bound bootstrap address).
+std::string ClusterAdvertiseAddress(const ServeOptions& options, const std::string& bound);
 
 // Runs a memory server until SIGTERM/SIGINT; returns the process exit code. `prog` prefixes error
 // lines. Must be called before the process starts other threads (it blocks the signals so that

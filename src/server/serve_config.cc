@@ -34,6 +34,9 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
   f.add("cluster-name", &o.cluster_name, "cluster within the control plane ([A-Za-z0-9_.-]{1,64})");
   f.add("cluster-ttl", &o.cluster_ttl_seconds,
         "membership lease in seconds: a daemon that stops renewing vanishes after this long");
+  f.add("cluster-advertise", &o.cluster_advertise,
+        "bootstrap address other nodes reach this daemon at, HOST or HOST:PORT (default: the "
+        "--listen address; required when that is 0.0.0.0 or ::)");
   f.add("cluster-user", &o.cluster_user, "etcd user (with --cluster-password)");
   f.add("cluster-password", &o.cluster_password, "etcd password (env FARMEM_CLUSTER_PASSWORD)");
   f.add("cluster-ca", &o.cluster_ca, "etcd TLS: CA certificate file");
@@ -96,9 +99,24 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
     return Status::InvalidArgument("--cluster-name must match [A-Za-z0-9_.-]{1,64}, got '" +
                                    o.cluster_name + "'");
   }
+  if (!o.cluster_advertise.empty()) {
+    // HOST alone takes the bound port; a port given must be a real one.
+    std::string a = o.cluster_advertise;
+    if (a.find(':') == std::string::npos || (a.front() == '[' && a.back() == ']')) a += ":1";
+    auto parsed = net::ParseHostPort(a, net::PortZero::kRefused);
+    if (!parsed.ok() || parsed->first.empty()) {
+      return Status::InvalidArgument("--cluster-advertise must be HOST or HOST:PORT, got '" +
+                                     o.cluster_advertise + "'");
+    }
+  } else if (!o.cluster_url.empty() &&
+             (listen.first.empty() || listen.first == "0.0.0.0" || listen.first == "::")) {
+    return Status::InvalidArgument("--listen " + o.listen +
+                                   " is a wildcard address, which other nodes cannot reach: give "
+                                   "--cluster-advertise HOST[:PORT] with --cluster");
+  }
   if (o.cluster_url.empty()) {
     for (const char* key : {"cluster-user", "cluster-password", "cluster-ca", "cluster-cert",
-                            "cluster-key", "cluster-name", "cluster-ttl"}) {
+                            "cluster-key", "cluster-name", "cluster-ttl", "cluster-advertise"}) {
       if (f.given(key)) {
         return Status::InvalidArgument(std::string("--") + key + " needs --cluster URL");
       }
@@ -117,6 +135,16 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   c.node.transport.cluster_token = o.token;
   FARMEM_RETURN_IF_ERROR(ValidateServerConfig(c));
   return c;
+}
+
+std::string ClusterAdvertiseAddress(const ServeOptions& options, const std::string& bound) {
+  const std::string& a = options.cluster_advertise;
+  if (a.empty()) return bound;
+  const bool bracketed_host_only = a.front() == '[' && a.back() == ']';
+  const bool has_port = !bracketed_host_only && a.find(':') != std::string::npos;
+  if (has_port) return a;
+  const size_t colon = bound.rfind(':');
+  return colon == std::string::npos ? a : a + bound.substr(colon);
 }
 
 ClusterOptions ServeClusterOptions(const ServeOptions& o) {

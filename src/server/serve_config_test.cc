@@ -315,7 +315,14 @@ TEST(ServeConfigTest, ClusterRejectsBadValues) {
            {"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", std::string(65, 'a')},
            // cluster settings without a cluster are a mistake, not something to ignore
            {"--cluster-name", "x"},
-           {"--cluster-ttl", "3"}}) {
+           {"--cluster-ttl", "3"},
+           {"--cluster-advertise", "10.0.0.5"},
+           // a wildcard listen address cannot be announced; a bad advertise is refused
+           {"--cluster", "etcd://127.0.0.1:2379", "--listen", "0.0.0.0:7700"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--listen", "[::]:7700"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-advertise", "host:0"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-advertise", "fe80::1"},
+           {"--cluster", "etcd://127.0.0.1:2379", "--cluster-advertise", ":7700"}}) {
     Resolved r = ResolveWithCluster(args);
     EXPECT_FALSE(r.config.ok()) << args[0] << " " << args[1];
     if (!r.config.ok()) {
@@ -326,6 +333,32 @@ TEST(ServeConfigTest, ClusterRejectsBadValues) {
   Resolved r = ResolveWithCluster({"--config", path});
   EXPECT_FALSE(r.config.ok());
   unlink(path.c_str());
+}
+
+TEST(ServeConfigTest, ClusterAdvertiseAddress) {
+  auto advertised = [](std::vector<std::string> args, const std::string& bound) {
+    CLI::App app;
+    ServeFlags flags;
+    AddServeFlags(app, flags);
+    std::reverse(args.begin(), args.end());
+    app.parse(args);
+    EXPECT_TRUE(ResolveServeConfig(flags).ok());
+    return ClusterAdvertiseAddress(flags.options, bound);
+  };
+  const std::string url = "etcd://127.0.0.1:2379";
+  EXPECT_EQ(advertised({"--cluster", url}, "127.0.0.1:7700"), "127.0.0.1:7700");
+  EXPECT_EQ(
+      advertised({"--cluster", url, "--listen", "0.0.0.0:7700", "--cluster-advertise", "10.0.0.5"},
+                 "0.0.0.0:7700"),
+      "10.0.0.5:7700");
+  EXPECT_EQ(advertised({"--cluster", url, "--listen", "0.0.0.0:0", "--cluster-advertise",
+                        "node-a.example:7800"},
+                       "0.0.0.0:41234"),
+            "node-a.example:7800");
+  EXPECT_EQ(
+      advertised({"--cluster", url, "--listen", "[::]:7700", "--cluster-advertise", "[fd00::5]"},
+                 "[::]:7700"),
+      "[fd00::5]:7700");
 }
 
 }  // namespace
