@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include <cstdint>
 
 #include <algorithm>
 #include <atomic>
@@ -89,6 +90,21 @@ inline constexpr bool kSanitizerNeedsFreeDescriptors = false;
 #endif
 #else
 inline constexpr bool kSanitizerNeedsFreeDescriptors = false;
+#endif
+
+// How much more resident memory the same work costs in this build: TSan keeps shadow and
+// meta memory for every page the program touches (several times the page itself), so RSS bounds
+// are scaled by this. The bounds stay far below what the unbounded code used (hundreds of MiB).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr uint64_t kRssBoundFactor = 4;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr uint64_t kRssBoundFactor = 4;
+#else
+inline constexpr uint64_t kRssBoundFactor = 1;
+#endif
+#else
+inline constexpr uint64_t kRssBoundFactor = 1;
 #endif
 
 // Lowers RLIMIT_NOFILE to a little above the descriptors in use and fills the rest with dup()s,
