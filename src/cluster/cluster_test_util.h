@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/backend.h"
+
 namespace farmem::cluster::testing {
 
 // [A-Za-z0-9_.-]{1,64}, unique per call in this process and across processes (pid), readable
@@ -74,6 +76,48 @@ class EventLog {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<E> events_;
+};
+
+// Collects what a backend watch delivers (events, the first revision of every callback, errors);
+// tests wait on it with a timeout while the watch's thread appends.
+struct WatchCollector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<BackendEvent> events;
+  std::vector<int64_t> batch_revisions;  // first revision of every callback
+  std::vector<Status> errors;
+
+  BackendWatchCallback Events() {
+    return [this](const std::vector<BackendEvent>& evs) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!evs.empty()) batch_revisions.push_back(evs.front().kv.mod_revision);
+      events.insert(events.end(), evs.begin(), evs.end());
+      cv.notify_all();
+    };
+  }
+  ClusterWatchErrorCallback Errors() {
+    return [this](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(s);
+      cv.notify_all();
+    };
+  }
+  bool WaitEvents(size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return events.size() >= n; });
+  }
+  bool WaitErrors(size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return errors.size() >= n; });
+  }
+  size_t Count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return events.size();
+  }
+  std::vector<BackendEvent> Snapshot() {
+    std::lock_guard<std::mutex> lock(mu);
+    return events;
+  }
 };
 
 }  // namespace farmem::cluster::testing

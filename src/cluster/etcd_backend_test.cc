@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cluster/backend.h"
+#include "cluster/cluster_test_util.h"
 #include "cluster/etcd_json.h"
 #include "cluster/testing/etcd_process.h"
 
@@ -36,43 +37,6 @@ std::unique_ptr<ClusterBackend> OpenOrDie(std::vector<std::string> endpoints,
   EXPECT_TRUE(b.ok()) << b.status().ToString();
   return b.ok() ? std::move(b).value() : nullptr;
 }
-
-// Collects what a watch delivers; tests wait on it.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<BackendEvent> events;
-  std::vector<int64_t> batch_revisions;  // first revision of every callback
-  std::vector<Status> errors;
-
-  BackendWatchCallback Events() {
-    return [this](const std::vector<BackendEvent>& evs) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!evs.empty()) batch_revisions.push_back(evs.front().kv.mod_revision);
-      events.insert(events.end(), evs.begin(), evs.end());
-      cv.notify_all();
-    };
-  }
-  ClusterWatchErrorCallback Errors() {
-    return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back(s);
-      cv.notify_all();
-    };
-  }
-  bool WaitEvents(size_t n, milliseconds timeout = milliseconds(10000)) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return events.size() >= n; });
-  }
-  bool WaitErrors(size_t n, milliseconds timeout = milliseconds(10000)) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return errors.size() >= n; });
-  }
-  std::vector<BackendEvent> Snapshot() {
-    std::lock_guard<std::mutex> lock(mu);
-    return events;
-  }
-};
 
 struct Written {
   int64_t revision;
@@ -342,7 +306,7 @@ TEST_F(EtcdBackendTest, LeasedKeysVanishAtExpiry) {
 // ---- watches ----------------------------------------------------------------------------------
 
 TEST_F(EtcdBackendTest, WatchDeliversEveryPutAndDeleteInOrder) {
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend_->watch("/w/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   std::vector<Written> want;
@@ -373,7 +337,7 @@ TEST_F(EtcdBackendTest, WatchFromPastRevision) {
     ASSERT_TRUE(p.ok());
     want.push_back({*p, "/past/" + std::to_string(i), false});
   }
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend_->watch("/past/", want[3].revision, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   auto p = Put("/past/new", "v");
@@ -389,7 +353,7 @@ TEST_F(EtcdBackendTest, WatchFromPastRevision) {
 // writes follow at once after the restart, before the watch can have reconnected: they must all
 // arrive (resume from last delivered + 1), none twice.
 void WatchSurvivesRestart(EtcdProcess& etcd, ClusterBackend& backend, bool sigkill) {
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend.watch("/r/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   std::vector<Written> want;
@@ -432,7 +396,7 @@ TEST_F(EtcdBackendTest, WatchFromCompactedRevisionFailsOnce) {
   std::string out;
   Status s = etcd_.Etcdctl({"compaction", std::to_string(revs[7])}, &out);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend_->watch("/c/", revs[2], c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE(c.WaitErrors(1));
@@ -447,7 +411,7 @@ TEST_F(EtcdBackendTest, WatchFromCompactedRevisionFailsOnce) {
       << c.errors[0].ToString();
   EXPECT_TRUE(c.events.empty());
   // From the compaction point on it is fine.
-  Collector ok;
+  testing::WatchCollector ok;
   auto w2 = backend_->watch("/c/", revs[7], ok.Events(), ok.Errors());
   ASSERT_TRUE(ok.WaitEvents(4));  // revs[7..9] and /c/late
 }
@@ -487,7 +451,7 @@ TEST_F(EtcdBackendTest, CancelFromInsideTheCallback) {
 }
 
 TEST_F(EtcdBackendTest, CancelStopsPromptlyAndNoCallbackAfter) {
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend_->watch("/cp/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE(Put("/cp/a", "1").ok());
@@ -589,7 +553,7 @@ class CuttableProxy {
 TEST_F(EtcdBackendTest, WatchResumesWithWritesMadeWhileCutOff) {
   CuttableProxy proxy(etcd_.client_port());
   auto watcher = OpenOrDie({proxy.endpoint()});
-  Collector c;
+  testing::WatchCollector c;
   auto w = watcher->watch("/cut/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   std::vector<Written> want;
@@ -640,7 +604,7 @@ TEST(EtcdBackendFaultTest, BadEndpointsAreInvalidArgument) {
 }
 
 TEST_F(EtcdBackendTest, PausedEtcdCallsReturnByDeadlineAndWatchRecovers) {
-  Collector c;
+  testing::WatchCollector c;
   auto w = backend_->watch("/p/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   std::vector<Written> want;
@@ -680,14 +644,14 @@ TEST_F(EtcdBackendTest, FirstEndpointDeadSecondServes) {
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     EXPECT_EQ(g->value, std::to_string(i));
   }
-  Collector c;
+  testing::WatchCollector c;
   auto w = b->watch("/two", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE(b->put("/two", "w", 0, std::nullopt, Soon()).ok());
   EXPECT_TRUE(c.WaitEvents(1));
   // A second backend starting with the dead one for its watch (no call made before) too.
   auto b2 = OpenOrDie({dead, etcd_.endpoint()});
-  Collector c2;
+  testing::WatchCollector c2;
   auto w2 = b2->watch("/two", 1, c2.Events(), c2.Errors());
   ASSERT_TRUE(w2.ok());
   EXPECT_TRUE(c2.WaitEvents(4));  // the three puts and "w"
@@ -770,7 +734,7 @@ TEST(EtcdBackendFaultTest, MalformedAnswersAreErrorsNotCrashes) {
       EXPECT_FALSE(b->remove("a", Soon()).ok()) << body;
       EXPECT_FALSE(b->lease_grant(milliseconds(1000), Soon()).ok()) << body;
       EXPECT_FALSE(b->lease_keepalive(1, Soon()).ok()) << body;
-      Collector c;
+      testing::WatchCollector c;
       auto w = b->watch("a", 5, c.Events(), c.Errors());
       ASSERT_TRUE(w.ok());
       std::this_thread::sleep_for(milliseconds(20));
@@ -800,7 +764,7 @@ TEST_F(EtcdBackendTest, AuthRightPasswordWorksWrongIsPermissionDenied) {
   auto p = b->put("/auth/k", "v", 0, std::nullopt, Soon());
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(b->get("/auth/k", Soon())->value, "v");
-  Collector c;
+  testing::WatchCollector c;
   auto w = b->watch("/auth/", 0, c.Events(), c.Errors());
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE(b->put("/auth/k", "w", 0, std::nullopt, Soon()).ok());
@@ -820,7 +784,7 @@ TEST_F(EtcdBackendTest, AuthRightPasswordWorksWrongIsPermissionDenied) {
   EXPECT_EQ(wrong.status().code(), Code::kPermissionDenied) << wrong.status().ToString();
   auto none = backend_->get("/auth/k", Soon());  // no user at all
   EXPECT_EQ(none.status().code(), Code::kPermissionDenied) << none.status().ToString();
-  Collector bc;
+  testing::WatchCollector bc;
   auto bw = OpenOrDie({etcd_.endpoint()}, bad)->watch("/auth/", 1, bc.Events(), bc.Errors());
   ASSERT_TRUE(bw.ok());
   ASSERT_TRUE(bc.WaitErrors(1));

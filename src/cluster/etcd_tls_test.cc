@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cluster/backend.h"
+#include "cluster/cluster_test_util.h"
 #include "cluster/testing/etcd_process.h"
 #include "farmem/cluster.h"
 
@@ -127,37 +128,6 @@ struct Pki {
   }
 };
 
-// Collects what a watch delivers; the test waits on it.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<BackendEvent> events;
-  std::vector<Status> errors;
-
-  BackendWatchCallback Events() {
-    return [this](const std::vector<BackendEvent>& evs) {
-      std::lock_guard<std::mutex> lock(mu);
-      events.insert(events.end(), evs.begin(), evs.end());
-      cv.notify_all();
-    };
-  }
-  ClusterWatchErrorCallback Errors() {
-    return [this](const Status& s) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back(s);
-      cv.notify_all();
-    };
-  }
-  bool WaitEvents(size_t n, milliseconds timeout = milliseconds(10000)) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return events.size() >= n; });
-  }
-  size_t Count() {
-    std::lock_guard<std::mutex> lock(mu);
-    return events.size();
-  }
-};
-
 class EtcdTlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -195,7 +165,7 @@ class EtcdTlsTest : public ::testing::Test {
 
   // put, get, range and a watch all work through `b`; the value is really in etcd (etcdctl).
   void ExpectWorks(ClusterBackend& b, const std::string& prefix) {
-    Collector c;
+    testing::WatchCollector c;
     auto w = b.watch(prefix, 0, c.Events(), c.Errors());
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     auto p = b.put(prefix + "k", "v1", 0, std::nullopt, Soon());
@@ -242,7 +212,7 @@ class EtcdTlsTest : public ::testing::Test {
     // Four calls, each of which fails in the handshake rather than at its deadline.
     EXPECT_LT(took, call_timeout) << "took " << (took / milliseconds(1)) << " ms";
 
-    Collector c;
+    testing::WatchCollector c;
     auto w = b.watch("/tls/", 1, c.Events(), c.Errors());
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     std::this_thread::sleep_for(milliseconds(300));
