@@ -90,30 +90,15 @@ for ns in "$NS0" "$NSE" "$NS1" "$NS2"; do ip -n "$ns" link set lo up || fail "lo
 # own namespace).
 ip netns exec "$NS0" sysctl -qw net.ipv4.ip_forward=1 || fail "ip_forward in $NS0"
 
-# link <client-if> <other-if> <other-ns> <client-ip> <other-ip>
-link() {
-  ip link add "$1" netns "$NS0" type veth peer name "$2" netns "$3" || fail "veth $1<->$2"
-  ip -n "$NS0" addr add "$4/24" dev "$1" || fail "addr $4 on $1"
-  ip -n "$3" addr add "$5/24" dev "$2" || fail "addr $5 on $2"
-  ip -n "$NS0" link set "$1" up || fail "link up $1"
-  ip -n "$3" link set "$2" up || fail "link up $2"
-  ip -n "$3" route add default via "$4" || fail "default route in $3"
-}
-link "fmce0_$$" "fmce1_$$" "$NSE" "$IP0E" "$IPE"
-link "fmc10_$$" "fmc11_$$" "$NS1" "$IP01" "$IP1"
-link "fmc20_$$" "fmc21_$$" "$NS2" "$IP02" "$IP2"
-
-# Reachable = a closed port answers "refused" (no ping needed).
-probe() {
-  local ns=$1 ip=$2 out
-  out="$(ip netns exec "$ns" timeout 5 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1 || true)"
-  grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
-}
-probe "$NS0" "$IPE"
-probe "$NS1" "$IPE" # through the client host
-probe "$NS2" "$IPE"
-
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+netns_link "$NS0" "fmce0_$$" "fmce1_$$" "$NSE" "$IP0E" "$IPE"
+netns_link "$NS0" "fmc10_$$" "fmc11_$$" "$NS1" "$IP01" "$IP1"
+netns_link "$NS0" "fmc20_$$" "fmc21_$$" "$NS2" "$IP02" "$IP2"
+
+netns_probe "$NS0" "$IPE"
+netns_probe "$NS1" "$IPE" # through the client host
+netns_probe "$NS2" "$IPE"
+
 
 # --- etcd --------------------------------------------------------------------------------------------
 URL="etcd://$IPE:$ETCD_PORT"

@@ -1,5 +1,6 @@
 # Shell helpers shared by the integration tests in this folder (sourced, not run): waiting for
-# farmemd's ready line. Callers define fail() and run under `set -euo pipefail`.
+# farmemd's ready line, and the veth links and reachability probe of the network-namespace tests.
+# Callers define fail() and run under `set -euo pipefail`.
 
 # Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
 wait_ready() {
@@ -11,4 +12,28 @@ wait_ready() {
     sleep 0.1
   done
   return 1
+}
+
+# netns_link <hub-ns> <hub-if> <other-if> <other-ns> <hub-ip> <other-ip>: a veth pair between the
+# hub namespace (the client host) and another one, /24 addresses, both ends up, and the other
+# namespace's default route through the hub — a routed network: libfabric tcp;ofi_rxm servers open
+# their own connections back to the client's fabric address, and namespaces behind the hub reach
+# each other through it (the hub forwards when ip_forward is on).
+netns_link() {
+  local hub=$1 hub_if=$2 other_if=$3 other=$4 hub_ip=$5 other_ip=$6
+  ip link add "$hub_if" netns "$hub" type veth peer name "$other_if" netns "$other" ||
+    fail "veth $hub_if<->$other_if"
+  ip -n "$hub" addr add "$hub_ip/24" dev "$hub_if" || fail "addr $hub_ip on $hub_if"
+  ip -n "$other" addr add "$other_ip/24" dev "$other_if" || fail "addr $other_ip on $other_if"
+  ip -n "$hub" link set "$hub_if" up || fail "link up $hub_if"
+  ip -n "$other" link set "$other_if" up || fail "link up $other_if"
+  ip -n "$other" route add default via "$hub_ip" || fail "default route in $other"
+}
+
+# netns_probe <ns> <ip>: reachable without ping (not always installed) — bash's /dev/tcp to a port
+# nothing listens on must be *refused*, not time out.
+netns_probe() {
+  local ns=$1 ip=$2 out
+  out="$(ip netns exec "$ns" timeout 5 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1 || true)"
+  grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
 }

@@ -99,37 +99,17 @@ for ns in "$NS1" "$NS2"; do
 done
 for ns in "$NS0" "$NS1" "$NS2"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; done
 
-# link <client-if> <server-if> <server-ns> <client-ip> <server-ip>
-link() {
-  ip link add "$1" netns "$NS0" type veth peer name "$2" netns "$3" || fail "veth $1<->$2"
-  ip -n "$NS0" addr add "$4/24" dev "$1" || fail "addr $4 on $1"
-  ip -n "$3" addr add "$5/24" dev "$2" || fail "addr $5 on $2"
-  ip -n "$NS0" link set "$1" up || fail "link up $1"
-  ip -n "$3" link set "$2" up || fail "link up $2"
-  # Servers reach every client address through the client host (a routed network). libfabric
-  # tcp;ofi_rxm needs this: a server opens its own connection back to the client's fabric address
-  # (one --data-host for all servers), and without a route server 2's RPC replies never arrive.
-  # Native TCP only uses client-initiated connections and works either way.
-  ip -n "$3" route add default via "$4" || fail "default route in $3"
-}
-link "$V01" "$V10" "$NS1" "$IP01" "$IP1"
-link "$V02" "$V20" "$NS2" "$IP02" "$IP2"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+netns_link "$NS0" "$V01" "$V10" "$NS1" "$IP01" "$IP1"
+netns_link "$NS0" "$V02" "$V20" "$NS2" "$IP02" "$IP2"
 
-# Connectivity check without ping (not always installed): bash's /dev/tcp to a port nothing
-# listens on must be *refused* (reachable), not time out.
-probe() {
-  local ns=$1 ip=$2 out
-  out="$(ip netns exec "$ns" timeout 5 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1 || true)"
-  grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
-}
-probe "$NS0" "$IP1"
-probe "$NS0" "$IP2"
-probe "$NS1" "$IP02" # server 1 reaches the client's link-2 address through the client host
-probe "$NS2" "$IP01"
+netns_probe "$NS0" "$IP1"
+netns_probe "$NS0" "$IP2"
+netns_probe "$NS1" "$IP02" # server 1 reaches the client's link-2 address through the client host
+netns_probe "$NS2" "$IP01"
 
 # --- helpers ---------------------------------------------------------------------------------------
 # wait_ready (shared with the other integration tests)
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Does `farmem demo` take its own data-path host? (Then the client binds a routable address.)
 CLIENT_HOST_FLAG=0
