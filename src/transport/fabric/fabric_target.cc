@@ -375,14 +375,19 @@ void Core::ProgressLoop(std::atomic<bool>& stop) {
       again.swap(repost_);
       for (RecvBuf* rb : again) (void)PostMainRecv(rb);
     }
+    // A ring seen here may be for work posted after this pass's CQ read: progress once more
+    // before sleeping, whatever the spin setting. (Sleeping on the new counter value right away
+    // lost that wake-up: with spin_before_sleep 0 and idle_wait_forever the operation hung.)
+    bool rang = false;
     if (db != nullptr) {
       const uint32_t now_seen = db[0].load(std::memory_order_seq_cst);
       if (now_seen != seen) {  // a peer posted work for us: stay awake
         seen = now_seen;
         last_busy = Clock::now();
+        rang = true;
       }
     }
-    if (queued || Clock::now() - last_busy < spin) {
+    if (queued || rang || Clock::now() - last_busy < spin) {
       if (armed) {
         db[1].store(0, std::memory_order_relaxed);
         armed = false;
