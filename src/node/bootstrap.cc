@@ -41,19 +41,6 @@ using net::MsLeft;
 // Connections accepted per poll round, so a connection flood cannot starve open handshakes.
 constexpr int kMaxAcceptsPerRound = 64;
 
-// The peer's IP address as bytes (the port left out): the key of the per-address limit.
-std::string AddressKey(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) {
-    const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
-    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
-    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
-  }
-  return {};
-}
-
 std::string Dump(const json& j) {
   // replace: a non-UTF-8 name must not make dump() throw; such names are only shown in logs.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -612,7 +599,7 @@ void BootstrapServer::Loop() {
         auto c = std::make_unique<Conn>();
         c->fd = Fd(fd);
         c->peer = net::FormatSockaddr(ss);
-        c->addr_key = AddressKey(ss);
+        c->addr_key = net::AddressKey(ss);
         if (!admit(c->addr_key, c->peer)) continue;  // closed by Fd's destructor
         ++per_address[c->addr_key];
         c->deadline = Clock::now() + handshake_timeout_;

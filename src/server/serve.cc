@@ -46,7 +46,9 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
   if (Status st = (*server)->start(); !st.ok()) return fail(st, kExitUsage);
   MemoryServer& srv = **server;
 
-  std::unique_ptr<MetricsHttpServer> metrics;
+  // Shared: the STAT section below holds a weak reference, so a STAT racing an early return
+  // (which destroys this before the server) never reads a destroyed endpoint.
+  std::shared_ptr<MetricsHttpServer> metrics;
   if (flags.options.metrics_port >= 0) {
     auto m = MetricsHttpServer::Start(config->node.bootstrap_host,
                                       static_cast<uint16_t>(flags.options.metrics_port),
@@ -54,6 +56,15 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     if (!m.ok()) return fail(m.status(), kExitUsage);
     metrics = std::move(*m);
     FARMEM_LOG_INFO("metrics: http://{}:{}/metrics", config->node.bootstrap_host, metrics->port());
+    srv.set_stats_section("metrics_http", [weak = std::weak_ptr(metrics)] {
+      const auto m = weak.lock();
+      if (!m) return std::string("{}");
+      const MetricsHttpStats s = m->stats();
+      return nlohmann::json{{"port", m->port()},        {"served", s.served},
+                            {"timed_out", s.timed_out}, {"evicted", s.evicted},
+                            {"malformed", s.malformed}, {"accept_backoffs", s.accept_backoffs}}
+          .dump();
+    });
   }
 
   if (!flags.options.cluster_url.empty()) {

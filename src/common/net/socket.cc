@@ -26,6 +26,18 @@ std::string FormatHostPort(const std::string& host, uint16_t port) {
   return host + ":" + std::to_string(port);
 }
 
+std::string AddressKey(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
+    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
+  }
+  return {};
+}
+
 std::string FormatSockaddr(const sockaddr_storage& ss) {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (ss.ss_family == AF_INET) {

@@ -26,6 +26,9 @@ int MsLeft(Clock::time_point deadline);
 std::string FormatHostPort(const std::string& host, uint16_t port);
 // The address of an AF_INET / AF_INET6 socket address as FormatHostPort text; "?" otherwise.
 std::string FormatSockaddr(const sockaddr_storage& ss);
+// The peer's IP address as raw bytes, the port left out ("" for other families): the key of the
+// listeners' per-address limits.
+std::string AddressKey(const sockaddr_storage& ss);
 
 struct AddrInfoDeleter {
   void operator()(addrinfo* ai) const { freeaddrinfo(ai); }

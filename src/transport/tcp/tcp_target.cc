@@ -240,19 +240,6 @@ void TcpTransport::FlushDirty() {
 
 namespace {
 
-// The peer's IP address as bytes (the port left out): the key of the per-address limit.
-std::string AddressKey(const sockaddr_storage& ss) {
-  if (ss.ss_family == AF_INET) {
-    const auto& a = reinterpret_cast<const sockaddr_in&>(ss).sin_addr;
-    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
-    return std::string(reinterpret_cast<const char*>(&a), sizeof(a));
-  }
-  return {};
-}
-
 // Closes a connection refused at accept, telling the peer why (best effort: one non-blocking
 // send of a small error frame; the peer may see a reset instead if it already sent data).
 void Refuse(int fd, const std::string& why) {
@@ -295,7 +282,7 @@ void TcpTransport::AcceptAll() {
     }
     ++accepted;
     accept_backoff_.OnSuccess();
-    std::string key = AddressKey(ss);
+    std::string key = net::AddressKey(ss);
     if (conns_.size() >= lim.max_connections) {
       nic_->stats.refused_total.fetch_add(1, std::memory_order_relaxed);
       FARMEM_LOG_DEBUG("tcp: refusing {}: {} connections open", net::FormatSockaddr(ss),
