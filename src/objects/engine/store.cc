@@ -667,9 +667,10 @@ Result<uint64_t> Store::FreeOwned(OwnerId owner) {
     FARMEM_RETURN_IF_ERROR(st);
   }
   if (OwnedObjects(owner) != 0) {
-    return Status::Aborted("owner " + std::to_string(owner) + " kept gaining objects (" +
+    return Status::Aborted("owner " + std::to_string(owner) + " still has " +
                            std::to_string(OwnedObjects(owner)) +
-                           " left) during FreeOwned: an allocation or SetOwner raced with it");
+                           " objects after 3 sweeps: an allocation or SetOwner for it raced with "
+                           "FreeOwned, or per-slot owners disagree with the counts");
   }
   return freed;
 }
