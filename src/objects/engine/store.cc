@@ -20,18 +20,22 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kOwnerIds = size_t{1} << (8 * sizeof(OwnerId));
 
 // Counts an operation that may give an owner objects (Alloc, SetOwner) as in flight for that
-// owner while it lives; FreeOwned waits for the count to reach 0.
+// owner while it lives; FreeOwned waits for the count to reach 0. Nothing waits for the
+// persistent owner (FreeOwned refuses it), so its operations skip the shared counter.
 class PendingForOwner {
  public:
-  explicit PendingForOwner(std::atomic<uint32_t>& n) : n_(n) {
-    n_.fetch_add(1, std::memory_order_seq_cst);
+  PendingForOwner(std::atomic<uint32_t>* pending, OwnerId owner)
+      : n_(owner == kPersistentOwner ? nullptr : &pending[owner]) {
+    if (n_ != nullptr) n_->fetch_add(1, std::memory_order_seq_cst);
   }
-  ~PendingForOwner() { n_.fetch_sub(1, std::memory_order_release); }
+  ~PendingForOwner() {
+    if (n_ != nullptr) n_->fetch_sub(1, std::memory_order_release);
+  }
   PendingForOwner(const PendingForOwner&) = delete;
   PendingForOwner& operator=(const PendingForOwner&) = delete;
 
  private:
-  std::atomic<uint32_t>& n_;
+  std::atomic<uint32_t>* n_;
 };
 
 timespec RealtimeDeadline(std::chrono::milliseconds timeout) {
@@ -415,7 +419,7 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker, OwnerId owner) {
   }
   FARMEM_ASSIGN_OR_RETURN(uint32_t c, classes_.ClassFor(size));
   // In flight for `owner` until it returns: FreeOwned(owner) waits for it (see FreeOwned).
-  PendingForOwner pending(owner_pending_[owner]);
+  PendingForOwner pending(owner_pending_.get(), owner);
   ThreadAllocator& w = *workers_[worker];
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status failure;
@@ -609,9 +613,6 @@ Status Store::Free(const ObjectPtr& p) {
 
 void Store::CountOwner(OwnerId owner, int64_t delta) {
   owned_[owner].fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
-  if (owner != kPersistentOwner) {
-    owned_total_.fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
-  }
 }
 
 uint64_t Store::OwnedObjects(OwnerId owner) const {
@@ -620,7 +621,7 @@ uint64_t Store::OwnedObjects(OwnerId owner) const {
 
 Status Store::SetOwner(const ObjectPtr& p, OwnerId owner) {
   // Giving an object to `owner` is like allocating for it: in flight for FreeOwned(owner).
-  PendingForOwner pending(owner_pending_[owner]);
+  PendingForOwner pending(owner_pending_.get(), owner);
   FARMEM_ASSIGN_OR_RETURN(detail::Block * b, LockBlockOf(p, /*exclusive=*/true));
   Status st = [&]() -> Status {
     FARMEM_ASSIGN_OR_RETURN(uint32_t slot, ResolveSlotLocked(*b, p));
@@ -947,7 +948,10 @@ StoreStats Store::Stats() {
     s.live_blocks += cs.blocks;
     s.live_payload_slot_bytes += cs.live_objects * cs.slot_size;
   }
-  s.owned_objects = owned_total_.load(std::memory_order_acquire);
+  // A sum over every session's count (~65 k loads, tens of µs) rather than one more counter
+  // that every alloc and free of every worker would write.
+  for (size_t o = 1; o < kOwnerIds; ++o)
+    s.owned_objects += owned_[o].load(std::memory_order_relaxed);
   s.persistent_objects = OwnedObjects(kPersistentOwner);
   s.blocks = ba_->Stats();
   return s;

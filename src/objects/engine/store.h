@@ -406,13 +406,13 @@ class Store {
   std::unique_ptr<uint16_t[]> next_gen_;
   std::vector<std::unique_ptr<ThreadAllocator>> workers_;
 
-  // Per OwnerId: live objects it owns (exact: every change happens under the object's block
-  // lock, and a merge moves objects without changing owners), and allocations / SetOwner calls
-  // for it in flight (FreeOwned waits for them to finish): 65536 x (8 + 4) B = 768 KiB per Store,
-  // against a 2^16-entry map's lock and allocations on every alloc and free.
+  // Per OwnerId: live objects it owns (changed together with a slot_owner entry, under that
+  // block's exclusive lock; a merge moves objects without changing owners, so the counts are
+  // exact whenever nothing is in flight), and allocations / SetOwner calls for it in flight
+  // (FreeOwned waits for them to finish; not kept for kPersistentOwner). 65536 x (8 + 4) B =
+  // 768 KiB per Store, instead of a map whose lock and nodes every alloc and free would pay for.
   std::unique_ptr<std::atomic<uint64_t>[]> owned_;
   std::unique_ptr<std::atomic<uint32_t>[]> owner_pending_;
-  std::atomic<uint64_t> owned_total_{0};  // sum of owned_[1..65535] (StoreStats::owned_objects)
   // Excludes compaction merges from FreeOwned's sweep (lock order 0): a merge holds it shared
   // (Compactor::TryMerge, before the block locks, skipped as busy after lock_timeout), a sweep
   // exclusively. Why: a merge moves objects from a block the sweep has not visited into one it
