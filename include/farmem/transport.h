@@ -99,6 +99,12 @@ struct TcpLimits {
   // send_queue_resume_bytes. One reply larger than the cap is still sent, alone.
   size_t max_send_queue_bytes = size_t{64} << 20;
   size_t send_queue_resume_bytes = size_t{16} << 20;
+  // RPCs of one connection handed to the handler and not answered yet, above which the target
+  // stops reading that peer's requests until one is answered. An RPC's reply size is known only
+  // when its handler answers, so without this cap a peer could pipeline thousands of requests
+  // with large replies past max_send_queue_bytes; with it, the queue stays below
+  // max_send_queue_bytes + max_rpcs_in_flight * max_rpc_bytes.
+  uint32_t max_rpcs_in_flight = 64;
   // Open connections (authenticated or not) per peer IP address and in total; further ones are
   // closed at accept.
   uint32_t max_connections_per_address = 256;

@@ -135,6 +135,9 @@ struct NicShared {
   std::atomic<std::thread::id> nic_thread{};
   // Connections with responses appended during the current batch; flushed at its end (NIC only).
   std::vector<std::shared_ptr<ServerConn>> dirty;
+  // The NIC thread's eventfd (set before the thread starts): an RPC answered on another thread
+  // wakes it when its connection is paused, so reading resumes now, not at the next epoll timeout.
+  int wake_fd = -1;
 };
 
 class ServerConn : public std::enable_shared_from_this<ServerConn> {
@@ -166,6 +169,9 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   // Guarded by wmu, written by the NIC thread only: reading requests is paused because too many
   // reply bytes are queued (EPOLLIN off). Under wmu because FlushLocked rebuilds the event mask.
   bool paused = false;
+  // RPCs handed to the handler and not answered yet (TcpLimits::max_rpcs_in_flight). Incremented
+  // by the NIC thread, decremented by whichever thread answers.
+  std::atomic<uint32_t> rpcs_in_flight{0};
 
   // Requires wmu. Sends what the socket takes; arms EPOLLOUT for the rest.
   Status FlushLocked();

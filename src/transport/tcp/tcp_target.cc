@@ -110,6 +110,7 @@ class TcpIncomingRpc final : public IncomingRpc {
     }
     replied_ = true;
     std::lock_guard lock(conn_->wmu);
+    AnsweredLocked();
     if (conn_->closed || conn_->write_shut) {
       return Status::Unavailable(
           fmt::format("RPC reply dropped: connection from {} is closed", conn_->peer_name));
@@ -131,12 +132,23 @@ class TcpIncomingRpc final : public IncomingRpc {
   Status SendError(uint16_t code, std::string_view msg) {
     replied_ = true;
     std::lock_guard lock(conn_->wmu);
+    AnsweredLocked();
     if (conn_->closed || conn_->write_shut) {
       return Status::Unavailable(
           fmt::format("RPC reply dropped: connection from {} is closed", conn_->peer_name));
     }
     w::EncodeError(conn_->wbuf, seq_, code, msg);
     return conn_->SubmitLocked();
+  }
+
+  // Requires conn_->wmu (which guards `paused`). Once per RPC, with its answer.
+  void AnsweredLocked() {
+    conn_->rpcs_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    if (conn_->paused && conn_->nic->wake_fd >= 0 &&
+        conn_->nic->nic_thread.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
+      const uint64_t one = 1;
+      (void)!::write(conn_->nic->wake_fd, &one, sizeof(one));
+    }
   }
 
   std::shared_ptr<ServerConn> conn_;
@@ -355,7 +367,10 @@ void TcpTransport::SweepAuth(Clock::time_point now) {
 bool TcpTransport::ThrottleLocked(ServerConn& conn, const w::FrameView& f) {
   const TcpLimits& lim = shared_->config.tcp_limits;
   const size_t queued = conn.wbuf.size();
-  if (queued == 0) return false;  // one reply is always sent, however large
+  const bool rpc_cap =
+      f.opcode == w::Opcode::kRpc &&
+      conn.rpcs_in_flight.load(std::memory_order_acquire) >= lim.max_rpcs_in_flight;
+  if (queued == 0 && !rpc_cap) return false;  // one reply is always sent, however large
   // Bound on the reply this frame adds now (RPC replies come later, from the handler).
   size_t reply = 0;
   if (f.opcode == w::Opcode::kRead) {
@@ -363,14 +378,14 @@ bool TcpTransport::ThrottleLocked(ServerConn& conn, const w::FrameView& f) {
   } else if (f.opcode != w::Opcode::kRpc) {
     reply = sizeof(w::FrameHeader) + w::kMaxErrorMessageBytes;
   }
-  if (queued + reply <= lim.max_send_queue_bytes) return false;
+  if (!rpc_cap && queued + reply <= lim.max_send_queue_bytes) return false;
   conn.paused = true;
   conn.ArmLocked(conn.want_out);
   nic_->stats.backpressure_events.fetch_add(1, std::memory_order_relaxed);
   nic_->stats.throttled.fetch_add(1, std::memory_order_relaxed);
   paused_.push_back(conn.id);
-  FARMEM_LOG_DEBUG("tcp: {} has {} reply bytes queued: pausing its requests", conn.peer_name,
-                   queued);
+  FARMEM_LOG_DEBUG("tcp: {} has {} reply bytes queued and {} RPCs unanswered: pausing its requests",
+                   conn.peer_name, queued, conn.rpcs_in_flight.load(std::memory_order_relaxed));
   return true;
 }
 
@@ -385,7 +400,9 @@ void TcpTransport::ResumePaused() {
     if (!conn->paused) continue;
     {
       std::lock_guard lock(conn->wmu);
-      if (!conn->closed && !conn->write_shut && conn->wbuf.size() > resume_below) {
+      const bool rpcs_full = conn->rpcs_in_flight.load(std::memory_order_acquire) >=
+                             shared_->config.tcp_limits.max_rpcs_in_flight;
+      if (!conn->closed && !conn->write_shut && (conn->wbuf.size() > resume_below || rpcs_full)) {
         paused_.push_back(id);
         continue;
       }
@@ -594,6 +611,8 @@ bool TcpTransport::Serve(const std::shared_ptr<ServerConn>& conn_ptr, const w::F
     }
     case w::Opcode::kRpc: {
       locks.Unlock();  // the handler may answer at once, taking the write lock
+      // Counted before the handler can answer (and uncount it) on another thread.
+      conn.rpcs_in_flight.fetch_add(1, std::memory_order_acq_rel);
       auto rpc = std::make_unique<TcpIncomingRpc>(conn_ptr, seq, f.rpc.imm, f.data,
                                                   shared_->config.max_rpc_bytes);
       if (handler_) {

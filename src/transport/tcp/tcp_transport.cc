@@ -70,6 +70,7 @@ Status TcpTransport::start() {
   listen_fd_.reset(listen_fd.release());
   epoll_fd_.reset(epoll_fd.release());
   wake_fd_.reset(wake_fd.release());
+  nic_->wake_fd = wake_fd_.get();
   started_ = true;
   thread_ = std::thread([this] { NicLoop(); });
   FARMEM_LOG_DEBUG("tcp transport listening on {}", local_address_);

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <string>
@@ -812,6 +813,92 @@ TEST_F(TcpTransportTest, SlowReaderIsThrottledAndGetsEveryReplyInOrder) {
   EXPECT_GE(st.backpressure_events, 1u);
   EXPECT_EQ(st.throttled_connections, 0u);
   EXPECT_LE(st.peak_send_queue_bytes, limits_.max_send_queue_bytes);
+}
+
+// Issue 16, back-pressure for RPCs answered on other threads: a reply's size is known only when
+// its handler answers, so the queue check could not see the replies of RPCs already handed to
+// workers, and a peer pipelining 400 RPCs with 256 KiB replies without reading queued 100 MiB.
+// Now at most max_rpcs_in_flight RPCs of a connection are unanswered; every reply still arrives,
+// in order.
+TEST_F(TcpTransportTest, PipelinedRpcsWithLargeRepliesAreThrottled) {
+  limits_.max_send_queue_bytes = 4u << 20;
+  limits_.send_queue_resume_bytes = 1u << 20;
+  limits_.max_rpcs_in_flight = 8;
+  constexpr size_t kReply = 256u << 10;
+  constexpr int kRpcs = 400;  // 100 MiB of replies
+  auto reply_bytes = [](uint32_t imm) {
+    std::vector<std::byte> b(kReply);
+    for (size_t i = 0; i < b.size(); i += 4096) b[i] = static_cast<std::byte>(imm + i / 4096);
+    return b;
+  };
+  // An RPC worker: the handler (on the NIC thread) only queues the call, as farmemd's does.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<IncomingRpc>> calls;
+  bool stop = false;
+  std::thread worker([&] {
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || !calls.empty(); });
+      if (calls.empty()) return;
+      auto rpc = std::move(calls.front());
+      calls.pop_front();
+      lock.unlock();
+      (void)rpc->reply(rpc->imm(), reply_bytes(rpc->imm()));
+      lock.lock();
+    }
+  });
+  testing::ScopeExit join{[&] {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }};
+  mem_ = testing::AlignedBuffer(4096);
+  auto t = CreateTcpTransport(Config());
+  ASSERT_TRUE(t.ok());
+  target_ = std::move(*t);
+  target_->set_rpc_handler([&](std::unique_ptr<IncomingRpc> rpc) {
+    {
+      std::lock_guard lock(mu);
+      calls.push_back(std::move(rpc));
+    }
+    cv.notify_one();
+  });
+  ASSERT_OK(target_->start());
+  // Stopped before the worker and the queue it hands calls to are gone, even on early failure.
+  testing::ScopeExit stop_target{[&] { target_->stop(); }};
+
+  RawSocket slow = RawSocket::Connect(PortOf(target_->local_address()), 0, 64 << 10);
+  ASSERT_GE(slow.fd(), 0);
+  w::ByteQueue q;
+  w::EncodeHello(q, "test-token");
+  for (int i = 0; i < kRpcs; ++i) {
+    w::EncodeRpc(q, w::Opcode::kRpc, static_cast<uint64_t>(i) + 1, static_cast<uint32_t>(i), "x",
+                 1);
+  }
+  ASSERT_TRUE(slow.Send(q));
+  EXPECT_TRUE(WaitFor([&] { return TargetStats().throttled_connections == 1; }, 5s))
+      << "the pipelining peer was never throttled";
+  std::this_thread::sleep_for(300ms);  // the target would keep queueing here if unthrottled
+  const size_t bound = limits_.max_send_queue_bytes + limits_.max_rpcs_in_flight * (kReply + 64);
+  EXPECT_LE(TargetStats().peak_send_queue_bytes, bound);
+
+  for (int i = 0; i < kRpcs; ++i) {
+    w::FrameView f;
+    ASSERT_TRUE(slow.ReadFrame(&f)) << "reply " << i;
+    ASSERT_EQ(f.opcode, w::Opcode::kRpcResp) << "reply " << i;
+    ASSERT_EQ(f.header.seq, static_cast<uint64_t>(i) + 1);
+    const auto want = reply_bytes(static_cast<uint32_t>(i));
+    ASSERT_EQ(f.data.size(), kReply);
+    ASSERT_EQ(std::memcmp(f.data.data(), want.data(), kReply), 0) << "reply " << i;
+  }
+  const TcpTransportStats st = TargetStats();
+  EXPECT_GE(st.backpressure_events, 1u);
+  EXPECT_EQ(st.throttled_connections, 0u);
+  EXPECT_LE(st.peak_send_queue_bytes, bound);
 }
 
 // Limits on connections per peer address and in total: the ones beyond are closed at accept,
