@@ -50,9 +50,9 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
   // (which destroys this before the server) never reads a destroyed endpoint.
   std::shared_ptr<MetricsHttpServer> metrics;
   if (flags.options.metrics_port >= 0) {
-    auto m = MetricsHttpServer::Start(config->node.bootstrap_host,
-                                      static_cast<uint16_t>(flags.options.metrics_port),
-                                      [&srv] { return srv.metrics_text(); });
+    auto m = MetricsHttpServer::Start(
+        config->node.bootstrap_host, static_cast<uint16_t>(flags.options.metrics_port),
+        [&srv] { return srv.metrics_text(); }, flags.options.metrics_limits);
     if (!m.ok()) return fail(m.status(), kExitUsage);
     metrics = std::move(*m);
     FARMEM_LOG_INFO("metrics: http://{}:{}/metrics", config->node.bootstrap_host, metrics->port());

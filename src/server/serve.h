@@ -13,6 +13,7 @@
 #include "farmem/cluster.h"
 #include "farmem/server.h"
 #include "farmem/status.h"
+#include "server/metrics_http.h"
 #include "service/flags.h"
 
 namespace farmem {
@@ -48,6 +49,10 @@ struct ServeOptions {
   std::string cluster_ca;
   std::string cluster_cert;
   std::string cluster_key;
+  // `--limit KEY=VALUE` items (limit_flags.h); ResolveServeConfig applies them to the node's
+  // listener limits and to metrics_limits.
+  std::vector<std::string> limits;
+  MetricsHttpLimits metrics_limits;
 };
 
 // Flags registered on a CLI11 app (or subcommand): farmemd's own and every built service's.

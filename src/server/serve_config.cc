@@ -8,6 +8,7 @@
 
 #include "common/net/host_port.h"
 #include "server/built_services.h"
+#include "server/limit_flags.h"
 #include "server/serve.h"
 
 namespace farmem {
@@ -42,6 +43,10 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
   f.add("cluster-ca", &o.cluster_ca, "etcd TLS: CA certificate file");
   f.add("cluster-cert", &o.cluster_cert, "etcd TLS: client certificate file");
   f.add("cluster-key", &o.cluster_key, "etcd TLS: client key file");
+  f.add_list("limit", &o.limits,
+             "listener limits KEY=VALUE, comma-separated (docs/server.md \"Limits\"); keys "
+             "(default): " +
+                 LimitKeysHelp());
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
     flags.config.services.push_back(d->name);
@@ -128,6 +133,13 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
   c.node.bootstrap_host = listen.first;
   c.node.bootstrap_port = listen.second;
   c.node.rpc_workers = o.workers;
+  {
+    ListenerLimits limits{c.node.transport.tcp_limits, c.node.bootstrap_limits, o.metrics_limits};
+    FARMEM_RETURN_IF_ERROR(ApplyLimitItems(o.limits, limits));
+    c.node.transport.tcp_limits = limits.tcp;
+    c.node.bootstrap_limits = limits.bootstrap;
+    o.metrics_limits = limits.metrics;
+  }
   c.node.transport.backend = o.backend;
   c.node.transport.provider = o.provider;
   c.node.transport.listen_host = o.data_host.empty() ? listen.first : o.data_host;
