@@ -176,12 +176,12 @@ TEST_F(AdversarialTest, DescriptorLimitDoesNotSpin) {
   // Connections to the data port until farmemd holds every descriptor it may open, then more to
   // both ports, which wait in the kernel's backlogs: every accept now fails with EMFILE.
   std::vector<RawSocket> attackers;
-  for (int i = 0; i < kMaxFds; ++i) attackers.emplace_back(DialNoWait(d_->data_port()));
+  for (int i = 0; i < kMaxFds; ++i) attackers.push_back(RawSocket::ConnectNoWait(d_->data_port()));
   ASSERT_TRUE(WaitFor([&] { return d_->open_fds() >= kMaxFds; }, 5s))
       << "farmemd holds " << d_->open_fds() << " descriptors, limit " << kMaxFds;
   for (int i = 0; i < 16; ++i) {
-    attackers.emplace_back(DialNoWait(d_->bootstrap_port()));
-    attackers.emplace_back(DialNoWait(d_->data_port()));
+    attackers.push_back(RawSocket::ConnectNoWait(d_->bootstrap_port()));
+    attackers.push_back(RawSocket::ConnectNoWait(d_->data_port()));
   }
   const double cpu0 = d_->cpu_seconds();
   std::this_thread::sleep_for(1500ms);  // the window being measured
@@ -213,7 +213,7 @@ TEST_F(AdversarialTest, IdleBootstrapPeersDoNotDelayOthers) {
   std::vector<RawSocket> idle;
   const int fds0 = d_->open_fds();
   for (int i = 0; i < 300; ++i) {
-    idle.emplace_back(DialNoWait(d_->bootstrap_port(), kLoopback2));
+    idle.push_back(RawSocket::ConnectNoWait(d_->bootstrap_port(), kLoopback2));
     ASSERT_GE(idle.back().fd(), 0);
   }
   // farmemd holds at least the 64 it admits from one address (it may also never accept them).

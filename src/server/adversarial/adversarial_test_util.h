@@ -3,14 +3,11 @@
 // destruction) and its legitimate client, a Node of its own that must keep being served.
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -252,29 +249,6 @@ inline Result<std::chrono::milliseconds> ServeFreshClient(const std::string& boo
   const auto t0 = Clock::now();
   FARMEM_ASSIGN_OR_RETURN(auto c, LegitClient::Connect(bootstrap));
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-}
-
-// A loopback connection to `port` from `source` (host order; 0 = 127.0.0.1) that does not wait
-// for the server to accept it: connect() is started non-blocking and left in flight. -1 on error.
-inline int DialNoWait(uint16_t port, uint32_t source = 0) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  if (source != 0) {
-    a.sin_addr.s_addr = htonl(source);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      ::close(fd);
-      return -1;
-    }
-  }
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 }  // namespace farmem::adversarial

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -58,6 +59,13 @@ class RawSocket {
   // A socket not connected yet (ConnectFd later): tests that run out of descriptors make their
   // clients' descriptors first.
   static int Unconnected() { return ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
+  // A connection left in flight: a non-blocking socket whose connect() is not waited for, so a
+  // server that never accepts cannot block the test. For idle peers (Send may fail with EAGAIN).
+  static RawSocket ConnectNoWait(uint16_t port, uint32_t source = 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return RawSocket();
+    return ConnectFd(fd, port, source);
+  }
   static RawSocket ConnectFd(int fd, uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
     if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     if (source != 0) {
@@ -73,7 +81,7 @@ class RawSocket {
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
       ::close(fd);
       return RawSocket();
     }
