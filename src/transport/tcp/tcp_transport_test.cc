@@ -27,6 +27,7 @@
 #include "transport/tcp/frame_codec.h"
 #include "transport/testing/completion_util.h"
 #include "transport/testing/limits_util.h"
+#include "transport/testing/raw_socket.h"
 
 namespace farmem {
 namespace {
@@ -37,6 +38,9 @@ using namespace std::chrono_literals;
 // Generous bound that only turns a hang into a failure.
 constexpr auto kWait = 10s;
 
+using testing::RawSocket;
+using testing::WaitFor;
+
 #define ASSERT_OK(expr)                                              \
   do {                                                               \
     ::farmem::Status _st = (expr);                                   \
@@ -46,113 +50,6 @@ constexpr auto kWait = 10s;
 uint16_t PortOf(const std::string& address) {
   return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
 }
-
-// A blocking loopback socket with helpers to write bytes and read whole frames.
-class RawSocket {
- public:
-  RawSocket() = default;
-  explicit RawSocket(int fd) : fd_(fd) {}
-  RawSocket(RawSocket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  ~RawSocket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int fd() const { return fd_; }
-
-  // `source` (host order, e.g. 127.0.0.2) binds the local end, so tests can play several peer
-  // addresses on loopback; `rcvbuf` shrinks the receive buffer (a slow reader).
-  static RawSocket Connect(uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return RawSocket();
-    return ConnectFd(fd, port, source, rcvbuf);
-  }
-  // A socket not connected yet (ConnectFd later): tests that run out of descriptors make their
-  // clients' descriptors first.
-  static int Unconnected() { return ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }
-  static RawSocket ConnectFd(int fd, uint16_t port, uint32_t source = 0, int rcvbuf = 0) {
-    if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    if (source != 0) {
-      sockaddr_in b{};
-      b.sin_family = AF_INET;
-      b.sin_addr.s_addr = htonl(source);
-      if (::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof(b)) != 0) {
-        ::close(fd);
-        return RawSocket();
-      }
-    }
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      ::close(fd);
-      return RawSocket();
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return RawSocket(fd);
-  }
-
-  bool Send(const w::ByteQueue& q) { return Send(q.data(), q.size()); }
-  bool Send(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    while (n > 0) {
-      ssize_t k = ::send(fd_, b, n, MSG_NOSIGNAL);
-      if (k <= 0) return false;
-      b += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  }
-
-  // Reads until one frame is complete. False on EOF, error or kWait without data.
-  bool ReadFrame(w::FrameView* f) {
-    for (;;) {
-      if (consumed_ > 0) {
-        buf_.erase(buf_.begin(), buf_.begin() + static_cast<ptrdiff_t>(consumed_));
-        consumed_ = 0;
-      }
-      w::DecodeResult r = w::DecodeFrame(buf_, {}, f);
-      if (r.state == w::DecodeState::kFrame) {
-        consumed_ = f->frame_size;  // the view stays valid until the next call
-        return true;
-      }
-      if (r.state == w::DecodeState::kError) {
-        ADD_FAILURE() << "peer sent a malformed frame: " << r.error;
-        return false;
-      }
-      if (!ReadSome()) return false;
-    }
-  }
-
-  // True when the peer closed the connection (EOF or reset) before `limit`, ignoring data.
-  bool WaitClosed(std::chrono::milliseconds limit = kWait) {
-    for (;;) {
-      if (!ReadSome(limit)) return !timed_out_;
-      buf_.clear();
-      consumed_ = 0;
-    }
-  }
-
- private:
-  bool ReadSome(std::chrono::milliseconds limit = kWait) {
-    pollfd p{fd_, POLLIN, 0};
-    const int ms = static_cast<int>(limit.count());
-    if (::poll(&p, 1, ms) <= 0) {
-      timed_out_ = true;
-      return false;
-    }
-    uint8_t tmp[65536];
-    ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
-    if (n <= 0) return false;
-    buf_.insert(buf_.end(), tmp, tmp + n);
-    return true;
-  }
-
-  int fd_ = -1;
-  std::vector<uint8_t> buf_;
-  size_t consumed_ = 0;
-  bool timed_out_ = false;
-};
 
 class TcpTransportTest : public ::testing::Test {
  protected:
@@ -694,17 +591,6 @@ TEST_F(TcpTransportTest, ConfigIsValidated) {
 // Connection limits (TcpLimits, docs/transport.md "Connection limits").
 
 constexpr uint32_t kLoopback2 = 0x7f000002;  // 127.0.0.2
-
-// Waits until `pred` holds or `limit` passes; returns pred().
-template <typename Pred>
-bool WaitFor(Pred pred, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return pred();
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // Issue 16, finding 1: 24 unauthenticated connections each announcing a 16 MiB WRITE made the
 // target size a receive buffer from the announced length (+385 MiB RSS). Now the first frame is

@@ -1,10 +1,11 @@
-// Test helpers for the connection-limit tests of the TCP transport and the bootstrap listener:
-// process RSS and CPU time, a log sink counting matching lines, and a scope that uses up every
-// file descriptor. Header-only test code; each helper is used by the test's own thread.
+// Test helpers for connection-limit tests (TCP transport, bootstrap listener, farmemd): RSS and
+// CPU time of this or another process, a log sink counting matching lines, and a scope that uses
+// up every file descriptor. Header-only test code; each helper is used by the test's own thread.
 #pragma once
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,9 +31,10 @@ struct ScopeExit {
   ~ScopeExit() { f(); }
 };
 
-// Resident set size of this process in bytes (/proc/self/statm, second field).
-inline size_t RssBytes() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
+// Resident set size in bytes of the process whose statm file is `path` (second field); 0 when
+// it cannot be read (e.g. the process is gone).
+inline size_t RssBytesFromStatm(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) return 0;
   unsigned long size = 0, resident = 0;
   const int n = std::fscanf(f, "%lu %lu", &size, &resident);
@@ -39,11 +42,39 @@ inline size_t RssBytes() {
   return n == 2 ? resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
+// Resident set size of this process in bytes (/proc/self/statm).
+inline size_t RssBytes() {
+  return RssBytesFromStatm("/proc/self/statm");
+}
+// ... of another process (/proc/PID/statm), e.g. a farmemd the test started.
+inline size_t RssBytesOf(pid_t pid) {
+  return RssBytesFromStatm("/proc/" + std::to_string(pid) + "/statm");
+}
+
 // CPU time (user + system) of every thread of this process, in seconds.
 inline double ProcessCpuSeconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// CPU time (utime + stime, fields 14 and 15 of /proc/PID/stat) of another process, in seconds;
+// -1 when it cannot be read. Resolution: one clock tick (10 ms).
+inline double ProcessCpuSecondsOf(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'.
+  const char* p = std::strrchr(buf, ')');
+  unsigned long utime = 0, stime = 0;
+  if (p == nullptr || std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+                                  &utime, &stime) != 2) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // Counts log lines containing `needle` while it lives (attached to spdlog's default logger).
