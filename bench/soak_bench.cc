@@ -1,7 +1,6 @@
-// `farmem bench soak`: a farmemd child with its default flags serves two legitimate client
-// threads (objects, raw; every read checked) in interleaved rounds without and with hostile
-// clients. Threads: main (rounds, output), 2 legitimate client threads, 1 hostile thread (floods,
-// garbage, slow readers, killed child processes), 1 RSS sampler. Also the hidden child client.
+// `farmem bench soak` and its hidden child client: legitimate clients vs hostile ones against a
+// default farmemd child, in interleaved rounds. Threads: main (rounds, output), 2 legitimate
+// client threads, 1 hostile thread (floods, garbage, slow readers, killed children), 1 RSS sampler.
 #include "soak_bench.h"
 
 #include <arpa/inet.h>
@@ -146,6 +145,8 @@ class Farmemd {
   ~Farmemd() { Stop(); }
 
   Status Start(const std::string& binary, std::chrono::milliseconds timeout) {
+    if (::access(binary.c_str(), X_OK) != 0)
+      return Status::FromErrno("farmemd binary " + binary, errno);
     char log_path[] = "/tmp/farmem-soak-farmemd-XXXXXX";
     const int log_fd = ::mkstemp(log_path);
     if (log_fd < 0) return Status::FromErrno("mkstemp", errno);
@@ -184,9 +185,16 @@ class Farmemd {
     bootstrap_ = field("bootstrap");
     data_address_ = field("address");
     if (bootstrap_.empty() || data_address_.empty()) {
-      return Status::Unavailable(
-          fmt::format("{} did not report ready within {} ms (got '{}'); its log: {}", binary,
-                      timeout.count(), line.substr(0, line.find('\n')), LogTail()));
+      bool exited = !Alive();  // stdout closed: give an exiting child a moment to be reaped
+      for (int i = 0; i < 50 && !exited; ++i) {
+        std::this_thread::sleep_for(20ms);
+        exited = !Alive();
+      }
+      return Status::Unavailable(fmt::format(
+          "{} did not report ready within {} ms (got '{}'{}); its log: {}", binary, timeout.count(),
+          line.substr(0, line.find('\n')),
+          exited ? fmt::format(", exited with status {:#x}", exit_status_) : std::string(),
+          LogTail()));
     }
     return Status::OK();
   }

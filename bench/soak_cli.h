@@ -17,7 +17,7 @@ inline CLI::App* AddSoakBenchCommand(CLI::App& bench, SoakBenchOptions& o) {
   cmd->add_option("--minutes", o.minutes, "whole run in minutes")
       ->capture_default_str()
       ->check(CLI::Range(0.5, 24.0 * 60));
-  cmd->add_flag("--quick", o.quick, "run under two minutes: 5 rounds of ~6 s each");
+  cmd->add_flag("--quick", o.quick, "run under two minutes: 5 rounds of ~6.7 s + 6.7 s");
   cmd->add_option("--rounds", o.rounds,
                   "baseline/hostile round pairs, >= 5 (default: minutes rounded, 5..30)")
       ->check(CLI::Range(5, 1000));

@@ -40,7 +40,7 @@ const char* GarbageName(Port port, int variant);
 struct StatCounts {
   int64_t live_objects = -1;     // objects.live_objects (-1: no objects section)
   int64_t raw_allocations = -1;  // memory.allocations (-1: no memory section)
-  bool has_sessions = false;     // a "sessions" section exists (client sessions, issue 17)
+  bool has_sessions = false;     // a "sessions" section exists (client sessions, once merged)
   // The client session TTL the sessions section states (a key holding "ttl": *_ms, *_seconds or
   // *_s), if any.
   std::optional<double> session_ttl_seconds;
