@@ -29,10 +29,16 @@ struct TargetRecord {
   std::string limit;  // e.g. ">= 0.8x baseline", "== 0"
   TargetResult result = TargetResult::kUnknown;
   std::string detail;  // free text; left out when empty
+  // Keys of a benchmark's own added to the entry (e.g. raw's "metric", "missing").
+  nlohmann::json extra = nlohmann::json::object();
+  // Judged on rounds: ratio_min, ratio_max and round_ratios are written (null / [] without a
+  // valid round).
+  bool judged_on_rounds = false;
 
-  // ratio, ratio_min, ratio_max and round_ratios from an interleaved comparison (nothing when it
-  // has no valid round).
+  // ratio, ratio_min, ratio_max and round_ratios from an interleaved comparison (ratio stays
+  // nullopt when it has no valid round).
   void SetRounds(const RoundRatios& r) {
+    judged_on_rounds = true;
     if (r.ratios.empty()) return;
     ratio = r.median;
     ratio_min = r.min;
@@ -57,12 +63,14 @@ inline nlohmann::json TargetJson(const TargetRecord& t) {
                       {"ratio", json_detail::OrNull(t.ratio)},
                       {"limit", t.limit},
                       {"result", TargetResultName(t.result)}};
-  if (t.ratio_min || t.ratio_max || !t.round_ratios.empty()) {
+  if (t.judged_on_rounds || t.ratio_min || t.ratio_max || !t.round_ratios.empty()) {
     x["ratio_min"] = json_detail::OrNull(t.ratio_min);
     x["ratio_max"] = json_detail::OrNull(t.ratio_max);
     x["round_ratios"] = t.round_ratios;
   }
   if (!t.detail.empty()) x["detail"] = t.detail;
+  if (t.extra.is_object())
+    for (const auto& [k, v] : t.extra.items()) x[k] = v;
   return x;
 }
 

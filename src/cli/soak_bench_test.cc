@@ -173,6 +173,19 @@ TEST(SoakTargets, ZeroCountsAndTheSharedJsonWriter) {
   EXPECT_DOUBLE_EQ(j[1]["ratio_min"].get<double>(), 0.5);
   EXPECT_EQ(j[1]["round_ratios"].size(), 2u);
   EXPECT_EQ(j[1]["result"], "MISS");
+
+  // Judged on rounds but none was valid: the round keys are there, null / empty; extra keys of a
+  // benchmark's own are merged in.
+  TargetRecord none{.name = "x", .limit = "<= 1x baseline"};
+  none.SetRounds(RoundRatios{});
+  none.extra["metric"] = "p50_us";
+  const nlohmann::json n = TargetJson(none);
+  EXPECT_TRUE(n["ratio"].is_null());
+  EXPECT_TRUE(n["ratio_min"].is_null());
+  EXPECT_TRUE(n["round_ratios"].empty());
+  EXPECT_EQ(n["metric"], "p50_us");
+  EXPECT_EQ(n["result"], "n/a");
+  EXPECT_TRUE(n["value"].is_null());  // NaN is written as null
 }
 
 }  // namespace
