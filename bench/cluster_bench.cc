@@ -19,7 +19,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +29,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_json.h"
 #include "bench_stats.h"
 #include "cluster/testing/etcd_process.h"
 #include "farmem/cluster.h"
@@ -563,27 +563,20 @@ int RunClusterBench(ClusterBenchOptions o) {
     }
     j["rounds"] = std::move(jr);
     j["etcdctl_startup_ms"] = all_start.p50_ms();
-    nlohmann::json tj = nlohmann::json::array();
+    std::vector<bench::TargetRecord> targets;
     for (const auto& c : checks) {
-      tj.push_back({{"name", c.name},
-                    {"value", c.value},
-                    {"baseline", c.baseline},
-                    {"ratio", c.ratios.ratios.empty() ? nlohmann::json(nullptr)
-                                                      : nlohmann::json(c.ratios.median)},
-                    {"ratio_min", c.ratios.ratios.empty() ? nlohmann::json(nullptr)
-                                                          : nlohmann::json(c.ratios.min)},
-                    {"ratio_max", c.ratios.ratios.empty() ? nlohmann::json(nullptr)
-                                                          : nlohmann::json(c.ratios.max)},
-                    {"limit", fmt::format("<= {}x baseline", c.factor)},
-                    {"result", bench::TargetResultName(c.result)},
-                    {"detail", c.detail}});
+      bench::TargetRecord t{.name = c.name,
+                            .value = c.value,
+                            .baseline = c.baseline,
+                            .limit = fmt::format("<= {}x baseline", c.factor),
+                            .result = c.result,
+                            .detail = c.detail};
+      t.SetRounds(c.ratios);
+      targets.push_back(std::move(t));
     }
-    j["targets"] = std::move(tj);
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      fmt::print(stderr, "{}: cannot write {}\n", kProg, o.json_path);
+    j["targets"] = bench::TargetsJson(targets);
+    if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
+      fmt::print(stderr, "{}: {}\n", kProg, st.message());
       return 1;
     }
     fmt::print("\nResults written to {}\n", o.json_path);

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -17,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_json.h"
 #include "bench_stats.h"
 #include "farmem/objects.h"
 #include "machine_info.h"
@@ -498,23 +498,19 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
       jr.push_back(std::move(x));
     }
     j["runs"] = std::move(jr);
-    nlohmann::json tj = nlohmann::json::array();
+    std::vector<bench::TargetRecord> targets;
     for (const auto& c : checks) {
-      auto r = bench::Ratio(c.value, c.baseline);
-      tj.push_back({{"name", c.name},
-                    {"value", c.value},
-                    {"baseline", c.baseline},
-                    {"limit", fmt::format(">= {}x baseline", c.factor)},
-                    {"ratio", r ? nlohmann::json(*r) : nlohmann::json(nullptr)},
-                    {"result", bench::TargetResultName(c.result)},
-                    {"detail", c.detail}});
+      targets.push_back({.name = c.name,
+                         .value = c.value,
+                         .baseline = c.baseline,
+                         .ratio = bench::Ratio(c.value, c.baseline),
+                         .limit = fmt::format(">= {}x baseline", c.factor),
+                         .result = c.result,
+                         .detail = c.detail});
     }
-    j["targets"] = std::move(tj);
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      fmt::print(stderr, "{}: cannot write {}\n", kProg, o.json_path);
+    j["targets"] = bench::TargetsJson(targets);
+    if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
+      fmt::print(stderr, "{}: {}\n", kProg, st.message());
       return 1;
     }
     fmt::print("\nResults written to {}\n", o.json_path);

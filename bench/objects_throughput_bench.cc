@@ -7,7 +7,6 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -18,6 +17,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_json.h"
 #include "bench_stats.h"
 #include "farmem/objects.h"
 #include "machine_info.h"
@@ -584,28 +584,20 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
     j["cases"] = std::move(cases);
     j["redis"] = redis_status;
     j["client_stats"] = StatsJson(client_stats);
-    nlohmann::json tj = nlohmann::json::array();
+    std::vector<bench::TargetRecord> records;
     for (const auto& t : targets) {
-      const bool have = !t.ratios.ratios.empty();
-      auto num = [&](double v) { return have ? nlohmann::json(v) : nlohmann::json(nullptr); };
-      nlohmann::json x = {{"name", t.name},
-                          {"value", t.value},
-                          {"baseline", t.baseline},
-                          {"limit", fmt::format(">= {}x baseline", t.factor)},
-                          {"ratio", num(t.ratios.median)},
-                          {"ratio_min", num(t.ratios.min)},
-                          {"ratio_max", num(t.ratios.max)},
-                          {"round_ratios", t.ratios.ratios},
-                          {"result", bench::TargetResultName(t.result)}};
-      if (!t.missing.empty()) x["missing"] = t.missing;
-      tj.push_back(std::move(x));
+      bench::TargetRecord r{.name = t.name,
+                            .value = t.value,
+                            .baseline = t.baseline,
+                            .limit = fmt::format(">= {}x baseline", t.factor),
+                            .result = t.result};
+      r.SetRounds(t.ratios);
+      if (!t.missing.empty()) r.extra["missing"] = t.missing;
+      records.push_back(std::move(r));
     }
-    j["targets"] = std::move(tj);
-    std::ofstream out(o.json_path);
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out) {
-      fmt::print(stderr, "{}: cannot write {}\n", kProg, o.json_path);
+    j["targets"] = bench::TargetsJson(records);
+    if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
+      fmt::print(stderr, "{}: {}\n", kProg, st.message());
       return 1;
     }
     fmt::print("\nResults written to {}\n", o.json_path);

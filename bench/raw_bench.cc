@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -26,6 +25,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_json.h"
 #include "bench_stats.h"
 #include "common/log.h"
 #include "farmem/transport.h"
@@ -604,24 +604,20 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
   for (const auto& [backend, reason] : report.unavailable)
     unavailable.push_back({{"backend", backend}, {"reason", reason}});
   j["unavailable"] = std::move(unavailable);
-  nlohmann::json tj = nlohmann::json::array();
+  std::vector<bench::TargetRecord> records;
   for (const auto& t : targets) {
-    nlohmann::json x = {
-        {"name", t.name},
-        {"metric", t.metric},
-        {"value", t.value},
-        {"baseline", t.baseline},
-        {"limit", std::string(t.at_most ? "<= " : ">= ") + fmt::format("{}x baseline", t.factor)},
-        {"result", bench::TargetResultName(t.result)}};
-    const bool have = !t.ratios.ratios.empty();
-    x["ratio"] = have ? nlohmann::json(t.ratios.median) : nlohmann::json(nullptr);
-    x["ratio_min"] = have ? nlohmann::json(t.ratios.min) : nlohmann::json(nullptr);
-    x["ratio_max"] = have ? nlohmann::json(t.ratios.max) : nlohmann::json(nullptr);
-    x["round_ratios"] = t.ratios.ratios;
-    if (!t.missing.empty()) x["missing"] = t.missing;
-    tj.push_back(std::move(x));
+    bench::TargetRecord r{
+        .name = t.name,
+        .value = t.value,
+        .baseline = t.baseline,
+        .limit = std::string(t.at_most ? "<= " : ">= ") + fmt::format("{}x baseline", t.factor),
+        .result = t.result};
+    r.SetRounds(t.ratios);
+    r.extra["metric"] = t.metric;
+    if (!t.missing.empty()) r.extra["missing"] = t.missing;
+    records.push_back(std::move(r));
   }
-  j["targets"] = std::move(tj);
+  j["targets"] = bench::TargetsJson(records);
   return j;
 }
 
@@ -815,11 +811,10 @@ int RunRawBench(const RawBenchOptions& options) {
   auto checks = EvaluateTargets(report, options);
   PrintTargets(checks);
   if (!options.json_path.empty()) {
-    std::ofstream out(options.json_path);
-    out << ToJson(report, checks, options, machine).dump(2) << "\n";
-    out.close();
-    if (!out) {
-      fmt::print(stderr, "farmem bench raw: cannot write {}\n", options.json_path);
+    if (Status st =
+            bench::WriteJsonFile(options.json_path, ToJson(report, checks, options, machine));
+        !st.ok()) {
+      fmt::print(stderr, "farmem bench raw: {}\n", st.message());
       return 1;
     }
     fmt::print("\nResults written to {}\n", options.json_path);

@@ -14,6 +14,7 @@
 #include "objects_throughput_cli.h"
 #include "raw_bench.h"
 #include "server/serve.h"
+#include "soak_cli.h"
 
 namespace {
 
@@ -210,6 +211,10 @@ int main(int argc, char** argv) {
   CLI::App* objects_memory = farmem::AddObjectsMemoryBenchCommand(*bench, objects_memory_opts);
   farmem::ClusterBenchOptions cluster_bench_opts;
   CLI::App* cluster_bench = farmem::AddClusterBenchCommand(*bench, cluster_bench_opts);
+  farmem::SoakBenchOptions soak_opts;
+  CLI::App* soak = farmem::AddSoakBenchCommand(*bench, soak_opts);
+  farmem::SoakChildOptions soak_child_opts;
+  CLI::App* soak_child = farmem::AddSoakChildCommand(*bench, soak_child_opts);
 
   try {
     app.parse(argc, argv);
@@ -295,6 +300,8 @@ int main(int argc, char** argv) {
   if (objects_cp->parsed()) return farmem::RunObjectsCompactionBench(objects_cp_opts);
   if (objects_memory->parsed()) return farmem::RunObjectsMemoryBench(objects_memory_opts);
   if (cluster_bench->parsed()) return farmem::RunClusterBench(cluster_bench_opts);
+  if (soak->parsed()) return farmem::RunSoakBench(soak_opts);
+  if (soak_child->parsed()) return farmem::RunSoakChild(soak_child_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }

@@ -1,0 +1,42 @@
+// `farmem bench soak`: legitimate clients (objects and raw, read/write mix, every read checked)
+// against a default farmemd child, in rounds without and with hostile clients (slow readers,
+// connection floods, garbage, clients killed mid-operation). Main thread drives the rounds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace farmem {
+
+struct SoakBenchOptions {
+  double minutes = 10;  // whole run (rounds + set-up + leak check); --quick: about 1.5
+  bool quick = false;
+  int rounds = 0;  // baseline/hostile pairs; 0 = minutes rounded, 5..30 (--quick: 5)
+  // Legitimate load: objects and raw ranges held, coroutines per client thread.
+  int objects = 2000;
+  int raw_ranges = 256;
+  int inflight = 8;
+  // Hostile load during the hostile rounds.
+  int slow_readers = 2;
+  int flood_connections = 300;  // held open per port (bootstrap and data)
+  int garbage_per_second = 20;
+  int killed_clients = 2;  // child processes alive at once, each SIGKILLed mid-run
+  std::string farmemd;     // binary; "" = next to farmem, else PATH
+  std::string json_path = "soak.json";
+};
+
+// Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.
+int RunSoakBench(SoakBenchOptions options);
+
+// The hidden `farmem bench soak-child`: a client that allocates objects and raw ranges and writes
+// them until it is killed (never returns before `max_seconds`). Reports one byte per allocation
+// on stdout ('o' object, 'r' raw range).
+struct SoakChildOptions {
+  std::string connect;
+  std::string token = "farmem";
+  uint64_t seed = 1;
+  double max_seconds = 30;
+};
+int RunSoakChild(const SoakChildOptions& options);
+
+}  // namespace farmem
