@@ -30,6 +30,9 @@ struct ScopeExit {
   F f;
   ~ScopeExit() { f(); }
 };
+// clang before 17 has no class template argument deduction for aggregates (P1816).
+template <typename F>
+ScopeExit(F) -> ScopeExit<F>;
 
 // Resident set size in bytes of the process whose statm file is `path` (second field); 0 when
 // it cannot be read (e.g. the process is gone).
