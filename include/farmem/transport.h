@@ -97,8 +97,15 @@ struct TcpLimits {
   // Reply bytes queued for one connection above which the target stops reading that peer's
   // requests (back-pressure: no reply is dropped or reordered) until they drain below
   // send_queue_resume_bytes. One reply larger than the cap is still sent, alone.
-  size_t max_send_queue_bytes = size_t{64} << 20;
-  size_t send_queue_resume_bytes = size_t{16} << 20;
+  size_t max_send_queue_bytes = size_t{16} << 20;
+  size_t send_queue_resume_bytes = size_t{4} << 20;
+  // Reply bytes queued for all connections together. Above it, a connection with replies queued
+  // is paused like one over its own cap, and one with none gets only replies of at most
+  // kSmallReplyBytes (64 KiB) until the total drains below total_send_queue_resume_bytes: many slow
+  // readers cannot add their per-connection caps up past the daemon's memory, while peers that
+  // read their replies keep being served.
+  size_t max_total_send_queue_bytes = size_t{64} << 20;
+  size_t total_send_queue_resume_bytes = size_t{48} << 20;
   // RPCs of one connection handed to the handler and not answered yet, above which the target
   // stops reading that peer's requests until one is answered. An RPC's reply size is known only
   // when its handler answers, so without this cap a peer could pipeline thousands of requests

@@ -48,6 +48,10 @@ const std::vector<LimitKey>& Keys() {
             &TcpLimits::max_send_queue_bytes),
       Count("tcp.send_queue_resume_bytes", 0, kTiB, &ListenerLimits::tcp,
             &TcpLimits::send_queue_resume_bytes),
+      Count("tcp.max_total_send_queue_bytes", 4096, kTiB, &ListenerLimits::tcp,
+            &TcpLimits::max_total_send_queue_bytes),
+      Count("tcp.total_send_queue_resume_bytes", 0, kTiB, &ListenerLimits::tcp,
+            &TcpLimits::total_send_queue_resume_bytes),
       Count("tcp.max_rpcs_in_flight", 1, 1u << 20, &ListenerLimits::tcp,
             &TcpLimits::max_rpcs_in_flight),
       Count("tcp.max_connections_per_address", 1, 1u << 20, &ListenerLimits::tcp,
@@ -89,6 +93,10 @@ Status CheckConsistent(const ListenerLimits& l) {
   if (l.tcp.send_queue_resume_bytes > l.tcp.max_send_queue_bytes) {
     return Status::InvalidArgument(
         "tcp.send_queue_resume_bytes must not exceed tcp.max_send_queue_bytes");
+  }
+  if (l.tcp.total_send_queue_resume_bytes > l.tcp.max_total_send_queue_bytes) {
+    return Status::InvalidArgument(
+        "tcp.total_send_queue_resume_bytes must not exceed tcp.max_total_send_queue_bytes");
   }
   if (l.tcp.accept_backoff_min > l.tcp.accept_backoff_max) {
     return Status::InvalidArgument("tcp.accept_backoff_min_ms must not exceed its max");

@@ -20,6 +20,7 @@ TEST(LimitFlagsTest, EveryKeySetsItsField) {
       ApplyLimitItems(
           {"tcp.max_unauthenticated_bytes=1024", "tcp.auth_timeout_ms=700",
            "tcp.max_send_queue_bytes=8388608", "tcp.send_queue_resume_bytes=1048576",
+           "tcp.max_total_send_queue_bytes=33554432", "tcp.total_send_queue_resume_bytes=16777216",
            "tcp.max_rpcs_in_flight=9", "tcp.max_connections_per_address=3",
            "tcp.max_connections=30", "tcp.accept_backoff_min_ms=5", "tcp.accept_backoff_max_ms=50",
            "bootstrap.handshake_timeout_ms=900", "bootstrap.max_open_handshakes=40",
@@ -32,6 +33,8 @@ TEST(LimitFlagsTest, EveryKeySetsItsField) {
   EXPECT_EQ(l.tcp.auth_timeout, milliseconds(700));
   EXPECT_EQ(l.tcp.max_send_queue_bytes, 8u << 20);
   EXPECT_EQ(l.tcp.send_queue_resume_bytes, 1u << 20);
+  EXPECT_EQ(l.tcp.max_total_send_queue_bytes, 32u << 20);
+  EXPECT_EQ(l.tcp.total_send_queue_resume_bytes, 16u << 20);
   EXPECT_EQ(l.tcp.max_rpcs_in_flight, 9u);
   EXPECT_EQ(l.tcp.max_connections_per_address, 3u);
   EXPECT_EQ(l.tcp.max_connections, 30u);
@@ -49,7 +52,7 @@ TEST(LimitFlagsTest, EveryKeySetsItsField) {
   const std::string help = LimitKeysHelp();
   EXPECT_NE(help.find("tcp.max_rpcs_in_flight (64)"), std::string::npos) << help;
   EXPECT_NE(help.find("metrics.deadline_ms (2000)"), std::string::npos) << help;
-  EXPECT_EQ(std::count(help.begin(), help.end(), '('), 17);
+  EXPECT_EQ(std::count(help.begin(), help.end(), '('), 19);
 }
 
 TEST(LimitFlagsTest, BadItemsAreRefusedAndChangeNothing) {
@@ -69,8 +72,8 @@ TEST(LimitFlagsTest, BadItemsAreRefusedAndChangeNothing) {
             std::string::npos)
       << "an unknown key's error lists the known ones";
   for (const char* inconsistent :
-       {"tcp.send_queue_resume_bytes=134217728", "tcp.accept_backoff_min_ms=5000",
-        "bootstrap.accept_backoff_min_ms=5000"}) {
+       {"tcp.send_queue_resume_bytes=134217728", "tcp.total_send_queue_resume_bytes=134217728",
+        "tcp.accept_backoff_min_ms=5000", "bootstrap.accept_backoff_min_ms=5000"}) {
     EXPECT_EQ(ApplyLimitItems({inconsistent}, l).code(), Code::kInvalidArgument) << inconsistent;
   }
 }

@@ -161,6 +161,8 @@ nlohmann::json ServiceHost::stats() const {
                      {"backpressure_events", t->backpressure_events},
                      {"throttled_connections", t->throttled_connections},
                      {"peak_send_queue_bytes", t->peak_send_queue_bytes},
+                     {"queued_reply_bytes", t->queued_reply_bytes},
+                     {"peak_total_send_queue_bytes", t->peak_total_send_queue_bytes},
                      {"accept_backoffs", t->accept_backoffs},
                      {"protocol_errors", t->protocol_errors}};
   }
@@ -223,6 +225,8 @@ std::string ServiceHost::metrics() const {
             static_cast<double>(t->throttled_connections));
     w.gauge("farmem_tcp_open_connections", "Open TCP data connections.",
             static_cast<double>(t->open_connections));
+    w.gauge("farmem_tcp_queued_reply_bytes", "Reply bytes queued for all TCP peers now.",
+            static_cast<double>(t->queued_reply_bytes));
   }
   for (const auto& s : services_) s->metrics(w);
   return w.text();

@@ -50,6 +50,9 @@ inline constexpr int kEpollSleepMs = 50;
 // Initiator send buffers flush inside post once they hold this much, bounding their memory.
 inline constexpr size_t kEagerFlushBytes = 256 * 1024;
 inline constexpr size_t kRecvChunk = 64 * 1024;
+// Above TcpLimits::max_total_send_queue_bytes a connection with no reply queued still gets
+// replies up to this size (small operations keep working), larger ones wait for the total.
+inline constexpr size_t kSmallReplyBytes = 64 * 1024;
 // A connection's receive or send buffer larger than this is freed once it empties, so memory a
 // single large frame needed is not held for the connection's lifetime.
 inline constexpr size_t kKeepBufferBytes = 4u << 20;
@@ -118,7 +121,17 @@ struct ServerStats {
   std::atomic<uint64_t> peak_send_queue{0};
   std::atomic<uint64_t> accept_backoffs{0};
   std::atomic<uint64_t> open{0};  // gauge
+  // Reply bytes queued for all connections (each connection adds its wbuf size changes through
+  // ServerConn::AccountLocked), and the largest total seen.
+  std::atomic<uint64_t> queued_total{0};
+  std::atomic<uint64_t> peak_queued_total{0};
 
+  void NoteTotal(uint64_t bytes) {
+    uint64_t peak = peak_queued_total.load(std::memory_order_relaxed);
+    while (bytes > peak &&
+           !peak_queued_total.compare_exchange_weak(peak, bytes, std::memory_order_relaxed)) {
+    }
+  }
   void NoteSendQueue(size_t bytes) {
     uint64_t peak = peak_send_queue.load(std::memory_order_relaxed);
     while (bytes > peak &&
@@ -172,9 +185,13 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   // RPCs handed to the handler and not answered yet (TcpLimits::max_rpcs_in_flight). Incremented
   // by the NIC thread, decremented by whichever thread answers.
   std::atomic<uint32_t> rpcs_in_flight{0};
+  size_t accounted = 0;  // guarded by wmu: wbuf's size as last added to queued_total
 
   // Requires wmu. Sends what the socket takes; arms EPOLLOUT for the rest.
   Status FlushLocked();
+  // Requires wmu. Adds the change of wbuf's size since the last call to the process-wide total
+  // (NicShared::stats.queued_total). Called wherever wbuf grows, drains or is cleared.
+  void AccountLocked();
   // Requires wmu. Sets the epoll mask from `paused` and `out` (EPOLLOUT wanted).
   void ArmLocked(bool out);
   // Requires wmu. On the NIC thread defers the send to the end of the batch (one syscall for all

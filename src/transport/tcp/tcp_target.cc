@@ -28,7 +28,24 @@
 
 namespace farmem::tcp::internal {
 
+void ServerConn::AccountLocked() {
+  const size_t now = wbuf.size();
+  if (now == accounted) return;
+  auto& total = nic->stats.queued_total;
+  if (now > accounted) {
+    nic->stats.NoteTotal(total.fetch_add(now - accounted, std::memory_order_relaxed) + now -
+                         accounted);
+  } else {
+    total.fetch_sub(accounted - now, std::memory_order_relaxed);
+  }
+  accounted = now;
+}
+
 Status ServerConn::FlushLocked() {
+  struct Account {
+    ServerConn& c;
+    ~Account() { c.AccountLocked(); }
+  } account{*this};
   if (closed || write_shut) {
     wbuf.clear();
     return Status::Unavailable(fmt::format("connection from {} is closed", peer_name));
@@ -67,6 +84,7 @@ void ServerConn::ArmLocked(bool out) {
 
 Status ServerConn::SubmitLocked() {
   nic->stats.NoteSendQueue(wbuf.size());
+  AccountLocked();
   if (nic->nic_thread.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
     if (!in_dirty) {
       in_dirty = true;
@@ -370,7 +388,6 @@ bool TcpTransport::ThrottleLocked(ServerConn& conn, const w::FrameView& f) {
   const bool rpc_cap =
       f.opcode == w::Opcode::kRpc &&
       conn.rpcs_in_flight.load(std::memory_order_acquire) >= lim.max_rpcs_in_flight;
-  if (queued == 0 && !rpc_cap) return false;  // one reply is always sent, however large
   // Bound on the reply this frame adds now (RPC replies come later, from the handler).
   size_t reply = 0;
   if (f.opcode == w::Opcode::kRead) {
@@ -378,7 +395,17 @@ bool TcpTransport::ThrottleLocked(ServerConn& conn, const w::FrameView& f) {
   } else if (f.opcode != w::Opcode::kRpc) {
     reply = sizeof(w::FrameHeader) + w::kMaxErrorMessageBytes;
   }
-  if (!rpc_cap && queued + reply <= lim.max_send_queue_bytes) return false;
+  const uint64_t total = nic_->stats.queued_total.load(std::memory_order_relaxed);
+  const bool over_total = total + reply > lim.max_total_send_queue_bytes;
+  bool pause = rpc_cap;
+  if (queued == 0) {
+    // One reply is always sent, however large, unless the process-wide total is exceeded: then
+    // only small ones, so every connection holding one large reply cannot add up without bound.
+    pause = pause || (over_total && reply > kSmallReplyBytes);
+  } else {
+    pause = pause || queued + reply > lim.max_send_queue_bytes || over_total;
+  }
+  if (!pause) return false;
   conn.paused = true;
   conn.ArmLocked(conn.want_out);
   nic_->stats.backpressure_events.fetch_add(1, std::memory_order_relaxed);
@@ -402,7 +429,13 @@ void TcpTransport::ResumePaused() {
       std::lock_guard lock(conn->wmu);
       const bool rpcs_full = conn->rpcs_in_flight.load(std::memory_order_acquire) >=
                              shared_->config.tcp_limits.max_rpcs_in_flight;
-      if (!conn->closed && !conn->write_shut && (conn->wbuf.size() > resume_below || rpcs_full)) {
+      // A connection with replies queued also waits for the process-wide total to drain (one
+      // with none resumes: its next frame is judged by ThrottleLocked again).
+      const bool total_full =
+          !conn->wbuf.empty() && nic_->stats.queued_total.load(std::memory_order_relaxed) >
+                                     shared_->config.tcp_limits.total_send_queue_resume_bytes;
+      if (!conn->closed && !conn->write_shut &&
+          (conn->wbuf.size() > resume_below || rpcs_full || total_full)) {
         paused_.push_back(id);
         continue;
       }
@@ -656,6 +689,7 @@ void TcpTransport::Fatal(const std::shared_ptr<ServerConn>& conn, Code code, con
       (void)::shutdown(conn->fd, SHUT_WR);
       conn->write_shut = true;
       conn->wbuf.clear();
+      conn->AccountLocked();
     }
   }
   conn->closing = true;
@@ -684,6 +718,7 @@ void TcpTransport::CloseConn(ServerConn& conn) {
   if (conn.closed) return;
   conn.closed = true;
   conn.wbuf.clear();
+  conn.AccountLocked();
   ::close(conn.fd);  // also removes it from the epoll set
 }
 

@@ -163,6 +163,8 @@ TcpTransportStats TcpTransport::stats() const {
   s.backpressure_events = n.backpressure_events.load(std::memory_order_relaxed);
   s.throttled_connections = n.throttled.load(std::memory_order_relaxed);
   s.peak_send_queue_bytes = n.peak_send_queue.load(std::memory_order_relaxed);
+  s.queued_reply_bytes = n.queued_total.load(std::memory_order_relaxed);
+  s.peak_total_send_queue_bytes = n.peak_queued_total.load(std::memory_order_relaxed);
   s.accept_backoffs = n.accept_backoffs.load(std::memory_order_relaxed);
   s.open_connections = n.open.load(std::memory_order_relaxed);
   return s;

@@ -37,8 +37,10 @@ struct TcpTransportStats {
   uint64_t backpressure_events = 0;    // times a connection's reads were paused (replies queued)
   uint64_t throttled_connections = 0;  // connections paused right now (gauge)
   uint64_t peak_send_queue_bytes = 0;  // most reply bytes ever queued for one connection
-  uint64_t accept_backoffs = 0;        // accept failures (EMFILE...) that paused the listener
-  uint64_t open_connections = 0;       // accepted connections not yet closed (gauge)
+  uint64_t queued_reply_bytes = 0;     // reply bytes queued for all connections now (gauge)
+  uint64_t peak_total_send_queue_bytes = 0;  // most reply bytes ever queued for all together
+  uint64_t accept_backoffs = 0;              // accept failures (EMFILE...) that paused the listener
+  uint64_t open_connections = 0;             // accepted connections not yet closed (gauge)
 };
 
 // Both return InvalidArgument when the object is not from the TCP backend.

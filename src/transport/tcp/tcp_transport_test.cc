@@ -701,6 +701,62 @@ TEST_F(TcpTransportTest, SlowReaderIsThrottledAndGetsEveryReplyInOrder) {
   EXPECT_LE(st.peak_send_queue_bytes, limits_.max_send_queue_bytes);
 }
 
+// Per-connection caps add up: with 64 MiB each, two slow readers held 128 MiB of a daemon budgeted
+// at 256 MiB (`farmem bench soak`), and enough of them any amount. The process-wide cap pauses
+// every connection with replies queued once the total is reached; a peer that reads its replies
+// is still served, and every slow reader still gets every reply, in order.
+TEST_F(TcpTransportTest, SlowReadersTogetherStayUnderTheTotalCap) {
+  limits_.max_send_queue_bytes = 4u << 20;
+  limits_.send_queue_resume_bytes = 1u << 20;
+  limits_.max_total_send_queue_bytes = 8u << 20;
+  limits_.total_send_queue_resume_bytes = 6u << 20;
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  constexpr size_t kBig = 1u << 20, kReadLen = 256u << 10;
+  constexpr int kReaders = 5, kReads = 100;  // 25 MiB of replies each
+  testing::AlignedBuffer big(kBig);
+  for (size_t i = 0; i < kBig; ++i) big.data()[i] = static_cast<std::byte>((i * 131) >> 7);
+  auto region = target_->register_memory(big.data(), big.size());
+  ASSERT_TRUE(region.ok());
+  uint64_t v = 0;
+  ASSERT_OK(ReadWord(0, &v));
+  auto offset_of = [&](int i) { return static_cast<uint64_t>(i) * 4096 % (kBig - kReadLen); };
+  std::vector<RawSocket> slow;
+  for (int r = 0; r < kReaders; ++r) {
+    slow.push_back(RawSocket::Connect(PortOf(target_->local_address()), 0, 64 << 10));
+    ASSERT_GE(slow.back().fd(), 0);
+    w::ByteQueue q;
+    w::EncodeHello(q, "test-token");
+    for (int i = 0; i < kReads; ++i)
+      w::EncodeRead(q, static_cast<uint64_t>(i) + 1, region->key, offset_of(i), kReadLen);
+    ASSERT_TRUE(slow.back().Send(q));
+  }
+  EXPECT_TRUE(WaitFor([&] { return TargetStats().throttled_connections == kReaders; }, 5s))
+      << TargetStats().throttled_connections << " of " << kReaders << " throttled";
+  std::this_thread::sleep_for(200ms);  // the target would keep queueing here if unthrottled
+  const size_t bound = limits_.max_total_send_queue_bytes;
+  EXPECT_LE(TargetStats().peak_total_send_queue_bytes, bound);
+
+  // A peer that reads its replies is served meanwhile (small replies pass the total cap).
+  for (int i = 0; i < 20; ++i) {
+    mem_.store_word(0, 2000 + i);
+    ASSERT_OK(ReadWord(0, &v));
+    EXPECT_EQ(v, 2000u + i);
+  }
+  for (int r = 0; r < kReaders; ++r) {
+    for (int i = 0; i < kReads; ++i) {
+      w::FrameView f;
+      ASSERT_TRUE(slow[r].ReadFrame(&f)) << "reader " << r << " reply " << i;
+      ASSERT_EQ(f.opcode, w::Opcode::kReadResp);
+      ASSERT_EQ(f.header.seq, static_cast<uint64_t>(i) + 1);
+      ASSERT_EQ(std::memcmp(f.data.data(), big.data() + offset_of(i), kReadLen), 0);
+    }
+  }
+  const TcpTransportStats st = TargetStats();
+  EXPECT_EQ(st.throttled_connections, 0u);
+  EXPECT_LE(st.peak_total_send_queue_bytes, bound);
+  EXPECT_EQ(st.queued_reply_bytes, 0u);
+}
+
 // Issue 16, back-pressure for RPCs answered on other threads: a reply's size is known only when
 // its handler answers, so the queue check could not see the replies of RPCs already handed to
 // workers, and a peer pipelining 400 RPCs with 256 KiB replies without reading queued 100 MiB.
