@@ -1188,7 +1188,8 @@ int RunSoakBench(SoakBenchOptions o) {
   }
   std::vector<bench::TargetRecord> targets;
   targets.push_back(soak::JudgeThroughput(hostile_ops, base_ops, 0.8));
-  targets.push_back(soak::JudgeRss(hostile_rss, base_rss, 1.1));
+  targets.push_back(
+      soak::JudgeRss(hostile_rss, base_rss, static_cast<double>(counts0.budget_bytes), 1.1));
   targets.push_back(soak::JudgeZero(
       "allocations leaked after all clients are gone", leaked < 0 ? std::nan("") : double(leaked),
       fmt::format("{} objects + {} raw allocations above the start after waiting {:.1f} s "

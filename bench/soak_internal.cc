@@ -232,6 +232,8 @@ StatCounts ParseStatCounts(const nlohmann::json& stat) {
   if (auto m = stat.find("memory"); m != stat.end() && m->is_object()) {
     if (auto a = m->find("allocations"); a != m->end() && a->is_number())
       c.raw_allocations = a->get<int64_t>();
+    if (auto b = m->find("budget_bytes"); b != m->end() && b->is_number())
+      c.budget_bytes = b->get<int64_t>();
   }
   if (auto s = stat.find("sessions"); s != stat.end() && s->is_object()) {
     c.has_sessions = true;
@@ -262,25 +264,35 @@ TargetRecord JudgeThroughput(std::span<const double> subject_ops, std::span<cons
 }
 
 TargetRecord JudgeRss(std::span<const double> subject_peaks, std::span<const double> base_peaks,
-                      double max_ratio) {
+                      double budget_bytes, double max_ratio) {
   TargetRecord t;
-  t.name = "farmemd peak RSS with hostile clients vs budget (MiB)";
+  t.name = "farmemd peak RSS with hostile clients vs its memory budget (MiB)";
   auto peak = [](std::span<const double> v) {
     double m = std::nan("");
     for (double x : v)
       if (std::isfinite(x) && !(x <= m)) m = x;
     return m;
   };
-  t.value = peak(subject_peaks) / (1024.0 * 1024.0);
-  t.baseline = peak(base_peaks) / (1024.0 * 1024.0);
+  constexpr double kMib = 1024.0 * 1024.0;
+  t.value = peak(subject_peaks) / kMib;
+  t.baseline = budget_bytes > 0 ? budget_bytes / kMib : std::nan("");
   t.limit = fmt::format("<= {}x budget", max_ratio);
-  const RoundRatios r = PerRoundRatios(subject_peaks, base_peaks);
+  std::vector<double> budgets(subject_peaks.size(), budget_bytes > 0 ? budget_bytes : std::nan(""));
+  const RoundRatios r = PerRoundRatios(subject_peaks, budgets);
   t.SetRounds(r);
   t.ratio = Ratio(t.value, t.baseline);
   if (t.ratio) t.result = *t.ratio <= max_ratio ? TargetResult::kPass : TargetResult::kMiss;
+  const double base_peak = peak(base_peaks) / kMib;
+  t.extra["baseline_rounds_peak_mib"] =
+      std::isfinite(base_peak) ? nlohmann::json(base_peak) : nlohmann::json(nullptr);
+  t.extra["growth_over_baseline_rounds_mib"] = std::isfinite(base_peak) && std::isfinite(t.value)
+                                                   ? nlohmann::json(t.value - base_peak)
+                                                   : nlohmann::json(nullptr);
   t.detail =
-      "budget = peak RSS of the baseline rounds (legitimate load only); ratio = whole-run peak "
-      "with hostile clients / budget; ratio_min/max = per-round peaks";
+      "budget = farmemd's memory budget (STAT memory.budget_bytes, --memory-mib, default); "
+      "value = whole-run peak RSS with hostile clients; ratio_min/max = per-round peak / budget; "
+      "baseline_rounds_peak_mib / growth_over_baseline_rounds_mib: the same daemon under "
+      "legitimate load only, for the hostile clients' own cost (not judged)";
   return t;
 }
 

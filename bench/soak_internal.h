@@ -40,6 +40,7 @@ const char* GarbageName(Port port, int variant);
 struct StatCounts {
   int64_t live_objects = -1;     // objects.live_objects (-1: no objects section)
   int64_t raw_allocations = -1;  // memory.allocations (-1: no memory section)
+  int64_t budget_bytes = -1;     // memory.budget_bytes: the daemon's memory budget (--memory-mib)
   bool has_sessions = false;     // a "sessions" section exists (client sessions, once merged)
   // The client session TTL the sessions section states (a key holding "ttl": *_ms, *_seconds or
   // *_s), if any.
@@ -59,11 +60,13 @@ double LeakWaitSeconds(const StatCounts& c);
 // per-round ratios (subject round i / baseline round i).
 TargetRecord JudgeThroughput(std::span<const double> subject_ops, std::span<const double> base_ops,
                              double min_ratio);
-// Peak RSS with hostile clients <= max_ratio x the budget. Budget = the peak RSS of the baseline
-// rounds (legitimate load only). Judged on the whole-run peaks (a memory limit is about the worst
-// moment, not the typical round); the per-round ratios are the spread.
+// Peak RSS with hostile clients <= max_ratio x the budget. Budget = farmemd's memory budget
+// (STAT memory.budget_bytes, --memory-mib: what the operator gave the daemon; the "budget"
+// and the number `farmem stat` shows). Judged on the whole-run peak (a memory limit is about the
+// worst moment); the per-round ratios (round peak / budget) are the spread. The growth over the
+// baseline rounds' peak (legitimate load only) is reported beside it, not judged.
 TargetRecord JudgeRss(std::span<const double> subject_peaks, std::span<const double> base_peaks,
-                      double max_ratio);
+                      double budget_bytes, double max_ratio);
 // A count that must be 0 (leaked allocations, wrong results).
 TargetRecord JudgeZero(std::string name, double value, std::string detail);
 

@@ -138,18 +138,22 @@ TEST(SoakTargets, ThroughputOnTheMedianRoundRatio) {
   EXPECT_EQ(JudgeThroughput({}, {}, 0.8).result, TargetResult::kUnknown);
 }
 
-TEST(SoakTargets, RssOnTheWholeRunPeak) {
+TEST(SoakTargets, RssOnTheWholeRunPeakAgainstTheMemoryBudget) {
   const double mib = 1024.0 * 1024.0;
   const std::vector<double> base = {30 * mib, 32 * mib, 31 * mib, 32 * mib, 32 * mib};
   const std::vector<double> hostile = {33 * mib, 33 * mib, 60 * mib, 33 * mib, 34 * mib};
-  TargetRecord t = JudgeRss(hostile, base, 1.1);
+  TargetRecord t = JudgeRss(hostile, base, 50 * mib, 1.1);
   EXPECT_DOUBLE_EQ(t.value, 60);
-  EXPECT_DOUBLE_EQ(t.baseline, 32);
+  EXPECT_DOUBLE_EQ(t.baseline, 50);
   ASSERT_TRUE(t.ratio);
-  EXPECT_DOUBLE_EQ(*t.ratio, 60.0 / 32.0);  // one bad round is enough to miss
+  EXPECT_DOUBLE_EQ(*t.ratio, 60.0 / 50.0);  // one bad round is enough to miss
   EXPECT_EQ(t.result, TargetResult::kMiss);
-  const std::vector<double> fine = {33 * mib, 33 * mib, 34 * mib, 33 * mib, 35 * mib};
-  EXPECT_EQ(JudgeRss(fine, base, 1.1).result, TargetResult::kPass);
+  EXPECT_DOUBLE_EQ(t.extra["baseline_rounds_peak_mib"].get<double>(), 32);
+  EXPECT_DOUBLE_EQ(t.extra["growth_over_baseline_rounds_mib"].get<double>(), 28);
+  const std::vector<double> fine = {33 * mib, 33 * mib, 54 * mib, 33 * mib, 35 * mib};
+  EXPECT_EQ(JudgeRss(fine, base, 50 * mib, 1.1).result, TargetResult::kPass);
+  // No budget in STAT: no ratio, no verdict.
+  EXPECT_EQ(JudgeRss(fine, base, -1, 1.1).result, TargetResult::kUnknown);
 }
 
 TEST(SoakTargets, ZeroCountsAndTheSharedJsonWriter) {
