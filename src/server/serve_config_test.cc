@@ -198,7 +198,7 @@ TEST(ServeConfigTest, ObjectStoreRejectsBadValues) {
   bad({"--objects-block-size", "2048"}, "power of two");
   bad({"--objects-block-size", "2097152"}, "power of two");
   // Too large for the setting's type: CLI11 refuses it while parsing (farmemd exits with 2).
-  EXPECT_THROW(Resolve({"--objects-block-size", "8589934592"}), CLI::ParseError);
+  EXPECT_THROW((void)Resolve({"--objects-block-size", "8589934592"}), CLI::ParseError);
   bad({"--objects-id-bits", "4"}, "id_bits");
   bad({"--objects-worker-selection", "roundrobin"}, "connection");
   bad({"--objects-correction", "guess"}, "owner");
