@@ -39,6 +39,13 @@ struct ObjectsConfig {
   } compaction;
 };
 
+// Client sessions (docs/sessions.md): allocations a client makes are freed when its session
+// ends, unless allocated persistent.
+struct SessionsConfig {
+  uint32_t max_sessions = 4096;   // 1..65535 (--max-sessions)
+  uint32_t ttl_max_seconds = 60;  // 1..3600: longest lease granted (--session-ttl-max)
+};
+
 struct ServerConfig {
   NodeConfig node;
   // Services to run, by name, in start order; empty = every service this build contains
@@ -51,6 +58,7 @@ struct ServerConfig {
   // The object store. Its physical memory is a budget of its own (objects.max_physical_bytes),
   // separate from the raw pools' memory_bytes.
   ObjectsConfig objects;
+  SessionsConfig sessions;
 };
 
 // Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.

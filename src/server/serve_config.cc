@@ -42,6 +42,11 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
   f.add("cluster-ca", &o.cluster_ca, "etcd TLS: CA certificate file");
   f.add("cluster-cert", &o.cluster_cert, "etcd TLS: client certificate file");
   f.add("cluster-key", &o.cluster_key, "etcd TLS: client key file");
+  f.add("max-sessions", &flags.config.sessions.max_sessions,
+        "client sessions open at once (1..65535; docs/sessions.md)");
+  f.add("session-ttl-max", &flags.config.sessions.ttl_max_seconds,
+        "longest session lease granted, in seconds (1..3600): a dead client's allocations are "
+        "freed at most this long after its last keepalive");
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
     flags.config.services.push_back(d->name);

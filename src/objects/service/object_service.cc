@@ -631,7 +631,8 @@ const ServiceDescriptor& ObjectsServiceDescriptor() {
                   "failures are never paced)");
       },
       [](ServerConfig& c) { return ValidateObjectsConfig(c); },
-      [](const ServerConfig& c, Node& node) -> Result<std::unique_ptr<Service>> {
+      [](const ServerConfig& c, ServiceEnv& env) -> Result<std::unique_ptr<Service>> {
+        Node& node = env.node;
         FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<ObjectService> s, ObjectService::Create(c, node));
         return std::unique_ptr<Service>(std::move(s));
       },
