@@ -258,13 +258,22 @@ Result<bool> Compactor::TryMerge(const Candidate& src, const Candidate& dst) {
   if (a == b) return false;
   detail::Block* first = a < b ? a : b;
   detail::Block* second = a < b ? b : a;
+  // Shared: merges run in parallel with each other but never during a FreeOwned sweep, which
+  // relies on objects not changing blocks (Store::merge_gate_). Taken before the block locks.
+  if (!store_.merge_gate_.LockShared(options_.lock_timeout)) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.skipped_busy;
+    return false;
+  }
   if (!first->mu.Lock(options_.lock_timeout)) {
+    store_.merge_gate_.UnlockShared();
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.skipped_busy;
     return false;
   }
   if (!second->mu.Lock(options_.lock_timeout)) {
     first->mu.Unlock();
+    store_.merge_gate_.UnlockShared();
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.skipped_busy;
     return false;
@@ -276,6 +285,7 @@ Result<bool> Compactor::TryMerge(const Candidate& src, const Candidate& dst) {
   }
   second->mu.Unlock();
   first->mu.Unlock();
+  store_.merge_gate_.UnlockShared();
   return r;
 }
 
@@ -386,8 +396,9 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     dst.vblocks.push_back(v);
   }
   for (const Move& m : plan) {
-    // The object keeps its generation: its pointers carry it.
-    dst.AddObject(m.to, src.slot_id[m.from], src.slot_gen[m.from]);
+    // The object keeps its generation (its pointers carry it) and its owner (FreeOwned must
+    // still find it; the per-owner counts do not change).
+    dst.AddObject(m.to, src.slot_id[m.from], src.slot_gen[m.from], src.slot_owner[m.from]);
   }
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
   store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list

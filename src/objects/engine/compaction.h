@@ -54,8 +54,8 @@ struct CompactionStats {
   uint64_t objects_copied = 0;
   uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
   uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
-  // Merge attempts skipped: a block lock not taken, or a one-sided copy still running (grace
-  // period), within lock_timeout.
+  // Merge attempts skipped: a block lock not taken (or Store::FreeOwned's sweep excluding merges),
+  // or a one-sided copy still running (grace period), within lock_timeout.
   uint64_t skipped_busy = 0;
   // Time merges spent in their grace period (waiting for one-sided copies in progress before the
   // remap; only with wait_for_readers set): total and longest single wait.

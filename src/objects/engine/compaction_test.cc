@@ -1,7 +1,8 @@
 // Tests for CoRM compaction: every live object keeps its content after random alloc/free and
 // compaction (read via its old pointer through the remap, corrected by scan and by the owner),
-// release_ptr frees alias virtual blocks, allocation failure triggers compaction, and the
-// empirical merge probability of random blocks matches C(n-b1, b2) / C(n, b2).
+// release_ptr frees alias virtual blocks, allocation failure triggers compaction, the empirical
+// merge probability of random blocks matches C(n-b1, b2) / C(n, b2), and objects moved by merges
+// or re-homed by release_ptr keep their owner (Store::FreeOwned still frees them).
 
 #include "objects/engine/compaction.h"
 
@@ -212,6 +213,153 @@ TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
   ObjectPtr stale = a[1].block != home ? a[1] : b[0];
   std::vector<uint8_t> out(200);
   EXPECT_FALSE(st.Read(stale, out).ok());
+}
+
+// Ownership across merges: owners 1 and 2 and persistent objects in a fragmented heap, compacted
+// until nothing merges (objects move to other blocks, with IDs also to other offsets). FreeOwned(1)
+// must still free every object of owner 1 — the owner moved with it — and nothing else; the counts
+// and StoreStats stay exact.
+TEST(Compaction, FreeOwnedFindsObjectsMovedByCompaction) {
+  for (int id_bits : {16, 0}) {
+    SCOPED_TRACE("id_bits " + std::to_string(id_bits));
+    auto s = Store::Create(Opts(id_bits));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Store& st = **s;
+    CompactionOptions co;
+    co.max_merges_per_round = 100000;
+    co.max_attempts_per_source = 64;
+    co.max_candidate_occupancy = 1.0;
+    Compactor comp(st, co);
+    struct Obj {
+      Live live;
+      OwnerId owner;
+    };
+    std::mt19937_64 rng(7 + id_bits);
+    const size_t sizes[] = {24, 100, 230};
+    std::vector<Obj> objs;
+    for (uint64_t k = 0; k < 4000; ++k) {
+      const size_t n = sizes[rng() % 3];
+      const auto owner = static_cast<OwnerId>(rng() % 3);
+      auto p = st.Alloc(n, static_cast<uint32_t>(rng() % 2), owner);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      ObjectPtr q = *p;
+      ASSERT_TRUE(st.Write(q, Content(k, n)).ok());
+      objs.push_back({{q, k, n}, owner});
+    }
+    std::shuffle(objs.begin(), objs.end(), rng);
+    const size_t keep = objs.size() / 4;
+    for (size_t i = keep; i < objs.size(); ++i) ASSERT_TRUE(st.Free(objs[i].live.ptr).ok());
+    objs.resize(keep);
+    for (int round = 0; round < 10; ++round) {
+      auto r = comp.CompactAll();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (*r == 0) break;
+    }
+    ASSERT_GT(comp.stats().objects_copied, 0u);
+    uint64_t count[3] = {0, 0, 0};
+    uint64_t relocated_owned = 0;
+    for (const Obj& o : objs) {
+      ++count[o.owner];
+      auto q = st.Locate(o.live.ptr, CorrectionMode::kAskOwner);
+      ASSERT_TRUE(q.ok()) << q.status().ToString();
+      if (o.owner == 1 && q->addr != o.live.ptr.addr) ++relocated_owned;
+    }
+    if (id_bits == 16) {
+      ASSERT_GT(relocated_owned, 0u) << "no object of owner 1 moved: the test would prove nothing";
+    }
+    // Merges change no counts.
+    EXPECT_EQ(st.OwnedObjects(1), count[1]);
+    EXPECT_EQ(st.OwnedObjects(2), count[2]);
+    EXPECT_EQ(st.OwnedObjects(kPersistentOwner), count[0]);
+
+    auto freed = st.FreeOwned(1);
+    ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+    EXPECT_EQ(*freed, count[1]);
+    EXPECT_EQ(st.OwnedObjects(1), 0u);
+    const StoreStats ss = st.Stats();
+    EXPECT_EQ(ss.live_objects, count[0] + count[2]);
+    EXPECT_EQ(ss.owned_objects, count[2]);
+    EXPECT_EQ(ss.persistent_objects, count[0]);
+    for (const Obj& o : objs) {
+      ObjectPtr p = o.live.ptr;
+      std::vector<uint8_t> got(o.live.size);
+      if (o.owner == 1) {
+        EXPECT_EQ(st.Read(p, got).status().code(), Code::kNotFound);
+        EXPECT_EQ(st.Free(o.live.ptr).code(), Code::kNotFound);
+      } else {
+        auto r = st.Read(p, got);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        ASSERT_EQ(got, Content(o.live.key, o.live.size)) << "object " << o.live.key;
+      }
+    }
+    // The rest goes too, aliases included.
+    auto two = st.FreeOwned(2);
+    ASSERT_TRUE(two.ok()) << two.status().ToString();
+    EXPECT_EQ(*two, count[2]);
+    for (const Obj& o : objs) {
+      if (o.owner == kPersistentOwner) {
+        ASSERT_TRUE(st.Free(o.live.ptr).ok());
+      }
+    }
+    EXPECT_EQ(st.Stats().live_objects, 0u);
+    EXPECT_EQ(st.blocks().Stats().physical_bytes_held, 0u);
+    EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 0u);
+  }
+}
+
+// release_ptr re-homes a merged object (new home, new generation) in the same slot: the owner
+// stays, so FreeOwned frees it through its new name and the old name is NotFound too.
+TEST(Compaction, ReleasePtrKeepsTheOwner) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+  // Two sparse blocks of one class; every object of the first is owner 5's, of the second
+  // persistent. The first is emptier, so it is the merge's source: its objects get re-homed.
+  std::vector<ObjectPtr> a, b;
+  const uint32_t per_block = st.classes().at(*st.classes().ClassFor(200)).slots_per_block;
+  for (uint32_t i = 0; i < 2 * per_block; ++i) {
+    auto p = st.Alloc(200, 0, i < per_block ? OwnerId{5} : kPersistentOwner);
+    ASSERT_TRUE(p.ok());
+    (i < per_block ? a : b).push_back(*p);
+  }
+  ASSERT_NE(a[0].block, b[0].block);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i % 4 != 1) {
+      ASSERT_TRUE(st.Free(a[i]).ok());
+    }
+  }
+  for (size_t i = 1; i < b.size(); i += 2) ASSERT_TRUE(st.Free(b[i]).ok());
+  auto r = comp.CompactClass(a[0].size_class);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(*r, 1u);
+  std::vector<ObjectPtr> mine, old_names, theirs;
+  for (size_t i = 1; i < a.size(); i += 4) {
+    auto q = st.ReleasePtr(a[i]);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    mine.push_back(*q);
+    if (!(*q == a[i])) old_names.push_back(a[i]);
+  }
+  for (size_t i = 0; i < b.size(); i += 2) {
+    auto q = st.ReleasePtr(b[i]);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    theirs.push_back(*q);
+  }
+  ASSERT_FALSE(old_names.empty()) << "owner 5's objects were not re-homed";
+  const uint64_t mine_n = mine.size();
+  EXPECT_EQ(st.OwnedObjects(5), mine_n);
+  auto freed = st.FreeOwned(5);
+  ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+  EXPECT_EQ(*freed, mine_n);
+  std::vector<uint8_t> out(200);
+  for (ObjectPtr p : mine) EXPECT_EQ(st.Read(p, out).status().code(), Code::kNotFound);
+  for (ObjectPtr p : old_names) EXPECT_EQ(st.Read(p, out).status().code(), Code::kNotFound);
+  for (ObjectPtr p : theirs) EXPECT_TRUE(st.Read(p, out).ok());
+  EXPECT_EQ(st.Stats().live_objects, theirs.size());
+  EXPECT_EQ(st.Stats().persistent_objects, theirs.size());
+  EXPECT_EQ(st.Stats().owned_objects, 0u);
 }
 
 // Two objects X and Y of one class at the same offset of two different blocks, every other object

@@ -1,6 +1,6 @@
 // CoRM Store and thread allocators: slot allocation with random per-block IDs, free, write (lock
-// bit + version bump), RPC-path read with retry, pointer correction and release_ptr. The locking
-// protocol is described at the top of thread_allocator.h.
+// bit + version bump), RPC-path read with retry, pointer correction, release_ptr and object
+// ownership (free_owned, set_owner). The locking protocol is described at the top of store.h.
 
 #include "objects/engine/store.h"
 
@@ -16,6 +16,27 @@ namespace farmem::corm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr size_t kOwnerIds = size_t{1} << (8 * sizeof(OwnerId));
+
+// Counts an operation that may give an owner objects (Alloc, SetOwner) as in flight for that
+// owner while it lives; FreeOwned waits for the count to reach 0. Nothing waits for the
+// persistent owner (FreeOwned refuses it), so its operations skip the shared counter.
+class PendingForOwner {
+ public:
+  PendingForOwner(std::atomic<uint32_t>* pending, OwnerId owner)
+      : n_(owner == kPersistentOwner ? nullptr : &pending[owner]) {
+    if (n_ != nullptr) n_->fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~PendingForOwner() {
+    if (n_ != nullptr) n_->fetch_sub(1, std::memory_order_release);
+  }
+  PendingForOwner(const PendingForOwner&) = delete;
+  PendingForOwner& operator=(const PendingForOwner&) = delete;
+
+ private:
+  std::atomic<uint32_t>* n_;
+};
 
 timespec RealtimeDeadline(std::chrono::milliseconds timeout) {
   timespec ts;
@@ -162,16 +183,18 @@ bool IdTable::Erase(uint32_t slot, std::span<const uint16_t> slot_id) {
   return true;
 }
 
-void Block::AddObject(uint32_t slot, uint16_t id, uint16_t gen) {
+void Block::AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner) {
   occupied[slot] = 1;
   slot_id[slot] = id;
   slot_gen[slot] = gen;
+  slot_owner[slot] = owner;
   if (mode == ClassMode::kIds) (void)ids.Insert(slot, slot_id);
 }
 
 void Block::RemoveObject(uint32_t slot) {
   if (mode == ClassMode::kIds) (void)ids.Erase(slot, slot_id);
   occupied[slot] = 0;
+  slot_owner[slot] = kPersistentOwner;
   if (slot < first_free) first_free = slot;
 }
 
@@ -246,6 +269,8 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
   s->table_ = std::make_unique<std::atomic<detail::Block*>[]>(nv);
   for (uint32_t i = 0; i < nv; ++i) s->table_[i].store(nullptr, std::memory_order_relaxed);
   s->next_gen_ = std::make_unique<uint16_t[]>(nv);  // value-initialised: generation 0 first
+  s->owned_ = std::make_unique<std::atomic<uint64_t>[]>(kOwnerIds);  // value-initialised: 0
+  s->owner_pending_ = std::make_unique<std::atomic<uint32_t>[]>(kOwnerIds);
   std::random_device rd;
   const uint64_t seed = options.seed != 0 ? options.seed : (uint64_t{rd()} << 32 | rd());
   for (uint32_t w = 0; w < options.workers; ++w) {
@@ -316,6 +341,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->occupied.assign(b->slots, 0);
   b->slot_id.assign(b->slots, 0);
   b->slot_gen.assign(b->slots, 0);
+  b->slot_owner.assign(b->slots, kPersistentOwner);
   b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
@@ -333,7 +359,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   return b;
 }
 
-Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b) {
+Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b, OwnerId owner) {
   const uint32_t v = b.primary();
   uint32_t slot = UINT32_MAX;
   // First free slot; with IDs the offset carries no meaning, so first-fit keeps blocks dense.
@@ -380,17 +406,20 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
   image.assign(b.slot_size, 0);
   EncodeSlot(image, reinterpret_cast<uint64_t>(addr), h, {});
   PublishSlot(addr, image);
-  b.AddObject(slot, id, gen);
+  b.AddObject(slot, id, gen, owner);
   b.first_free = slot + 1;
   b.live.fetch_add(1, std::memory_order_relaxed);
+  CountOwner(owner, +1);
   return ObjectPtr{reinterpret_cast<uint64_t>(addr), id, b.size_class, v, gen};
 }
 
-Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
+Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker, OwnerId owner) {
   if (worker >= workers_.size()) {
     return Status::InvalidArgument("worker " + std::to_string(worker) + " out of range");
   }
   FARMEM_ASSIGN_OR_RETURN(uint32_t c, classes_.ClassFor(size));
+  // In flight for `owner` until it returns: FreeOwned(owner) waits for it (see FreeOwned).
+  PendingForOwner pending(owner_pending_.get(), owner);
   ThreadAllocator& w = *workers_[worker];
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status failure;
@@ -412,7 +441,7 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
         if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
         if (!b->dead.load(std::memory_order_relaxed) &&
             b->live.load(std::memory_order_relaxed) < b->capacity) {
-          auto r = AllocInBlockLocked(w, *b);
+          auto r = AllocInBlockLocked(w, *b, owner);
           SyncAvailLocked(*b);
           b->mu.Unlock();
           return r;
@@ -424,7 +453,7 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker) {
       if (nb.ok()) {
         detail::Block* b = *nb;
         if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
-        auto r = AllocInBlockLocked(w, *b);
+        auto r = AllocInBlockLocked(w, *b, owner);
         SyncAvailLocked(*b);
         b->mu.Unlock();
         return r;
@@ -548,33 +577,129 @@ Result<ObjectPtr> Store::Locate(const ObjectPtr& p, CorrectionMode mode) {
   return q;
 }
 
+Status Store::FreeSlotLocked(detail::Block& b, uint32_t slot) {
+  uint8_t* addr = SlotAddr(b.primary(), slot, b.slot_size);
+  uint64_t old = LoadHeader(addr);
+  const Header h = Header::Unpack(old);
+  if (h.locked || h.compacting) {
+    // Writers and the compactor hold the block lock while they own the header.
+    return Status::Internal("CoRM header locked under the exclusive block lock");
+  }
+  Header freed = h;
+  freed.allocated = false;
+  freed.version = static_cast<uint8_t>(h.version + 1);
+  if (!CasHeader(addr, old, freed.Pack())) {
+    return Status::Internal("CoRM header changed under the exclusive block lock");
+  }
+  CountOwner(b.slot_owner[slot], -1);
+  b.RemoveObject(slot);
+  b.live.fetch_sub(1, std::memory_order_relaxed);
+  if (b.live.load(std::memory_order_relaxed) != 0) SyncAvailLocked(b);
+  FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(h.home_block));
+  if (b.live.load(std::memory_order_relaxed) == 0) return RetireBlockLocked(b);
+  if (refs == 0) return MaybeReleaseAliasLocked(b, h.home_block);
+  return Status::OK();
+}
+
 Status Store::Free(const ObjectPtr& p) {
   FARMEM_ASSIGN_OR_RETURN(detail::Block * b, LockBlockOf(p, /*exclusive=*/true));
   Status st = [&]() -> Status {
     FARMEM_ASSIGN_OR_RETURN(uint32_t slot, ResolveSlotLocked(*b, p));
-    uint8_t* addr = SlotAddr(b->primary(), slot, b->slot_size);
-    uint64_t old = LoadHeader(addr);
-    const Header h = Header::Unpack(old);
-    if (h.locked || h.compacting) {
-      // Writers and the compactor hold the block lock while they own the header.
-      return Status::Internal("CoRM header locked under the exclusive block lock");
-    }
-    Header freed = h;
-    freed.allocated = false;
-    freed.version = static_cast<uint8_t>(h.version + 1);
-    if (!CasHeader(addr, old, freed.Pack())) {
-      return Status::Internal("CoRM header changed under the exclusive block lock");
-    }
-    b->RemoveObject(slot);
-    b->live.fetch_sub(1, std::memory_order_relaxed);
-    if (b->live.load(std::memory_order_relaxed) != 0) SyncAvailLocked(*b);
-    FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(h.home_block));
-    if (b->live.load(std::memory_order_relaxed) == 0) return RetireBlockLocked(*b);
-    if (refs == 0) return MaybeReleaseAliasLocked(*b, h.home_block);
+    return FreeSlotLocked(*b, slot);
+  }();
+  b->mu.Unlock();
+  return st;
+}
+
+void Store::CountOwner(OwnerId owner, int64_t delta) {
+  owned_[owner].fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
+}
+
+uint64_t Store::OwnedObjects(OwnerId owner) const {
+  return owned_[owner].load(std::memory_order_acquire);
+}
+
+Status Store::SetOwner(const ObjectPtr& p, OwnerId owner) {
+  // Giving an object to `owner` is like allocating for it: in flight for FreeOwned(owner).
+  PendingForOwner pending(owner_pending_.get(), owner);
+  FARMEM_ASSIGN_OR_RETURN(detail::Block * b, LockBlockOf(p, /*exclusive=*/true));
+  Status st = [&]() -> Status {
+    FARMEM_ASSIGN_OR_RETURN(uint32_t slot, ResolveSlotLocked(*b, p));
+    const OwnerId old = b->slot_owner[slot];
+    if (old == owner) return Status::OK();
+    b->slot_owner[slot] = owner;
+    CountOwner(old, -1);
+    CountOwner(owner, +1);
     return Status::OK();
   }();
   b->mu.Unlock();
   return st;
+}
+
+Result<uint64_t> Store::FreeOwned(OwnerId owner) {
+  if (owner == kPersistentOwner) {
+    return Status::InvalidArgument("FreeOwned of the persistent owner (objects nobody owns)");
+  }
+  const auto deadline = Clock::now() + options_.op_timeout;
+  // 1. No new allocation for `owner` starts (the caller's guarantee), so once the ones in flight
+  //    have finished, the set of its objects can only shrink; every one of them is counted in
+  //    owned_[owner] and sits in a live block.
+  Backoff backoff;
+  while (owner_pending_[owner].load(std::memory_order_acquire) != 0) {
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("allocations for owner " + std::to_string(owner) +
+                              " still in flight after " +
+                              std::to_string(options_.op_timeout.count()) + " ms");
+    }
+    backoff.Wait();
+  }
+  // 2. With merges excluded (merge_gate_), no object changes blocks, so a pass that locks every
+  //    block struct once frees every object of `owner` (blocks created meanwhile hold none: only
+  //    allocations or merges put objects into a new block). The count is then 0; the bounded
+  //    repeat only covers a caller breaking its guarantee (an allocation or SetOwner for `owner`
+  //    starting meanwhile), which gets an error instead of a silent leak.
+  uint64_t freed = 0;
+  for (int pass = 0; pass < 3 && OwnedObjects(owner) != 0; ++pass) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 || !merge_gate_.Lock(left)) return TimedOutLocking();
+    Status st = SweepOwnedLocked(owner, &freed);
+    merge_gate_.Unlock();
+    FARMEM_RETURN_IF_ERROR(st);
+  }
+  if (OwnedObjects(owner) != 0) {
+    return Status::Aborted("owner " + std::to_string(owner) + " still has " +
+                           std::to_string(OwnedObjects(owner)) +
+                           " objects after 3 sweeps: an allocation or SetOwner for it raced with "
+                           "FreeOwned, or per-slot owners disagree with the counts");
+  }
+  return freed;
+}
+
+Status Store::SweepOwnedLocked(OwnerId owner, uint64_t* freed) {
+  std::vector<detail::Block*> all;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    all.reserve(all_blocks_.size());
+    for (const auto& b : all_blocks_) all.push_back(b.get());
+  }
+  for (detail::Block* b : all) {
+    // A dead block holds no object; one revived after this check holds only objects allocated
+    // after the call began, none of them `owner`'s (merges into it are excluded).
+    if (b->dead.load(std::memory_order_acquire)) continue;
+    if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
+    Status st;
+    for (uint32_t slot = 0; slot < b->slots && !b->dead.load(std::memory_order_relaxed); ++slot) {
+      if (!b->occupied[slot] || b->slot_owner[slot] != owner) continue;
+      // A retirement (the block emptied) marks it dead and ends the loop.
+      st = FreeSlotLocked(*b, slot);
+      if (!st.ok()) break;
+      ++*freed;
+    }
+    b->mu.Unlock();
+    FARMEM_RETURN_IF_ERROR(st);
+  }
+  return Status::OK();
 }
 
 uint16_t Store::IssueGenLocked(uint32_t v, uint16_t id, uint16_t id_mask, uint16_t prev_tag) {
@@ -664,6 +789,7 @@ void Store::RecycleDeadLocked(ThreadAllocator& w) {
     std::vector<uint8_t>().swap(b->occupied);
     std::vector<uint16_t>().swap(b->slot_id);
     std::vector<uint16_t>().swap(b->slot_gen);
+    std::vector<uint16_t>().swap(b->slot_owner);
     std::vector<uint32_t>().swap(b->vblocks);
     b->ids.Reset(0, 0);
     b->mu.Unlock();
@@ -822,6 +948,11 @@ StoreStats Store::Stats() {
     s.live_blocks += cs.blocks;
     s.live_payload_slot_bytes += cs.live_objects * cs.slot_size;
   }
+  // A sum over every session's count (~65 k loads, tens of µs) rather than one more counter
+  // that every alloc and free of every worker would write.
+  for (size_t o = 1; o < kOwnerIds; ++o)
+    s.owned_objects += owned_[o].load(std::memory_order_relaxed);
+  s.persistent_objects = OwnedObjects(kPersistentOwner);
   s.blocks = ba_->Stats();
   return s;
 }

@@ -4,6 +4,8 @@
 //
 // ---- Locking and ordering protocol (read before changing anything) --------------------------
 // Lock order (never acquire an earlier lock while holding a later one):
+//   0. Store::merge_gate_ (shared: one compaction merge, taken before its block locks;
+//                         exclusive: one FreeOwned sweep, see Store::FreeOwned)
 //   1. Worker::mu        (one per thread allocator: its allocations, block creation/recycling,
 //                         its ID RNG)
 //   2. Block::mu         (reader/writer lock per logical block; two blocks: lower address first)
@@ -12,8 +14,10 @@
 //                         of one class's list (Stats, compaction's Collect))
 //   4. Store::pool_mu_   (the recycled Block structs)
 //   5. BlockAllocator::mu_ (inside BlockAllocator; leaf)
-// Block::mu protects a block's metadata (occupancy, ID -> slot table, virtual blocks, owner):
-//   - exclusive: alloc into the block, free, release_ptr, compaction (both blocks), retirement;
+// Block::mu protects a block's metadata (occupancy, ID -> slot table, virtual blocks, owning
+// worker, per-slot owners):
+//   - exclusive: alloc into the block, free, free_owned, set_owner, release_ptr, compaction (both
+//     blocks), retirement;
 //   - shared:    write and RPC read (location lookup + slot access), pointer correction.
 //   Every acquisition has a deadline (StoreOptions::op_timeout) and fails with TimedOut. The lock
 //   prefers writers so a compaction is not starved by a steady stream of reads.
@@ -62,6 +66,11 @@
 #include "objects/format/size_classes.h"
 
 namespace farmem::corm {
+
+// Owner of an allocation: 0 = persistent (nobody's; freed only by free()), 1..65535 = a session
+// index (farmemd frees a session's objects when it ends; docs/objects.md, "Ownership (engine)").
+using OwnerId = uint16_t;
+inline constexpr OwnerId kPersistentOwner = 0;
 
 // How a pointer whose object moved is corrected.
 enum class CorrectionMode : uint8_t {
@@ -119,6 +128,8 @@ struct StoreStats {
   uint64_t live_objects = 0;
   uint64_t live_blocks = 0;
   uint64_t live_payload_slot_bytes = 0;  // live objects * their slot size
+  uint64_t owned_objects = 0;            // live objects with an owner != kPersistentOwner
+  uint64_t persistent_objects = 0;       // live objects owned by kPersistentOwner
   BlockAllocatorStats blocks;
 };
 
@@ -216,6 +227,9 @@ struct Block {
   // Generation of the object in each slot (of the last one when free); moves with the object
   // in a merge. The header holds only its low bits (TagOf); the RPC paths compare all 16.
   std::vector<uint16_t> slot_gen;
+  // OwnerId of the object in each slot (kPersistentOwner when free); like slot_gen it moves with
+  // the object in a merge, and release_ptr (same slot) keeps it.
+  std::vector<uint16_t> slot_owner;
   IdTable ids;  // kIds only
   // Changed under mu (exclusive) AND the owner's lists_mu; read under either.
   bool in_avail = false;  // in the owner's free-slot list
@@ -226,8 +240,9 @@ struct Block {
   uint32_t primary() const { return vblocks.front(); }
   // Slot of the object with this ID (kIds), or IdTable::kNotFound.
   uint32_t FindSlot(uint16_t id) const { return ids.Find(id, slot_id, occupied); }
-  // Records an object in a free slot (exclusive lock held; live is the caller's business).
-  void AddObject(uint32_t slot, uint16_t id, uint16_t gen);
+  // Records an object in a free slot (exclusive lock held; live and the per-owner counts are
+  // the caller's business).
+  void AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner);
 
   // Forgets the object in an occupied slot (exclusive lock held).
   void RemoveObject(uint32_t slot);
@@ -288,9 +303,24 @@ class Store {
   // their own index).
   uint32_t PickWorker();
 
-  // Allocates a zero-filled object of `size` payload bytes in worker `worker`'s blocks.
-  Result<ObjectPtr> Alloc(size_t size, uint32_t worker);
+  // Allocates a zero-filled object of `size` payload bytes in worker `worker`'s blocks, owned by
+  // `owner`.
+  Result<ObjectPtr> Alloc(size_t size, uint32_t worker, OwnerId owner = kPersistentOwner);
   Status Free(const ObjectPtr& p);
+  // Frees every live object whose owner is `owner` (!= kPersistentOwner); returns how many. Safe
+  // concurrently with alloc/free/write/read/locate/release_ptr/compaction by other threads. The
+  // caller guarantees no new allocation (or SetOwner) for `owner` starts after the call began;
+  // objects allocated for `owner` before the call started (also allocations still in flight then)
+  // are all freed when it returns OK, even ones a concurrent compaction moves between blocks.
+  // TimedOut if a block lock (or an in-flight allocation) takes longer than op_timeout: the
+  // objects freed so far stay freed, and the call may be repeated.
+  Result<uint64_t> FreeOwned(OwnerId owner);
+  // Changes the owner of p's object (e.g. to kPersistentOwner: "persist"); NotFound as for Free
+  // if p is stale.
+  Status SetOwner(const ObjectPtr& p, OwnerId owner);
+  // Live objects owned by `owner` (kPersistentOwner: persistent ones). Exact when no operation is
+  // in flight.
+  uint64_t OwnedObjects(OwnerId owner) const;
   // Replaces the payload (data.size() <= class capacity; the rest becomes zero). Corrects p.
   Status Write(ObjectPtr& p, std::span<const uint8_t> data);
   // RPC-path read: copies min(out.size(), capacity) payload bytes; corrects p in place. Locates
@@ -328,8 +358,17 @@ class Store {
   uint8_t* SlotAddr(uint32_t vblock, uint32_t slot, uint32_t slot_size) const {
     return ba_->VAddr(vblock) + size_t{slot} * slot_size;
   }
-  // Allocates a slot in b (exclusive lock held); b has room.
-  Result<ObjectPtr> AllocInBlockLocked(ThreadAllocator& w, detail::Block& b);
+  // Allocates a slot in b for `owner` (exclusive lock held); b has room.
+  Result<ObjectPtr> AllocInBlockLocked(ThreadAllocator& w, detail::Block& b, OwnerId owner);
+  // Frees the object in occupied `slot` of b (exclusive lock held): header, metadata, live and
+  // owner counts, free-slot list, home reference; retires b when it empties (then b is dead) and
+  // releases an alias virtual block nobody homes at any more. Free and FreeOwned both use it.
+  Status FreeSlotLocked(detail::Block& b, uint32_t slot);
+  // One FreeOwned pass over every block struct (merge_gate_ held exclusively); adds the objects
+  // it freed to *freed.
+  Status SweepOwnedLocked(OwnerId owner, uint64_t* freed);
+  // Per-owner live counts; changed under the block lock of the object concerned.
+  void CountOwner(OwnerId owner, int64_t delta);
   // New logical block for class c owned by w (Worker mu held).
   Result<detail::Block*> NewBlockLocked(ThreadAllocator& w, uint32_t c);
   // Releases an empty block's pages and virtual blocks (exclusive lock held).
@@ -366,6 +405,20 @@ class Store {
   // through BlockAllocator's mutex.
   std::unique_ptr<uint16_t[]> next_gen_;
   std::vector<std::unique_ptr<ThreadAllocator>> workers_;
+
+  // Per OwnerId: live objects it owns (changed together with a slot_owner entry, under that
+  // block's exclusive lock; a merge moves objects without changing owners, so the counts are
+  // exact whenever nothing is in flight), and allocations / SetOwner calls for it in flight
+  // (FreeOwned waits for them to finish; not kept for kPersistentOwner). 65536 x (8 + 4) B =
+  // 768 KiB per Store, instead of a map whose lock and nodes every alloc and free would pay for.
+  std::unique_ptr<std::atomic<uint64_t>[]> owned_;
+  std::unique_ptr<std::atomic<uint32_t>[]> owner_pending_;
+  // Excludes compaction merges from FreeOwned's sweep (lock order 0): a merge holds it shared
+  // (Compactor::TryMerge, before the block locks, skipped as busy after lock_timeout), a sweep
+  // exclusively. Why: a merge moves objects from a block the sweep has not visited into one it
+  // already visited; with no merge running, objects change blocks never, so one pass over every
+  // block struct sees each object of the owner exactly where it stays.
+  RwLock merge_gate_;
 
   std::mutex pool_mu_;
   std::vector<std::unique_ptr<detail::Block>> all_blocks_;

@@ -1,6 +1,6 @@
 // Tests for the CoRM Store: alloc/read/write, pointer correction, release_ptr, block retirement,
 // worker selection and bad input (double free, forged pointers, sizes) answered with Status;
-// free-slot list reuse and the per-block ID -> slot table.
+// free-slot list reuse, the per-block ID -> slot table, and object ownership (FreeOwned, SetOwner).
 
 #include <gtest/gtest.h>
 
@@ -484,6 +484,149 @@ TEST(Store, StalePointersAreNotFoundOnEveryRpcPath) {
     }
     EXPECT_EQ(st.Stats().live_objects, live.size());
   }
+}
+
+// Ownership: objects of owners 1 and 2 and persistent ones, in several classes, both workers and
+// several blocks each. FreeOwned(1) frees exactly owner 1's (their pointers are NotFound on every
+// RPC path), the others keep their bytes; counts and StoreStats stay exact.
+TEST(StoreOwnership, FreeOwnedFreesExactlyThatOwnersObjects) {
+  for (int id_bits : {16, 0}) {
+    SCOPED_TRACE("id_bits " + std::to_string(id_bits));
+    auto s = Store::Create(SmallStore(id_bits));
+    ASSERT_TRUE(s.ok());
+    Store& st = **s;
+    struct Obj {
+      ObjectPtr p;
+      OwnerId owner;
+      std::vector<uint8_t> bytes;
+    };
+    std::vector<Obj> objs;
+    const size_t sizes[] = {10, 100, 700};
+    std::mt19937 rng(11);
+    for (int i = 0; i < 900; ++i) {
+      const OwnerId owner = static_cast<OwnerId>(i % 3);  // 0 = persistent, 1, 2
+      const size_t n = sizes[rng() % 3];
+      auto p = st.Alloc(n, static_cast<uint32_t>(rng() % 2), owner);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      Obj o{*p, owner, Bytes(n, static_cast<uint8_t>(i))};
+      ASSERT_TRUE(st.Write(o.p, o.bytes).ok());
+      objs.push_back(o);
+    }
+    // Free some of each through Free: the counts follow.
+    for (size_t i = 0; i < objs.size(); i += 7) ASSERT_TRUE(st.Free(objs[i].p).ok());
+    std::vector<Obj> kept;
+    for (size_t i = 0; i < objs.size(); ++i) {
+      if (i % 7 != 0) kept.push_back(objs[i]);
+    }
+    uint64_t count[3] = {0, 0, 0};
+    for (const Obj& o : kept) ++count[o.owner];
+    EXPECT_EQ(st.OwnedObjects(kPersistentOwner), count[0]);
+    EXPECT_EQ(st.OwnedObjects(1), count[1]);
+    EXPECT_EQ(st.OwnedObjects(2), count[2]);
+    StoreStats ss = st.Stats();
+    EXPECT_EQ(ss.live_objects, kept.size());
+    EXPECT_EQ(ss.owned_objects, count[1] + count[2]);
+    EXPECT_EQ(ss.persistent_objects, count[0]);
+
+    auto freed = st.FreeOwned(1);
+    ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+    EXPECT_EQ(*freed, count[1]);
+    EXPECT_EQ(st.OwnedObjects(1), 0u);
+    EXPECT_EQ(st.OwnedObjects(2), count[2]);
+    EXPECT_EQ(st.OwnedObjects(kPersistentOwner), count[0]);
+    ss = st.Stats();
+    EXPECT_EQ(ss.live_objects, count[0] + count[2]);
+    EXPECT_EQ(ss.owned_objects, count[2]);
+    EXPECT_EQ(ss.persistent_objects, count[0]);
+    for (const Obj& o : kept) {
+      ObjectPtr q = o.p;
+      std::vector<uint8_t> out(o.bytes.size());
+      if (o.owner == 1) {
+        EXPECT_EQ(st.Read(q, out).status().code(), Code::kNotFound);
+        EXPECT_EQ(st.Locate(o.p, CorrectionMode::kAskOwner).status().code(), Code::kNotFound);
+        EXPECT_EQ(st.Free(o.p).code(), Code::kNotFound);
+        EXPECT_EQ(st.SetOwner(o.p, 2).code(), Code::kNotFound);
+      } else {
+        auto r = st.Read(q, out);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_EQ(out, o.bytes);
+      }
+    }
+    // Nothing left for 1, nothing ever for 9; the persistent owner is not a session.
+    auto again = st.FreeOwned(1);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, 0u);
+    auto none = st.FreeOwned(9);
+    ASSERT_TRUE(none.ok());
+    EXPECT_EQ(*none, 0u);
+    EXPECT_EQ(st.FreeOwned(kPersistentOwner).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(st.Stats().live_objects, count[0] + count[2]);
+
+    // Emptied blocks were retired on the way: freeing the rest releases every block.
+    auto two = st.FreeOwned(2);
+    ASSERT_TRUE(two.ok());
+    EXPECT_EQ(*two, count[2]);
+    for (const Obj& o : kept) {
+      if (o.owner == kPersistentOwner) {
+        ASSERT_TRUE(st.Free(o.p).ok());
+      }
+    }
+    ss = st.Stats();
+    EXPECT_EQ(ss.live_objects, 0u);
+    EXPECT_EQ(ss.owned_objects, 0u);
+    EXPECT_EQ(ss.persistent_objects, 0u);
+    EXPECT_EQ(st.blocks().Stats().physical_bytes_held, 0u);
+    EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 0u);
+  }
+}
+
+// SetOwner: persisting an object takes it out of its session's FreeOwned; giving it to another
+// session puts it into that one's. ReleasePtr of an object that is not aliased keeps the owner
+// (the aliased case is in compaction_test.cc).
+TEST(StoreOwnership, SetOwnerMovesObjectsBetweenOwners) {
+  auto s = Store::Create(SmallStore());
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  std::vector<ObjectPtr> ptrs;
+  for (int i = 0; i < 6; ++i) {
+    auto p = st.Alloc(50, 0, 3);
+    ASSERT_TRUE(p.ok());
+    ptrs.push_back(*p);
+  }
+  EXPECT_EQ(st.OwnedObjects(3), 6u);
+  ASSERT_TRUE(st.SetOwner(ptrs[0], kPersistentOwner).ok());  // persist
+  ASSERT_TRUE(st.SetOwner(ptrs[1], 4).ok());                 // hand over
+  ASSERT_TRUE(st.SetOwner(ptrs[2], 3).ok());                 // no change
+  EXPECT_EQ(st.OwnedObjects(3), 4u);
+  EXPECT_EQ(st.OwnedObjects(4), 1u);
+  EXPECT_EQ(st.OwnedObjects(kPersistentOwner), 1u);
+  EXPECT_EQ(st.Stats().owned_objects, 5u);
+  EXPECT_EQ(st.Stats().persistent_objects, 1u);
+  auto rp = st.ReleasePtr(ptrs[3]);
+  ASSERT_TRUE(rp.ok());
+  EXPECT_EQ(*rp, ptrs[3]);  // primary home already: the same pointer
+
+  auto freed = st.FreeOwned(3);
+  ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+  EXPECT_EQ(*freed, 4u);
+  std::vector<uint8_t> out(50);
+  ObjectPtr q = ptrs[0];
+  EXPECT_TRUE(st.Read(q, out).ok()) << "persisted object was freed with its session";
+  q = ptrs[1];
+  EXPECT_TRUE(st.Read(q, out).ok()) << "handed-over object was freed with its old session";
+  for (int i = 2; i < 6; ++i) {
+    q = ptrs[i];
+    EXPECT_EQ(st.Read(q, out).status().code(), Code::kNotFound);
+  }
+  EXPECT_EQ(st.SetOwner(ptrs[2], kPersistentOwner).code(), Code::kNotFound);  // stale pointer
+  auto four = st.FreeOwned(4);
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(*four, 1u);
+  q = ptrs[1];
+  EXPECT_EQ(st.Read(q, out).status().code(), Code::kNotFound);
+  EXPECT_EQ(st.Stats().live_objects, 1u);
+  EXPECT_EQ(st.Stats().owned_objects, 0u);
+  EXPECT_EQ(st.Stats().persistent_objects, 1u);
 }
 
 }  // namespace

@@ -3,13 +3,19 @@
 // CopyEpoch the merges wait for, as the TCP NIC thread does — and run the consistency check,
 // an RPC-path reader uses Store::Read, a churn thread keeps fragmenting, and a compaction loop runs
 // throughout. No accepted read may be torn or older than the last write completed before it began.
+// Ownership stress: allocating threads open and close sessions (owners) while compaction runs; a
+// closer thread frees each closed session's objects with FreeOwned meanwhile.
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -279,6 +285,225 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
 
 INSTANTIATE_TEST_SUITE_P(Correction, Stress,
                          ::testing::Values(CorrectionMode::kAskOwner, CorrectionMode::kScan));
+
+// Deterministic bytes of object `key` (n of them).
+std::vector<uint8_t> KeyBytes(uint64_t key, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(Mix(key * 1000003 + i));
+  return v;
+}
+
+struct OwnedObj {
+  ObjectPtr ptr;
+  uint64_t key;
+  size_t size;
+};
+
+struct Session {
+  OwnerId owner;
+  std::vector<OwnedObj> objs;  // live when the session was closed
+};
+
+// Allocating threads allocate and free objects of their open sessions (owners) and persistent
+// ones, and now and then close a session: they stop allocating for it and hand it to a closer
+// thread, which calls FreeOwned while the others keep allocating and compaction keeps moving
+// objects between blocks. At the end: no object of a closed session is left (count 0, and every
+// one of its pointers NotFound), every other object holds its own bytes, and StoreStats adds up.
+TEST(StressOwnership, SessionsFreedWhileAllocatingAndCompacting) {
+  StoreOptions o;
+  o.block_size = 4096;
+  o.id_bits = 16;
+  o.workers = 2;
+  o.reserve_bytes = 256 << 20;
+  o.pool_bytes = 4 << 20;
+  o.op_timeout = std::chrono::milliseconds(5000);
+  // No virtual block is reused during the test, so a freed object's pointer must stay NotFound
+  // (with reuse by another class it would be InvalidArgument, which says nothing about FreeOwned).
+  o.vblock_quarantine = (256 << 20) / 4096;
+  auto s = Store::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  co.max_merges_per_round = 16;
+  co.lock_timeout = std::chrono::seconds(5);
+  Compactor comp(st, co);
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint32_t> next_owner{1};
+  std::atomic<uint64_t> errors{0}, freed_total{0}, free_owned_calls{0};
+  std::mutex err_mu;
+  std::string first_error;
+  auto fail = [&](const std::string& what) {
+    errors.fetch_add(1);
+    std::lock_guard<std::mutex> lock(err_mu);
+    if (first_error.empty()) first_error = what;
+  };
+
+  std::mutex q_mu;
+  std::condition_variable q_cv;
+  std::deque<Session> closing;
+  bool allocators_done = false;
+  std::vector<Session> closed;  // closer thread only, read after join
+
+  constexpr int kAllocators = 3;
+  constexpr size_t kOpen = 3;
+  std::vector<std::vector<Session>> open(kAllocators);         // per thread, read after join
+  std::vector<std::vector<OwnedObj>> persistent(kAllocators);  // per thread, read after join
+  const size_t sizes[] = {24, 100, 230};
+  std::vector<std::thread> allocators;
+  for (int t = 0; t < kAllocators; ++t) {
+    allocators.emplace_back([&, t] {
+      std::mt19937_64 r(1000 + t);
+      auto& sessions = open[t];
+      auto& mine = persistent[t];
+      uint64_t seq = 0;
+      while (sessions.size() < kOpen) sessions.push_back({static_cast<OwnerId>(next_owner++), {}});
+      size_t live = 0;  // objects this thread holds (bounded: the heap stays small)
+      while (!stop.load(std::memory_order_relaxed)) {
+        const uint64_t dice = r() % 1000;
+        if (dice < 520 && live < 1500) {
+          // Allocate for an open session (or, 1 in 5, a persistent object) and write its bytes.
+          const bool pers = r() % 5 == 0;
+          Session& sess = sessions[r() % sessions.size()];
+          const OwnerId owner = pers ? kPersistentOwner : sess.owner;
+          const size_t n = sizes[r() % 3];
+          const uint64_t key = (uint64_t(t) << 40) | seq++;
+          auto p = st.Alloc(n, static_cast<uint32_t>(r() % 2), owner);
+          if (!p.ok()) {
+            fail("alloc: " + p.status().ToString());
+            continue;
+          }
+          ObjectPtr q = *p;
+          Status w = st.Write(q, KeyBytes(key, n));
+          if (!w.ok()) fail("write: " + w.ToString());
+          (pers ? mine : sess.objs).push_back({*p, key, n});
+          ++live;
+        } else if (dice < 995) {
+          // Free one (fragmentation for the compactor).
+          auto& v = r() % 5 == 0 ? mine : sessions[r() % sessions.size()].objs;
+          if (v.empty()) continue;
+          const size_t k = r() % v.size();
+          Status f = st.Free(v[k].ptr);
+          if (!f.ok()) fail("free: " + f.ToString());
+          v[k] = v.back();
+          v.pop_back();
+          --live;
+        } else if (next_owner.load() < 60000) {  // OwnerId must not wrap to kPersistentOwner
+          // Close a session: no allocation for it from now on; hand it to the closer.
+          const size_t k = r() % sessions.size();
+          live -= sessions[k].objs.size();
+          Session done = std::move(sessions[k]);
+          sessions[k] = {static_cast<OwnerId>(next_owner++), {}};
+          {
+            // Back-pressure: the closer keeps up (a few sessions queued at most).
+            std::unique_lock<std::mutex> lock(q_mu);
+            q_cv.wait(lock, [&] { return closing.size() < 4; });
+            closing.push_back(std::move(done));
+          }
+          q_cv.notify_all();
+        }
+      }
+    });
+  }
+
+  std::thread closer([&] {
+    std::vector<uint8_t> out(256);
+    while (true) {
+      Session sess;
+      {
+        std::unique_lock<std::mutex> lock(q_mu);
+        q_cv.wait(lock, [&] { return !closing.empty() || allocators_done; });
+        if (closing.empty()) return;
+        sess = std::move(closing.front());
+        closing.pop_front();
+      }
+      q_cv.notify_all();
+      auto n = st.FreeOwned(sess.owner);
+      free_owned_calls.fetch_add(1);
+      if (!n.ok()) {
+        fail("FreeOwned(" + std::to_string(sess.owner) + "): " + n.status().ToString());
+      } else if (*n != sess.objs.size()) {
+        fail("FreeOwned(" + std::to_string(sess.owner) + ") freed " + std::to_string(*n) +
+             ", the session had " + std::to_string(sess.objs.size()));
+      } else {
+        freed_total.fetch_add(*n);
+      }
+      if (st.OwnedObjects(sess.owner) != 0) fail("owner still counts objects after FreeOwned");
+      for (const OwnedObj& x : sess.objs) {
+        ObjectPtr q = x.ptr;
+        auto rd = st.Read(q, std::span<uint8_t>(out.data(), x.size));
+        if (rd.status().code() != Code::kNotFound) {
+          fail("object of a freed session: read gives " + rd.status().ToString());
+        }
+      }
+      closed.push_back(std::move(sess));
+    }
+  });
+
+  std::thread compactor([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      auto r = comp.CompactAll();
+      if (!r.ok()) fail("compaction: " + r.status().ToString());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+
+  std::this_thread::sleep_for(kDuration);
+  stop.store(true);
+  for (auto& t : allocators) t.join();
+  {
+    std::lock_guard<std::mutex> lock(q_mu);
+    allocators_done = true;
+  }
+  q_cv.notify_all();
+  closer.join();
+  compactor.join();
+
+  EXPECT_EQ(errors.load(), 0u) << first_error;
+  const CompactionStats cs = comp.stats();
+  EXPECT_GT(cs.compactions, 0u) << "compaction never ran: the test would prove nothing";
+  EXPECT_GT(free_owned_calls.load(), 0u);
+  // Freed sessions: nothing left, every pointer NotFound on the RPC paths.
+  std::vector<uint8_t> out(256);
+  for (const Session& sess : closed) {
+    EXPECT_EQ(st.OwnedObjects(sess.owner), 0u) << "owner " << sess.owner;
+    for (const OwnedObj& x : sess.objs) {
+      ObjectPtr q = x.ptr;
+      ASSERT_EQ(st.Read(q, std::span<uint8_t>(out.data(), x.size)).status().code(),
+                Code::kNotFound);
+      ASSERT_EQ(st.Locate(x.ptr, CorrectionMode::kAskOwner).status().code(), Code::kNotFound);
+    }
+  }
+  // Survivors: open sessions' and persistent objects hold their own bytes.
+  uint64_t owned = 0, pers = 0;
+  auto check = [&](const OwnedObj& x) {
+    ObjectPtr q = x.ptr;
+    auto rd = st.Read(q, std::span<uint8_t>(out.data(), x.size));
+    ASSERT_TRUE(rd.ok()) << rd.status().ToString();
+    ASSERT_EQ(std::vector<uint8_t>(out.begin(), out.begin() + x.size), KeyBytes(x.key, x.size));
+  };
+  for (int t = 0; t < kAllocators; ++t) {
+    for (const Session& sess : open[t]) {
+      EXPECT_EQ(st.OwnedObjects(sess.owner), sess.objs.size()) << "owner " << sess.owner;
+      for (const OwnedObj& x : sess.objs) check(x);
+      owned += sess.objs.size();
+    }
+    for (const OwnedObj& x : persistent[t]) check(x);
+    pers += persistent[t].size();
+  }
+  const StoreStats ss = st.Stats();
+  EXPECT_EQ(ss.live_objects, owned + pers);
+  EXPECT_EQ(ss.owned_objects, owned);
+  EXPECT_EQ(ss.persistent_objects, pers);
+  EXPECT_EQ(st.OwnedObjects(kPersistentOwner), pers);
+  std::printf(
+      "sessions freed %llu objects freed by FreeOwned %llu survivors %llu compactions %llu "
+      "moved %llu\n",
+      (unsigned long long)free_owned_calls.load(), (unsigned long long)freed_total.load(),
+      (unsigned long long)(owned + pers), (unsigned long long)cs.compactions,
+      (unsigned long long)cs.objects_copied);
+}
 
 }  // namespace
 }  // namespace farmem::corm
