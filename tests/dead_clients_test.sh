@@ -93,7 +93,7 @@ log "8 holders: $OWNED owned objects, $OWNED_RAW owned raw bytes; farmemd RSS ${
 [[ "$OWNED_RAW" == $((CLIENTS * RAW * RAW_BYTES)) ]] || fail "expected owned raw bytes"
 
 for pid in "${HOLDERS[@]}"; do kill -KILL "$pid"; done
-for pid in "${HOLDERS[@]}"; do wait "$pid" 2>/dev/null || true; done
+for pid in "${HOLDERS[@]}"; do { wait "$pid"; } 2>/dev/null || true; done
 HOLDERS=()
 KILLED_AT=$(date +%s.%N)
 log "SIGKILLed the 8 holders"

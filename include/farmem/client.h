@@ -36,6 +36,9 @@ struct RawClientOptions {
   // Session lease asked for (docs/sessions.md): the server frees this client's session ranges
   // this long after its last keepalive (granted within [1 s, the server's --session-ttl-max]).
   std::chrono::milliseconds session_ttl{10000};
+  // false: no session (tools that only read STAT); Lifetime::kSession allocations then fail
+  // with FailedPrecondition, persistent ones work.
+  bool open_session = true;
 };
 
 class RawClient {
@@ -71,6 +74,8 @@ class RawClient {
   // The session's counters (keepalives, leases lost) and the lease the server granted.
   SessionClientStats session_stats() const;
   std::chrono::milliseconds session_ttl() const;
+  // The current session's id (changes when a lost session is replaced); for logs and tests.
+  uint64_t session_id() const;
 
  private:
   RawClient(Node& node, PeerInfo server, RawClientOptions options);

@@ -87,6 +87,9 @@ struct ObjectClientOptions {
   // Lifetime::kSession are freed this long after the client's last keepalive (it died or
   // stalled), or at once when the client is destroyed. Granted within [1 s, --session-ttl-max].
   std::chrono::milliseconds session_ttl{10000};
+  // false: no sessions (tools that only read STAT or compact); Lifetime::kSession allocations
+  // then fail with FailedPrecondition, persistent ones work.
+  bool open_session = true;
 };
 
 // What the server tells a client at connect time (OBJ_INFO).

@@ -215,7 +215,9 @@ int RunStat(const StatOptions& options) {
   nlohmann::json all = nlohmann::json::object();
   int rc = 0;
   for (const auto& [member, address] : targets) {
-    auto client = RawClient::Connect(**node, address);
+    RawClientOptions ro;
+    ro.open_session = false;  // only STAT: do not show up as a client session
+    auto client = RawClient::Connect(**node, address, ro);
     Result<std::string> text =
         client.ok() ? (*client)->stats_json() : Result<std::string>(client.status());
     if (!text.ok()) {

@@ -35,6 +35,7 @@ Result<std::unique_ptr<RawClient>> RawClient::Connect(Node& node,
     return info.status().WithContext("connecting to farmemd at " + std::string(bootstrap_address));
   }
   std::unique_ptr<RawClient> c(new RawClient(node, std::move(*info), options));
+  if (!options.open_session) return c;
   if (Status st = c->sessions_->open(c->server_.id); !st.ok()) {
     return st.WithContext("opening a session with farmemd at " + std::string(bootstrap_address));
   }
@@ -43,6 +44,10 @@ Result<std::unique_ptr<RawClient>> RawClient::Connect(Node& node,
 
 SessionClientStats RawClient::session_stats() const {
   return sessions_->stats();
+}
+
+uint64_t RawClient::session_id() const {
+  return sessions_->session_id(server_.id);
 }
 
 std::chrono::milliseconds RawClient::session_ttl() const {

@@ -21,6 +21,7 @@ Result<PoolAllocation> RawOwners::allocate(uint64_t len, SessionIndex owner) {
 Result<uint64_t> RawOwners::free(RegionKey key, uint64_t offset) {
   std::lock_guard lock(mu_);
   FARMEM_ASSIGN_OR_RETURN(uint64_t len, pools_.free(key, offset));
+  pools_.release_pages(key, offset, len);  // under mu_: nobody allocates the range meanwhile
   if (auto it = owner_of_.find({key, offset}); it != owner_of_.end()) {
     auto set = by_owner_.find(it->second.first);
     set->second.erase(it->first);
@@ -46,6 +47,7 @@ SessionFreed RawOwners::free_owned(SessionIndex owner) {
                        len.status().ToString());
     } else {
       freed.raw_bytes += *len;
+      pools_.release_pages(k.first, k.second, *len);
     }
     --owned_.allocations;
     owned_.bytes -= it->second.second;

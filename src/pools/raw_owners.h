@@ -26,7 +26,8 @@ class RawOwners {
 
   // PoolSet::allocate, recording `owner` unless it is kPersistentIndex.
   Result<PoolAllocation> allocate(uint64_t len, SessionIndex owner);
-  // PoolSet::free, forgetting the owner. Errors as PoolSet::free.
+  // PoolSet::free, forgetting the owner, then PoolSet::release_pages (freed memory leaves RSS).
+  // Errors as PoolSet::free.
   Result<uint64_t> free(RegionKey key, uint64_t offset);
   // Frees every allocation `owner` still holds (a session end listener).
   SessionFreed free_owned(SessionIndex owner);

@@ -201,6 +201,28 @@ TEST_F(RawSessionsTest, KeepalivesHoldAShortLeaseForManyTtls) {
   EXPECT_TRUE(c->free_raw(a->ref).ok());
 }
 
+// The session ended behind the client's back (as when the process stalled past its lease): the
+// next allocation is refused for the stale session, the client opens a new one, retries, counts
+// the loss; the old session's ranges are gone.
+TEST_F(RawSessionsTest, LostSessionIsReplacedAndCounted) {
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  auto before = c->alloc_raw(4096);
+  ASSERT_TRUE(before.ok());
+  const uint64_t old_id = c->session_id();
+  std::vector<std::byte> reply;
+  ASSERT_TRUE(Call(*c, wire::kOpClose, wire::CloseRequest{old_id}, reply).ok());
+  EXPECT_EQ(Memory()["allocations"], 0);
+  auto after = c->alloc_raw(4096);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_NE(c->session_id(), old_id);
+  EXPECT_EQ(c->session_stats().lost, 1u);
+  EXPECT_EQ(Memory()["owned_allocations"], 1);
+  c.reset();
+  EXPECT_EQ(Memory()["allocations"], 0);
+  EXPECT_EQ(Sessions()["open"], 0);
+}
+
 TEST_F(RawSessionsTest, MaxSessionsRefusesConnect) {
   TearDown();
   ServerConfig sc;

@@ -411,7 +411,9 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
                                 ", " + std::to_string(info->region_length) + " bytes)");
       }
     }
-    if (Status st = impl.sessions->open(peer->id); !st.ok()) {
+    if (!options.open_session) {
+      // no session: only persistent allocations (alloc refuses kSession)
+    } else if (Status st = impl.sessions->open(peer->id); !st.ok()) {
       return st.WithContext(ctx + ": SESSION_OPEN");
     }
     client->servers_.push_back(std::move(*info));
