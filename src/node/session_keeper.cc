@@ -163,9 +163,11 @@ void SessionKeeper::close() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (const auto& [peer, s] : sessions) {
+  for (const auto& entry : sessions) {
+    const PeerId peer = entry.first;
+    const uint64_t id = entry.second.id;
     Result<wire::CloseReply> r = blocking_.run([&](Scheduler& sched) {
-      return CallStruct<wire::CloseReply>(sched, peer, wire::kOpClose, wire::CloseRequest{s.id},
+      return CallStruct<wire::CloseReply>(sched, peer, wire::kOpClose, wire::CloseRequest{id},
                                           "SESSION_CLOSE");
     });
     if (!r.ok()) {

@@ -89,8 +89,9 @@ class Harness {
     auto freed = sessions_.close(session_);
     FUZZ_CHECK(freed.ok());
     uint64_t bytes = 0;
-    for (auto& [key, ranges] : live_) {
-      std::erase_if(ranges, [&](const auto& r) {
+    for (auto& pool : live_) {
+      const uint64_t key = pool.first;
+      std::erase_if(pool.second, [&](const auto& r) {
         if (!owned_.contains({key, r.first})) return false;
         bytes += r.second;
         return true;
