@@ -390,9 +390,14 @@ class Harness {
       case wire::kOpAlloc:
         if (n != sizeof(wire::AllocRequest)) FUZZ_CHECK(st.code() == Code::kProtocol);
         if (n == sizeof(wire::AllocRequest)) {
-          uint64_t session;
+          uint64_t size, session;
+          std::memcpy(&size, request.data(), sizeof(size));
           std::memcpy(&session, request.data() + 8, sizeof(session));
-          if (session != 0) FUZZ_CHECK(st.code() == Code::kNotFound);  // no session is open
+          // The size is checked first; then the session, and none is open.
+          const bool bad_size = size == 0 || size > classes_.back().payload_capacity;
+          if (session != 0) {
+            FUZZ_CHECK(st.code() == (bad_size ? Code::kInvalidArgument : Code::kNotFound));
+          }
         }
         if (st.ok()) {
           const wire::WirePtr p = PtrOf(reply);
