@@ -39,6 +39,9 @@ struct RawClientOptions {
   // false: no session (tools that only read STAT); Lifetime::kSession allocations then fail
   // with FailedPrecondition, persistent ones work.
   bool open_session = true;
+  // This process's cluster member name (Cluster::join), if any: a farmemd running with --cluster
+  // then ends the session as soon as the membership expires (docs/sessions.md).
+  std::string cluster_member;
 };
 
 class RawClient {

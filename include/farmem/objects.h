@@ -90,6 +90,9 @@ struct ObjectClientOptions {
   // false: no sessions (tools that only read STAT or compact); Lifetime::kSession allocations
   // then fail with FailedPrecondition, persistent ones work.
   bool open_session = true;
+  // This process's cluster member name (Cluster::join), if any: a farmemd running with --cluster
+  // then ends the sessions as soon as the membership expires (docs/sessions.md).
+  std::string cluster_member;
 };
 
 // What the server tells a client at connect time (OBJ_INFO).

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "farmem/node.h"
@@ -89,6 +90,10 @@ class MemoryServer {
   // on any thread, and returns a JSON value as text (text that is not JSON shows as a string). It
   // must stay callable until it is removed or the server is destroyed.
   void set_stats_section(std::string key, std::function<std::string()> json_text);
+  // Ends the client sessions opened as cluster member `member` (its membership lease expired;
+  // farmemd --cluster calls it from its member watch): their session allocations are freed.
+  // Returns how many ended. Any thread.
+  size_t end_member_sessions(std::string_view member);
   // Names of the services running, in start order.
   std::vector<std::string> services() const;
 

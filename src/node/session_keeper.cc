@@ -24,7 +24,10 @@ SessionKeeper::~SessionKeeper() {
 Task<Result<SessionKeeper::Session>> SessionKeeper::OpenRpc(Scheduler& sched, PeerId peer) {
   wire::OpenRequest req{};
   req.ttl_ms = static_cast<uint32_t>(std::clamp<int64_t>(options_.ttl.count(), 0, UINT32_MAX));
-  const std::string& label = options_.label.empty() ? node_.config().name : options_.label;
+  const std::string& label = !options_.cluster_member.empty() ? options_.cluster_member
+                             : options_.label.empty()         ? node_.config().name
+                                                              : options_.label;
+  if (!options_.cluster_member.empty()) req.flags = wire::kOpenFlagClusterMember;
   std::memcpy(req.label, label.data(), std::min(label.size(), wire::kLabelBytes));
   Result<wire::OpenReply> r =
       co_await CallStruct<wire::OpenReply>(sched, peer, wire::kOpOpen, req, "SESSION_OPEN");

@@ -29,6 +29,9 @@ struct SessionKeeperOptions {
   std::chrono::milliseconds ttl{10000};
   std::string label;  // shown in the server's logs; default: the node's name
   std::string owner;  // for this side's logs ("RawClient")
+  // The client's cluster member name (label), so that the server ends the sessions as soon as
+  // that membership expires (session_wire::kOpenFlagClusterMember); empty = not a member.
+  std::string cluster_member;
 };
 
 class SessionKeeper {

@@ -21,11 +21,15 @@ inline constexpr uint16_t kOpClose = kOpSessionClose;
 inline constexpr uint64_t kPersistentSession = 0;
 
 // Bytes of the client's label (node name or cluster member name), NUL-padded; longer names are
-// cut. Only for STAT and logs (and, with kOpenFlagClusterMember, the cluster member to watch).
+// cut. For logs, and, with kOpenFlagClusterMember, the cluster member whose lease the session
+// follows.
 inline constexpr size_t kLabelBytes = 48;
-// No flag is defined yet; a request with unknown flag bits is refused (InvalidArgument) so that
-// a future flag is never silently ignored by an old server.
-inline constexpr uint32_t kOpenKnownFlags = 0;
+// The label is the client's cluster member name: a farmemd running with --cluster ends the
+// session as soon as that member's lease expires (not only when the session's own lease does).
+inline constexpr uint32_t kOpenFlagClusterMember = 1u << 0;
+// A request with unknown flag bits is refused (InvalidArgument) so that a future flag is never
+// silently ignored by an old server.
+inline constexpr uint32_t kOpenKnownFlags = kOpenFlagClusterMember;
 
 // SESSION_OPEN: ask for a lease of `ttl_ms` (0 = the server's default of 10 s); the server grants
 // it clamped to [1 s, --session-ttl-max].

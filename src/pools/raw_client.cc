@@ -21,7 +21,8 @@ RawClient::RawClient(Node& node, PeerInfo server, RawClientOptions options)
       server_(std::move(server)),
       blocking_(std::make_unique<BlockingRunner>(node, "RawClient")),
       sessions_(std::make_unique<SessionKeeper>(
-          node, SessionKeeperOptions{options.session_ttl, "", "RawClient"})) {}
+          node,
+          SessionKeeperOptions{options.session_ttl, "", "RawClient", options.cluster_member})) {}
 
 RawClient::~RawClient() {
   sessions_->close();  // the server frees this client's session ranges now

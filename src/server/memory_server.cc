@@ -159,6 +159,10 @@ std::string MemoryServer::metrics_text() const {
   return impl_->host->metrics();
 }
 
+size_t MemoryServer::end_member_sessions(std::string_view member) {
+  return impl_->host->sessions().end_member(member);
+}
+
 std::vector<std::string> MemoryServer::services() const {
   std::vector<std::string> out;
   for (const auto& s : impl_->host->services()) out.emplace_back(s->name());

@@ -249,6 +249,7 @@ std::string ServiceHost::metrics() const {
            "Client sessions ended, by reason (closed by the client, expired lease).");
   w.sample({{"reason", "closed"}}, static_cast<double>(ss.closed_total));
   w.sample({{"reason", "expired"}}, static_cast<double>(ss.expired_total));
+  w.sample({{"reason", "member_expired"}}, static_cast<double>(ss.member_expired_total));
   w.counter("farmem_sessions_opened_total", "Client sessions opened.",
             static_cast<double>(ss.opened_total));
   w.counter("farmem_sessions_refused_total", "SESSION_OPEN refused at --max-sessions.",

@@ -88,7 +88,7 @@ uint64_t SessionRegistry::NewId() {
 }
 
 Result<SessionGrant> SessionRegistry::open(std::chrono::milliseconds requested_ttl,
-                                           std::string_view label) {
+                                           std::string_view label, bool cluster_member) {
   std::chrono::milliseconds ttl = requested_ttl.count() <= 0 ? options_.ttl_default : requested_ttl;
   ttl = std::clamp(ttl, options_.ttl_min, std::max(options_.ttl_min, options_.ttl_max));
   std::lock_guard lock(mu_);
@@ -106,6 +106,7 @@ Result<SessionGrant> SessionRegistry::open(std::chrono::milliseconds requested_t
   s.ttl = ttl;
   s.deadline = Clock::now() + ttl;
   s.label.assign(label.substr(0, wire::kLabelBytes));
+  s.cluster_member = cluster_member;
   by_id_.emplace(s.id, index);
   ++stats_.open;
   ++stats_.opened_total;
@@ -177,6 +178,22 @@ size_t SessionRegistry::reap(Clock::time_point now) {
   return n;
 }
 
+size_t SessionRegistry::end_member(std::string_view member) {
+  std::vector<std::pair<SessionIndex, uint64_t>> doomed;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, index] : by_id_) {
+      const Slot& s = slots_[index];
+      if (s.cluster_member && s.label == member) doomed.emplace_back(index, id);
+    }
+  }
+  size_t n = 0;
+  for (const auto& [index, id] : doomed) {
+    if (End(index, id, EndReason::kMemberExpired).ok()) ++n;
+  }
+  return n;
+}
+
 Result<SessionFreed> SessionRegistry::End(SessionIndex index, uint64_t id, EndReason reason) {
   std::string label;
   {
@@ -204,13 +221,16 @@ Result<SessionFreed> SessionRegistry::End(SessionIndex index, uint64_t id, EndRe
     s = Slot{};
     free_.push_back(index);
     --stats_.open;
-    ++(reason == EndReason::kClosed ? stats_.closed_total : stats_.expired_total);
+    ++(reason == EndReason::kClosed    ? stats_.closed_total
+       : reason == EndReason::kExpired ? stats_.expired_total
+                                       : stats_.member_expired_total);
     stats_.objects_freed_total += freed.objects;
     stats_.raw_bytes_freed_total += freed.raw_bytes;
   }
   // An expiry means a client vanished without closing: worth a line. A close is routine.
-  if (reason == EndReason::kExpired) {
-    FARMEM_LOG_INFO("session {} ('{}') expired: freed {} objects, {} raw bytes", index, label,
+  if (reason != EndReason::kClosed) {
+    FARMEM_LOG_INFO("session {} ('{}') {}: freed {} objects, {} raw bytes", index, label,
+                    reason == EndReason::kExpired ? "expired" : "ended (cluster member expired)",
                     freed.objects, freed.raw_bytes);
   } else {
     FARMEM_LOG_DEBUG("session {} ('{}') closed: freed {} objects, {} raw bytes", index, label,
@@ -234,6 +254,7 @@ nlohmann::json SessionRegistry::stats_json() const {
           {"opened_total", s.opened_total},
           {"closed_total", s.closed_total},
           {"expired_total", s.expired_total},
+          {"member_expired_total", s.member_expired_total},
           {"refused_total", s.refused_total},
           {"unknown_total", s.unknown_total},
           {"objects_freed_total", s.objects_freed_total},
@@ -254,7 +275,8 @@ Status SessionRegistry::ServeOpen(const RpcCall& call, std::vector<std::byte>& r
     return Status::InvalidArgument("SESSION_OPEN: unknown flags " + std::to_string(req->flags));
   }
   FARMEM_ASSIGN_OR_RETURN(SessionGrant g,
-                          open(std::chrono::milliseconds(req->ttl_ms), wire::LabelOf(*req)));
+                          open(std::chrono::milliseconds(req->ttl_ms), wire::LabelOf(*req),
+                               (req->flags & wire::kOpenFlagClusterMember) != 0));
   FARMEM_LOG_DEBUG("session {} opened by {} ('{}'), ttl {} ms", g.index, call.source,
                    wire::LabelOf(*req), g.ttl.count());
   reply = EncodeStruct(wire::OpenReply{g.id, static_cast<uint32_t>(g.ttl.count()), 0});

@@ -54,11 +54,12 @@ struct SessionGrant {
 struct SessionRegistryStats {
   uint64_t open = 0;  // sessions live now (ending ones included until their listeners ran)
   uint64_t opened_total = 0;
-  uint64_t closed_total = 0;         // ended by SESSION_CLOSE
-  uint64_t expired_total = 0;        // ended by the reaper
-  uint64_t refused_total = 0;        // OPEN refused at max_sessions
-  uint64_t unknown_total = 0;        // KEEPALIVE/CLOSE/alloc with an unknown or expired session id
-  uint64_t objects_freed_total = 0;  // by session end
+  uint64_t closed_total = 0;          // ended by SESSION_CLOSE
+  uint64_t expired_total = 0;         // ended by the reaper
+  uint64_t member_expired_total = 0;  // ended because their client's cluster membership expired
+  uint64_t refused_total = 0;         // OPEN refused at max_sessions
+  uint64_t unknown_total = 0;         // KEEPALIVE/CLOSE/alloc with an unknown or expired session id
+  uint64_t objects_freed_total = 0;   // by session end
   uint64_t raw_bytes_freed_total = 0;  // by session end
 };
 
@@ -107,8 +108,10 @@ class SessionRegistry {
 
   const SessionOptions& options() const { return options_; }
 
-  // OPEN: a new session. ResourceExhausted at max_sessions.
-  Result<SessionGrant> open(std::chrono::milliseconds requested_ttl, std::string_view label);
+  // OPEN: a new session. ResourceExhausted at max_sessions. `cluster_member`: `label` is the
+  // client's cluster member name, and end_member(label) ends the session.
+  Result<SessionGrant> open(std::chrono::milliseconds requested_ttl, std::string_view label,
+                            bool cluster_member = false);
   // KEEPALIVE: renews the lease. NotFound when unknown, ending or expired.
   Status keepalive(uint64_t session_id);
   // CLOSE: ends the session now (runs the end listeners). NotFound like keepalive.
@@ -116,6 +119,9 @@ class SessionRegistry {
   // For an allocation: id 0 gives a persistent guard; otherwise the session must be live and
   // its lease not run out (NotFound "session ... expired or unknown").
   Result<SessionGuard> acquire(uint64_t session_id);
+  // Ends every session opened as cluster member `member` (its membership lease expired: the
+  // client is dead even if its session lease has time left); returns how many.
+  size_t end_member(std::string_view member);
   // Ends every session whose lease ran out by `now`; returns how many. The reaper calls it.
   size_t reap(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
@@ -138,8 +144,9 @@ class SessionRegistry {
     std::chrono::milliseconds ttl{0};
     std::chrono::steady_clock::time_point deadline;
     std::string label;
+    bool cluster_member = false;  // label is a cluster member name (end_member)
   };
-  enum class EndReason { kClosed, kExpired };
+  enum class EndReason { kClosed, kExpired, kMemberExpired };
 
   // Ends the session in `index` if it still has id `id`: marks it ending (no acquire, keepalive
   // or close succeeds from here on), waits for its guards, runs the listeners, frees the index.

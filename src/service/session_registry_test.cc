@@ -242,6 +242,26 @@ TEST(SessionRegistryTest, ConcurrentCloseAndReapEndASessionOnce) {
   EXPECT_EQ(owned.ended.load(), 1u);
 }
 
+TEST(SessionRegistryTest, EndMemberEndsOnlyThatMembersFlaggedSessions) {
+  FakeOwned owned;
+  SessionRegistry r(Short());
+  r.add_end_listener([&](SessionIndex i) { return owned.End(i); });
+  auto a = r.open(10s, "node-a", /*cluster_member=*/true);
+  auto a2 = r.open(10s, "node-a", /*cluster_member=*/true);
+  auto plain = r.open(10s, "node-a");  // same label, not opened as a member
+  auto b = r.open(10s, "node-b", /*cluster_member=*/true);
+  ASSERT_TRUE(a.ok() && a2.ok() && plain.ok() && b.ok());
+  for (const auto& g : {*a, *a2, *plain, *b}) owned.Add(r.acquire(g.id)->index());
+  EXPECT_EQ(r.end_member("node-a"), 2u);
+  EXPECT_EQ(owned.Count(a->index) + owned.Count(a2->index), 0u);
+  EXPECT_EQ(owned.Count(plain->index), 1u);
+  EXPECT_EQ(owned.Count(b->index), 1u);
+  EXPECT_EQ(r.keepalive(a->id).code(), Code::kNotFound);
+  EXPECT_EQ(r.stats().member_expired_total, 2u);
+  EXPECT_EQ(r.end_member("node-a"), 0u);
+  EXPECT_EQ(r.end_member("nobody"), 0u);
+}
+
 TEST(SessionRegistryTest, MalformedRequestsAreErrorsNeverCrashes) {
   SessionRegistry r(Short());
   std::vector<std::byte> reply;
@@ -261,7 +281,7 @@ TEST(SessionRegistryTest, MalformedRequestsAreErrorsNeverCrashes) {
   }
   // Garbage of the right size: unknown flags, unknown ids.
   std::vector<std::byte> junk(sizeof(wire::OpenRequest), std::byte{0xff});
-  EXPECT_EQ(call(wire::kOpOpen, junk).code(), Code::kInvalidArgument);
+  EXPECT_EQ(call(wire::kOpOpen, junk).code(), Code::kInvalidArgument);  // flag bits unknown
   EXPECT_EQ(call(wire::kOpKeepalive, EncodeStruct(wire::KeepaliveRequest{42})).code(),
             Code::kNotFound);
   EXPECT_EQ(call(wire::kOpClose, EncodeStruct(wire::CloseRequest{0})).code(), Code::kNotFound);

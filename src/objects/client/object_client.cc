@@ -349,7 +349,7 @@ ObjectClient::ObjectClient(Node& node, ObjectClientOptions options)
   impl_->node = &node;
   impl_->blocking = std::make_unique<BlockingRunner>(node, "ObjectClient");
   impl_->sessions = std::make_unique<SessionKeeper>(
-      node, SessionKeeperOptions{options.session_ttl, "", "ObjectClient"});
+      node, SessionKeeperOptions{options.session_ttl, "", "ObjectClient", options.cluster_member});
   impl_->max_rpc_bytes = node.config().transport.max_rpc_bytes;
 }
 
