@@ -15,6 +15,7 @@
 
 #include "farmem/coro.h"
 #include "farmem/node.h"
+#include "farmem/session.h"
 #include "farmem/status.h"
 
 namespace farmem {
@@ -35,10 +36,14 @@ struct Ptr {
   uint16_t gen = 0;        // generation: which allocation of the slot this pointer names
   uint16_t server = 0;     // index into ObjectClient's server table
   uint8_t size_class = 0;  // server's size class index
-  uint8_t flags = 0;       // kPtrValid when the pointer came from alloc()
+  uint8_t flags = 0;       // kPtrValid when the pointer came from alloc(); kPtrPersistent
 
   static constexpr uint8_t kPtrValid = 1;
+  // Allocated Lifetime::kPersistent: the object survives the client (client-side only, never
+  // sent; the server keeps the owner itself).
+  static constexpr uint8_t kPtrPersistent = 2;
   bool valid() const { return (flags & kPtrValid) != 0; }
+  bool persistent() const { return (flags & kPtrPersistent) != 0; }
   bool operator==(const Ptr&) const = default;
 };
 static_assert(sizeof(Ptr) == 16, "Ptr is a 128-bit pointer");
@@ -78,6 +83,16 @@ struct ObjectClientOptions {
   std::chrono::microseconds max_backoff{256};
   // How one-sided copies are validated (see ReadValidation).
   ReadValidation validation = ReadValidation::kAuto;
+  // Session lease asked of each server (docs/sessions.md): objects allocated with
+  // Lifetime::kSession are freed this long after the client's last keepalive (it died or
+  // stalled), or at once when the client is destroyed. Granted within [1 s, --session-ttl-max].
+  std::chrono::milliseconds session_ttl{10000};
+  // false: no sessions (tools that only read STAT or compact); Lifetime::kSession allocations
+  // then fail with FailedPrecondition, persistent ones work.
+  bool open_session = true;
+  // This process's cluster member name (Cluster::join), if any: a farmemd running with --cluster
+  // then ends the sessions as soon as the membership expires (docs/sessions.md).
+  std::string cluster_member;
 };
 
 // What the server tells a client at connect time (OBJ_INFO).
@@ -128,11 +143,14 @@ class ObjectClient {
  public:
   static constexpr uint16_t kAnyServer = 0xffff;
 
-  // Bootstrap handshake with each farmemd at "host:port" (token check) and OBJ_INFO. `node` must
-  // be started and outlive the client.
+  // Bootstrap handshake with each farmemd at "host:port" (token check), OBJ_INFO and
+  // SESSION_OPEN (a background thread keeps the sessions alive). `node` must be started and
+  // outlive the client.
   static Result<std::unique_ptr<ObjectClient>> Connect(Node& node,
                                                        std::span<const std::string> servers,
                                                        ObjectClientOptions options = {});
+  // Closes the sessions: every server frees the Lifetime::kSession objects this client did not
+  // free (each close bounded by the transport's operation timeout).
   ~ObjectClient();
   ObjectClient(const ObjectClient&) = delete;
   ObjectClient& operator=(const ObjectClient&) = delete;
@@ -141,11 +159,15 @@ class ObjectClient {
   const ObjectServerInfo& server_info(uint16_t server) const;
   const ObjectClientOptions& options() const { return options_; }
   ObjectClientStats stats() const;
+  // The sessions' counters (keepalives, leases lost and re-opened).
+  SessionClientStats session_stats() const;
 
   // ---- Coroutine API: many calls may be in flight on one scheduler --------------------------
   // Allocates a zero-filled object of `size` bytes (1..max_object_size) on `server`
-  // (kAnyServer: round robin).
-  Task<Result<Ptr>> alloc(Scheduler& sched, size_t size, uint16_t server = kAnyServer);
+  // (kAnyServer: round robin). Lifetime::kSession (default): freed by the server when this
+  // client's session ends; kPersistent: lives until freed (Ptr::persistent()).
+  Task<Result<Ptr>> alloc(Scheduler& sched, size_t size, uint16_t server = kAnyServer,
+                          Lifetime lifetime = Lifetime::kSession);
   // Frees the object; `p` is invalidated. Freeing twice is NotFound.
   Task<Status> free(Scheduler& sched, Ptr& p);
   // RPC read: copies min(out.size(), object capacity) bytes; corrects p. Returns bytes copied.
@@ -172,7 +194,8 @@ class ObjectClient {
   Task<Result<std::string>> stats_json(Scheduler& sched, uint16_t server);
 
   // ---- Blocking versions (same semantics) ---------------------------------------------------
-  Result<Ptr> alloc(size_t size, uint16_t server = kAnyServer);
+  Result<Ptr> alloc(size_t size, uint16_t server = kAnyServer,
+                    Lifetime lifetime = Lifetime::kSession);
   Status free(Ptr& p);
   Result<size_t> read(Ptr& p, std::span<std::byte> out);
   Status write(Ptr& p, std::span<const std::byte> data);

@@ -19,7 +19,7 @@ struct OpcodeRange {
 inline constexpr uint16_t kFirstUserOpcode = 32;
 
 inline constexpr OpcodeRange kNodeOpcodes{1, kFirstUserOpcode - 1};
-inline constexpr OpcodeRange kServerOpcodes{32, 63};     // farmemd's own (STAT)
+inline constexpr OpcodeRange kServerOpcodes{32, 63};     // farmemd's own (STAT, SESSION_*)
 inline constexpr OpcodeRange kPoolsOpcodes{64, 79};      // raw pools: ALLOC_RAW, FREE_RAW
 inline constexpr OpcodeRange kObjectsOpcodes{80, 111};   // CoRM objects
 inline constexpr OpcodeRange kTierOpcodes{112, 127};     // TeRM tiered memory
@@ -32,6 +32,11 @@ inline constexpr uint16_t kOpListRegions = kNodeOpcodes.first;
 // farmemd's STAT: empty request; the reply is UTF-8 JSON text (docs/server.md). Every farmemd
 // answers it whichever services it runs.
 inline constexpr uint16_t kOpStat = kServerOpcodes.first;
+// Client sessions (docs/sessions.md; wire structs in src/node/session_wire.h): an allocation
+// made inside a session is freed when the session ends (closed, or its lease ran out).
+inline constexpr uint16_t kOpSessionOpen = kServerOpcodes.first + 1;
+inline constexpr uint16_t kOpSessionKeepalive = kServerOpcodes.first + 2;
+inline constexpr uint16_t kOpSessionClose = kServerOpcodes.first + 3;
 
 static_assert(kNodeOpcodes.last < kServerOpcodes.first);
 static_assert(kServerOpcodes.last < kPoolsOpcodes.first);

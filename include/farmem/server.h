@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "farmem/node.h"
@@ -39,6 +40,13 @@ struct ObjectsConfig {
   } compaction;
 };
 
+// Client sessions (docs/sessions.md): allocations a client makes are freed when its session
+// ends, unless allocated persistent.
+struct SessionsConfig {
+  uint32_t max_sessions = 4096;   // 1..65535 (--max-sessions)
+  uint32_t ttl_max_seconds = 60;  // 1..3600: longest lease granted (--session-ttl-max)
+};
+
 struct ServerConfig {
   NodeConfig node;
   // Services to run, by name, in start order; empty = every service this build contains
@@ -51,6 +59,7 @@ struct ServerConfig {
   // The object store. Its physical memory is a budget of its own (objects.max_physical_bytes),
   // separate from the raw pools' memory_bytes.
   ObjectsConfig objects;
+  SessionsConfig sessions;
 };
 
 // Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.
@@ -81,6 +90,10 @@ class MemoryServer {
   // on any thread, and returns a JSON value as text (text that is not JSON shows as a string). It
   // must stay callable until it is removed or the server is destroyed.
   void set_stats_section(std::string key, std::function<std::string()> json_text);
+  // Ends the client sessions opened as cluster member `member` (its membership lease expired;
+  // farmemd --cluster calls it from its member watch): their session allocations are freed.
+  // Returns how many ended. Any thread.
+  size_t end_member_sessions(std::string_view member);
   // Names of the services running, in start order.
   std::vector<std::string> services() const;
 

@@ -147,7 +147,9 @@ int RunClusterMembers(const ClusterCmdOptions& o) {
       }
       Result<std::string> text = node_error;
       if (node) {
-        auto client = RawClient::Connect(*node, row.member.address);
+        RawClientOptions ro;
+        ro.open_session = false;  // only STAT
+        auto client = RawClient::Connect(*node, row.member.address, ro);
         text = client.ok() ? (*client)->stats_json() : Result<std::string>(client.status());
       }
       if (text.ok()) {

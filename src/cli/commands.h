@@ -62,6 +62,20 @@ struct StatOptions {
 };
 int RunStat(const StatOptions& options);
 
+// `farmem hold ADDR` (hold_cmd.cc): allocate, then keep the allocations until killed.
+struct HoldOptions {
+  ClientOptions client;
+  std::string address;
+  uint64_t objects = 0;
+  uint64_t object_size = 100;
+  uint64_t raw_count = 0;
+  uint64_t raw_bytes = 4096;
+  bool persistent = false;          // Lifetime::kPersistent instead of the session
+  uint32_t session_ttl_ms = 10000;  // lease asked for
+  uint32_t seconds = 0;             // 0 = until SIGTERM/SIGINT (or SIGKILL)
+};
+int RunHold(const HoldOptions& options);
+
 struct CompactOptions {
   ClientOptions client;
   std::string address;  // with cluster.url: a member name ("" = every memory member)

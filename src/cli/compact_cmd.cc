@@ -58,7 +58,9 @@ int RunCompact(const CompactOptions& options) {
     return 1;
   }
   std::vector<std::string> servers{options.address};
-  auto client = ObjectClient::Connect(**node, servers);
+  ObjectClientOptions oo;
+  oo.open_session = false;  // only OBJ_COMPACT and STAT
+  auto client = ObjectClient::Connect(**node, servers, oo);
   if (!client.ok()) {
     std::fprintf(stderr, "farmem compact: error: %s\n", client.status().ToString().c_str());
     return 1;

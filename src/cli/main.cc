@@ -1,5 +1,6 @@
 // `farmem`: the command-line tool. Subcommands: serve (run a memory server, same as farmemd),
-// demo (guided, checked tour of the raw and object APIs), stat (server statistics), compact
+// demo (guided, checked tour of the raw and object APIs), stat (server statistics), hold
+// (allocate and keep until killed: sessions demo and test), compact
 // (one object-store compaction round), cluster (the control plane: members, watch, metadata, a
 // local cluster up/down), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote call failed,
 // 2 usage error.
@@ -103,6 +104,25 @@ int main(int argc, char** argv) {
   stat->add_flag("--json", stat_opts.json, "print the raw STAT JSON");
   AddClusterFlags(*stat, stat_opts.cluster,
                   "find the server(s) in this cluster (env FARMEM_CLUSTER when no address)");
+
+  farmem::cli::HoldOptions hold_opts;
+  CLI::App* hold = app.add_subcommand(
+      "hold", "allocate objects and raw ranges on a farmemd and keep them until killed");
+  AddClientFlags(*hold, hold_opts.client);
+  hold->add_option("address", hold_opts.address, "farmemd bootstrap HOST:PORT")->required();
+  hold->add_option("--objects", hold_opts.objects, "objects to allocate")->capture_default_str();
+  hold->add_option("--object-size", hold_opts.object_size, "bytes per object")
+      ->capture_default_str();
+  hold->add_option("--raw", hold_opts.raw_count, "raw ranges to allocate")->capture_default_str();
+  hold->add_option("--raw-bytes", hold_opts.raw_bytes, "bytes per raw range")
+      ->capture_default_str();
+  hold->add_flag("--persistent", hold_opts.persistent,
+                 "allocate persistent (survive this process) instead of in the session");
+  hold->add_option("--session-ttl-ms", hold_opts.session_ttl_ms,
+                   "session lease to ask for (the server grants 1 s .. --session-ttl-max)")
+      ->capture_default_str();
+  hold->add_option("--seconds", hold_opts.seconds, "hold this long, then exit (0 = until killed)")
+      ->capture_default_str();
 
   farmem::cli::CompactOptions compact_opts;
   uint16_t compact_class = 0;
@@ -257,6 +277,10 @@ int main(int argc, char** argv) {
     ApplyTokenEnv(*stat, stat_opts.client);
     if (int rc = check_target(*stat, stat_opts.address, stat_opts.cluster)) return rc;
     return farmem::cli::RunStat(stat_opts);
+  }
+  if (hold->parsed()) {
+    ApplyTokenEnv(*hold, hold_opts.client);
+    return farmem::cli::RunHold(hold_opts);
   }
   if (compact->parsed()) {
     ApplyTokenEnv(*compact, compact_opts.client);

@@ -44,6 +44,10 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
       fmt::format("\nobjects: {} live in {} block(s), {} of slots; {} physical held, RSS {}\n",
                   U(o, "live_objects"), U(o, "live_blocks"), FormatBytes(U(o, "live_slot_bytes")),
                   FormatBytes(U(o, "physical_bytes_held")), FormatBytes(U(o, "process_rss_bytes")));
+  if (o.contains("owned_objects")) {
+    out += fmt::format("         {} owned by client sessions, {} persistent\n",
+                       U(o, "owned_objects"), U(o, "persistent_objects"));
+  }
   auto id_bits = cfg.find("id_bits");
   out += fmt::format("         block {}, id_bits {}, {} size classes, objects up to {}\n",
                      FormatBytes(U(cfg, "block_size")),
@@ -75,6 +79,20 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
     }
   }
   return out;
+}
+
+// The STAT "sessions" section (docs/sessions.md): open client sessions, how they ended, and what
+// their ends freed. Empty when the server predates sessions.
+std::string FormatSessionsSection(const nlohmann::json& s) {
+  auto it = s.find("sessions");
+  if (it == s.end() || !it->is_object()) return "";
+  const nlohmann::json& x = *it;
+  return fmt::format(
+      "sessions: {} open (max {}, leases up to {:.0f} s); {} opened, {} closed, {} expired, "
+      "{} refused\n          freed at session end: {} object(s), {} raw\n",
+      U(x, "open"), U(x, "max"), D(x, "ttl_max_ms") / 1000, U(x, "opened_total"),
+      U(x, "closed_total"), U(x, "expired_total"), U(x, "refused_total"),
+      U(x, "objects_freed_total"), FormatBytes(U(x, "raw_bytes_freed_total")));
 }
 
 // The STAT "cluster" section of a farmemd started with --cluster: where it is a member and the
@@ -135,7 +153,14 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     out += fmt::format("        allocated {} in {} allocation(s), free {}\n",
                        FormatBytes(U(mem, "allocated_bytes")), U(mem, "allocations"),
                        FormatBytes(U(mem, "free_bytes")));
+    if (mem.contains("owned_bytes")) {
+      out += fmt::format(
+          "        owned by client sessions {} in {} allocation(s), persistent {} in {}\n",
+          FormatBytes(U(mem, "owned_bytes")), U(mem, "owned_allocations"),
+          FormatBytes(U(mem, "persistent_bytes")), U(mem, "persistent_allocations"));
+    }
   }
+  out += FormatSessionsSection(s);
   if (s.contains("pools") && s["pools"].is_array() && !s["pools"].empty()) {
     out += fmt::format("\n{:<10} {:>10} {:>12} {:>12} {:>8} {:>12} {:>10}\n", "POOL", "SIZE",
                        "ALLOCATED", "FREE", "ALLOCS", "LARGEST FREE", "FREE RANGES");
@@ -149,11 +174,11 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     if (s.value("pools_truncated", false)) out += "(more pools not listed)\n";
   }
   if (s.contains("rpc") && s["rpc"].is_object()) {
-    out += fmt::format("\n{:<12} {:<8} {:>7} {:>10} {:>10}\n", "RPC", "SERVICE", "OPCODE", "CALLS",
+    out += fmt::format("\n{:<18} {:<8} {:>7} {:>10} {:>10}\n", "RPC", "SERVICE", "OPCODE", "CALLS",
                        "ERRORS");
     for (const auto& [op, c] : s["rpc"].items()) {
       if (!c.is_object()) continue;
-      out += fmt::format("{:<12} {:<8} {:>7} {:>10} {:>10}\n", op, S(c, "service"), U(c, "opcode"),
+      out += fmt::format("{:<18} {:<8} {:>7} {:>10} {:>10}\n", op, S(c, "service"), U(c, "opcode"),
                          U(c, "calls"), U(c, "errors"));
     }
   }
@@ -190,7 +215,9 @@ int RunStat(const StatOptions& options) {
   nlohmann::json all = nlohmann::json::object();
   int rc = 0;
   for (const auto& [member, address] : targets) {
-    auto client = RawClient::Connect(**node, address);
+    RawClientOptions ro;
+    ro.open_session = false;  // only STAT: do not show up as a client session
+    auto client = RawClient::Connect(**node, address, ro);
     Result<std::string> text =
         client.ok() ? (*client)->stats_json() : Result<std::string>(client.status());
     if (!text.ok()) {

@@ -3,11 +3,14 @@
 // PROT_NONE so a stray access faults instead of touching memory nobody owns.
 #include "pools/pool_set.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "common/log.h"
 
@@ -149,6 +152,25 @@ Result<uint64_t> PoolSet::free(RegionKey key, uint64_t offset) {
   Result<uint64_t> len = pool->allocator->free(offset);
   if (!len.ok()) return len.status().WithContext(pool->name);
   return len;
+}
+
+void PoolSet::release_pages(RegionKey key, uint64_t offset, uint64_t len) {
+  Pool* pool = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_key_.find(key);
+    if (it != by_key_.end()) pool = it->second;
+  }
+  if (!pool || offset >= pool->length) return;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t first = (offset + page - 1) / page * page;
+  const uint64_t end = std::min(offset + len, pool->length) / page * page;
+  if (first >= end) return;  // no whole page: neighbours share them
+  if (fallocate(pool->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+                static_cast<off_t>(end - first)) != 0) {
+    FARMEM_LOG_WARN("{}: punching freed pages [{}, {}): {}", pool->name, first, end,
+                    std::strerror(errno));
+  }
 }
 
 size_t PoolSet::pool_count() const {

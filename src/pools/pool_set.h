@@ -64,6 +64,13 @@ class PoolSet {
   // NotFound: no pool has that key. InvalidArgument: not the start of a live allocation.
   Result<uint64_t> free(RegionKey key, uint64_t offset);
 
+  // Gives the whole pages inside the free range [offset, offset + len) of pool `key` back to the
+  // kernel (FALLOC_FL_PUNCH_HOLE on the memfd; they read as zeros afterwards), so freed raw memory
+  // stops counting in the process's RSS. The caller guarantees the range is free and is not
+  // allocated again before this returns (RawOwners holds its lock across both). Best effort:
+  // failures are logged.
+  void release_pages(RegionKey key, uint64_t offset, uint64_t len);
+
   uint64_t pool_bytes() const { return pool_bytes_; }
   size_t max_pools() const { return max_pools_; }
   uint64_t reserved_bytes() const { return reserved_bytes_; }

@@ -8,6 +8,10 @@
 // and disjoint from every live range (and its first and last bytes are writable); FREE_RAW frees
 // exactly the live ranges, returns their length, and refuses everything else without changing
 // anything; error replies are empty; the pools' statistics agree with the model.
+// Sessions (docs/sessions.md): an ALLOC_RAW naming session 0 is persistent; session id 1 in the
+// input stands for the harness's open session (the fuzzer cannot guess a random id), any other is
+// refused with NotFound; ending the session frees exactly the live ranges it owns (the model
+// drops them), never one freed before — no double free, no leak (owned counts checked).
 // Built with -DFARMEM_FUZZ=ON (scripts/test --fuzz).
 //
 // Input: a list of operations, each an opcode byte and (for the first two kinds) a length byte
@@ -15,12 +19,14 @@
 //   op % 4 == 0  ALLOC_RAW with the raw request bytes that follow
 //   op % 4 == 1  FREE_RAW with the raw request bytes that follow
 //   op % 4 == 2  FREE_RAW of live allocation number (next byte), offset moved by op / 4 - 16 bytes
-//   op % 4 == 3  compare the pools' statistics with the model
+//   op % 4 == 3  compare the pools' statistics with the model; op / 4 odd: first end the session
+//                (SESSION_CLOSE path: the pools' end listener) and open a new one
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -29,6 +35,8 @@
 #include "pools/pool_set.h"
 #include "pools/pools_service.h"
 #include "pools/pools_wire.h"
+#include "pools/raw_owners.h"
+#include "service/session_registry.h"
 
 namespace {
 
@@ -65,13 +73,54 @@ class Harness {
                                 });
     FUZZ_CHECK(made.ok());
     pools_ = std::move(*made);
+    owners_ = std::make_unique<RawOwners>(*pools_);
+    sessions_.add_end_listener([this](SessionIndex i) { return owners_->free_owned(i); });
+    OpenSession();
   }
 
-  void Alloc(std::span<const std::byte> request) {
+  void OpenSession() {
+    auto g = sessions_.open(std::chrono::seconds(60), "fuzz");
+    FUZZ_CHECK(g.ok() && g->id != 0);
+    session_ = g->id;
+  }
+
+  // Ends the session: its live ranges must be freed, and only those.
+  void EndSession() {
+    auto freed = sessions_.close(session_);
+    FUZZ_CHECK(freed.ok());
+    uint64_t bytes = 0;
+    for (auto& pool : live_) {
+      const uint64_t key = pool.first;
+      std::erase_if(pool.second, [&](const auto& r) {
+        if (!owned_.contains({key, r.first})) return false;
+        bytes += r.second;
+        return true;
+      });
+    }
+    owned_.clear();
+    FUZZ_CHECK(freed->raw_bytes == bytes);
+    OpenSession();
+  }
+
+  void Alloc(std::span<const std::byte> input) {
+    std::vector<std::byte> request(input.begin(), input.end());
+    uint64_t session = 0;
+    if (request.size() == sizeof(proto::AllocRawRequest)) {
+      std::memcpy(&session, request.data() + 8, sizeof(session));
+      if (session == 1) {
+        session = session_;
+        std::memcpy(request.data() + 8, &session, sizeof(session));
+      }
+    }
     std::vector<std::byte> reply;
-    const Status st = ServeAllocRaw(*pools_, RpcCall{proto::kOpAllocRaw, request, "fuzz"}, reply);
+    const Status st =
+        ServeAllocRaw(*owners_, sessions_, RpcCall{proto::kOpAllocRaw, request, "fuzz"}, reply);
     if (request.size() != sizeof(proto::AllocRawRequest)) {
       FUZZ_CHECK(st.code() == Code::kProtocol && reply.empty());
+      return;
+    }
+    if (session != 0 && session != session_) {
+      FUZZ_CHECK(st.code() == Code::kNotFound && reply.empty());
       return;
     }
     uint64_t want;
@@ -114,6 +163,7 @@ class Harness {
       FUZZ_CHECK(prev->first + prev->second <= r->offset);
     }
     live[r->offset] = r->length;
+    if (session != 0) owned_.insert({r->key, r->offset});
     // The range is mapped, writable memory of that pool.
     pool->addr[r->offset] = std::byte{0xa5};
     pool->addr[r->offset + r->length - 1] = std::byte{0x5a};
@@ -121,7 +171,7 @@ class Harness {
 
   void Free(std::span<const std::byte> request) {
     std::vector<std::byte> reply;
-    const Status st = ServeFreeRaw(*pools_, RpcCall{proto::kOpFreeRaw, request, "fuzz"}, reply);
+    const Status st = ServeFreeRaw(*owners_, RpcCall{proto::kOpFreeRaw, request, "fuzz"}, reply);
     if (request.size() != sizeof(proto::FreeRawRequest)) {
       FUZZ_CHECK(st.code() == Code::kProtocol && reply.empty());
       return;
@@ -143,6 +193,7 @@ class Harness {
     auto r = proto::Decode<proto::FreeRawReply>(reply);
     FUZZ_CHECK(r.has_value() && r->length == pool_it->second[req.offset]);
     pool_it->second.erase(req.offset);
+    owned_.erase({req.key, req.offset});
   }
 
   // FREE_RAW of a live range (or near it), so frees that succeed are common.
@@ -175,6 +226,10 @@ class Harness {
       FUZZ_CHECK(s.free_bytes == kPoolBytes - bytes && s.largest_free <= s.free_bytes);
       FUZZ_CHECK((s.free_bytes == 0) == (s.free_ranges == 0));
     }
+    uint64_t owned_bytes = 0;
+    for (const auto& [key, off] : owned_) owned_bytes += live_.at(key).at(off);
+    const RawOwners::Owned o = owners_->owned();
+    FUZZ_CHECK(o.allocations == owned_.size() && o.bytes == owned_bytes);
   }
 
  private:
@@ -187,6 +242,10 @@ class Harness {
 
   uint64_t next_key_ = 0;
   std::unique_ptr<PoolSet> pools_;
+  std::unique_ptr<RawOwners> owners_;
+  SessionRegistry sessions_;  // no reaper: sessions end only by EndSession
+  uint64_t session_ = 0;
+  std::set<std::pair<uint64_t, uint64_t>> owned_;  // (key, offset) of live ranges the session owns
   std::map<uint64_t, std::map<uint64_t, uint64_t>> live_;  // key -> offset -> length
 };
 
@@ -213,6 +272,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         h.FreeLive(in.byte(), static_cast<int64_t>(op / 4) - 16);
         break;
       case 3:
+        if ((op / 4) % 2 == 1) h.EndSession();
         h.CheckStats();
         break;
     }

@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "pools/pool_set.h"
 #include "pools/pools_wire.h"
+#include "pools/raw_owners.h"
 
 namespace farmem {
 namespace {
@@ -17,8 +18,12 @@ constexpr size_t kMaxListedPools = 1024;
 
 class PoolsService final : public Service {
  public:
-  PoolsService(uint64_t budget, std::unique_ptr<PoolSet> pools)
-      : budget_(budget), pools_(std::move(pools)) {}
+  PoolsService(uint64_t budget, std::unique_ptr<PoolSet> pools, SessionRegistry& sessions)
+      : budget_(budget), pools_(std::move(pools)), owners_(*pools_), sessions_(sessions) {
+    // The registry outlives the service and stops its reaper before the service stops; a
+    // session closed by RPC ends on a worker, before the node (and so the service) stops.
+    sessions_.add_end_listener([this](SessionIndex i) { return owners_.free_owned(i); });
+  }
 
   std::string_view name() const override { return "pools"; }
   OpcodeRange opcodes() const override { return kPoolsOpcodes; }
@@ -27,11 +32,11 @@ class PoolsService final : public Service {
     return {
         {proto::kOpAllocRaw, "alloc_raw", RpcExecution::kWorker,
          [this](const RpcCall& c, std::vector<std::byte>& r) {
-           return ServeAllocRaw(*pools_, c, r);
+           return ServeAllocRaw(owners_, sessions_, c, r);
          }},
         {proto::kOpFreeRaw, "free_raw", RpcExecution::kWorker,
          [this](const RpcCall& c, std::vector<std::byte>& r) {
-           return ServeFreeRaw(*pools_, c, r);
+           return ServeFreeRaw(owners_, c, r);
          }},
     };
   }
@@ -39,6 +44,7 @@ class PoolsService final : public Service {
   void stats(nlohmann::json& j) const override {
     using nlohmann::json;
     const Totals t = Snapshot();
+    const RawOwners::Owned owned = owners_.owned();
     json list = json::array();
     for (const PoolSnapshot& p : t.snap) {
       if (list.size() >= kMaxListedPools) break;
@@ -58,7 +64,14 @@ class PoolsService final : public Service {
                    {"mapped_bytes", t.mapped},
                    {"allocated_bytes", t.allocated},
                    {"free_bytes", pools_->reserved_bytes() - t.allocated},
-                   {"allocations", t.allocations}};
+                   {"allocations", t.allocations},
+                   // Owned by a client session (freed when it ends) vs persistent; a snapshot
+                   // taken under different locks, so clamped when an alloc races STAT.
+                   {"owned_allocations", owned.allocations},
+                   {"owned_bytes", owned.bytes},
+                   {"persistent_allocations",
+                    t.allocations > owned.allocations ? t.allocations - owned.allocations : 0},
+                   {"persistent_bytes", t.allocated > owned.bytes ? t.allocated - owned.bytes : 0}};
     j["pools"] = std::move(list);
     j["pools_truncated"] = t.snap.size() > kMaxListedPools;
   }
@@ -74,6 +87,12 @@ class PoolsService final : public Service {
     w.gauge("farmem_memory_free_bytes", "Budget bytes not allocated.",
             d(pools_->reserved_bytes() - t.allocated));
     w.gauge("farmem_allocations", "Live raw allocations.", d(t.allocations));
+    const RawOwners::Owned owned = owners_.owned();
+    w.gauge("farmem_memory_owned_allocations",
+            "Live raw allocations owned by a client session (freed when it ends).",
+            d(owned.allocations));
+    w.gauge("farmem_memory_owned_bytes", "Bytes of raw allocations owned by a client session.",
+            d(owned.bytes));
     w.gauge("farmem_pools", "Pools created.", d(t.snap.size()));
     w.gauge("farmem_pools_max", "Pools the budget allows.", d(pools_->max_pools()));
     struct PerPool {
@@ -114,18 +133,25 @@ class PoolsService final : public Service {
 
   const uint64_t budget_;
   std::unique_ptr<PoolSet> pools_;
+  RawOwners owners_;
+  SessionRegistry& sessions_;
 };
 
 }  // namespace
 
-Status ServeAllocRaw(PoolSet& pools, const RpcCall& call, std::vector<std::byte>& reply) {
+Status ServeAllocRaw(RawOwners& pools, SessionRegistry& sessions, const RpcCall& call,
+                     std::vector<std::byte>& reply) {
   auto req = proto::Decode<proto::AllocRawRequest>(call.request);
   if (!req) {
     return Status::Protocol("ALLOC_RAW request must be " +
                             std::to_string(sizeof(proto::AllocRawRequest)) + " bytes, got " +
                             std::to_string(call.request.size()));
   }
-  Result<PoolAllocation> a = pools.allocate(req->length);
+  // The guard keeps the session from finishing its end while we allocate: the range is either
+  // recorded before the session's ranges are freed (and freed with them) or refused here.
+  Result<SessionGuard> guard = sessions.acquire(req->session_id);
+  if (!guard.ok()) return guard.status().WithContext("ALLOC_RAW");
+  Result<PoolAllocation> a = pools.allocate(req->length, guard->index());
   if (!a.ok()) {
     FARMEM_LOG_DEBUG("ALLOC_RAW {} from {}: {}", req->length, call.source, a.status().ToString());
     return a.status();
@@ -134,7 +160,7 @@ Status ServeAllocRaw(PoolSet& pools, const RpcCall& call, std::vector<std::byte>
   return Status::OK();
 }
 
-Status ServeFreeRaw(PoolSet& pools, const RpcCall& call, std::vector<std::byte>& reply) {
+Status ServeFreeRaw(RawOwners& pools, const RpcCall& call, std::vector<std::byte>& reply) {
   auto req = proto::Decode<proto::FreeRawRequest>(call.request);
   if (!req) {
     return Status::Protocol("FREE_RAW request must be " +
@@ -171,15 +197,17 @@ const ServiceDescriptor& PoolsServiceDescriptor() {
         }
         return Status::OK();
       },
-      [](const ServerConfig& c, Node& node) -> Result<std::unique_ptr<Service>> {
-        auto pools = PoolSet::Create(
-            c.memory_bytes, c.pool_bytes,
-            [&node](const std::string& name, void* addr, size_t len) -> Result<RegionKey> {
-              FARMEM_ASSIGN_OR_RETURN(RegionInfo info, node.export_region(name, addr, len));
-              return info.key;
-            });
+      [](const ServerConfig& c, ServiceEnv& env) -> Result<std::unique_ptr<Service>> {
+        auto pools = PoolSet::Create(c.memory_bytes, c.pool_bytes,
+                                     [&node = env.node](const std::string& name, void* addr,
+                                                        size_t len) -> Result<RegionKey> {
+                                       FARMEM_ASSIGN_OR_RETURN(RegionInfo info,
+                                                               node.export_region(name, addr, len));
+                                       return info.key;
+                                     });
         if (!pools.ok()) return pools.status();
-        return std::unique_ptr<Service>(new PoolsService(c.memory_bytes, std::move(*pools)));
+        return std::unique_ptr<Service>(
+            new PoolsService(c.memory_bytes, std::move(*pools), env.sessions));
       },
   };
   return d;

@@ -24,9 +24,12 @@ inline constexpr uint16_t kOpAllocRaw = kPoolsOpcodes.first + 0;
 inline constexpr uint16_t kOpFreeRaw = kPoolsOpcodes.first + 1;
 inline constexpr uint16_t kOpStat = ::farmem::kOpStat;
 
-// ALLOC_RAW: reserve `length` bytes (rounded up to 64) in some pool.
+// ALLOC_RAW: reserve `length` bytes (rounded up to 64) in some pool, owned by the client session
+// `session_id` (SESSION_OPEN, node/session_wire.h: freed when the session ends) or persistent
+// when it is 0 (docs/sessions.md). An unknown or expired session is NotFound.
 struct AllocRawRequest {
   uint64_t length;
+  uint64_t session_id;
 };
 struct AllocRawReply {
   uint64_t key;     // region key of the pool holding the range
@@ -46,7 +49,7 @@ struct FreeRawReply {
 // STAT: empty request; the reply is UTF-8 JSON text (see docs/server.md for the keys).
 inline constexpr size_t kStatRequestSize = 0;
 
-static_assert(sizeof(AllocRawRequest) == 8 && std::is_trivially_copyable_v<AllocRawRequest>);
+static_assert(sizeof(AllocRawRequest) == 16 && std::is_trivially_copyable_v<AllocRawRequest>);
 static_assert(sizeof(AllocRawReply) == 24 && std::is_trivially_copyable_v<AllocRawReply>);
 static_assert(sizeof(FreeRawRequest) == 16 && std::is_trivially_copyable_v<FreeRawRequest>);
 static_assert(sizeof(FreeRawReply) == 8 && std::is_trivially_copyable_v<FreeRawReply>);

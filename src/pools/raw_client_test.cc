@@ -162,7 +162,8 @@ TEST_F(RawClientTest, BadRequestsAreAnsweredAndServerKeepsServing) {
     return r.ok() ? Code::kOk : r.status().code();
   };
   EXPECT_EQ(code(proto::kOpAllocRaw, 3), Code::kProtocol);
-  EXPECT_EQ(code(proto::kOpAllocRaw, 9), Code::kProtocol);
+  EXPECT_EQ(code(proto::kOpAllocRaw, 8), Code::kProtocol);  // the pre-session size
+  EXPECT_EQ(code(proto::kOpAllocRaw, 17), Code::kProtocol);
   EXPECT_EQ(code(proto::kOpAllocRaw, 0), Code::kProtocol);
   EXPECT_EQ(code(proto::kOpFreeRaw, 8), Code::kProtocol);
   EXPECT_EQ(code(proto::kOpFreeRaw, 17), Code::kProtocol);
@@ -193,7 +194,7 @@ TEST_F(RawClientTest, BadRequestsAreAnsweredAndServerKeepsServing) {
   EXPECT_TRUE(client_->free_raw(a->ref).ok());
   EXPECT_TRUE(client_->free_raw(b->ref).ok());
   auto j = nlohmann::json::parse(server_->stats_json());
-  EXPECT_EQ(j["rpc"]["alloc_raw"]["errors"], 6);
+  EXPECT_EQ(j["rpc"]["alloc_raw"]["errors"], 7);
   EXPECT_EQ(j["rpc"]["free_raw"]["errors"], 5);
   EXPECT_EQ(j["rpc"]["stat"]["errors"], 1);
 }

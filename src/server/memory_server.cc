@@ -56,6 +56,14 @@ Status ValidateServerConfig(const ServerConfig& config) {
       return Status::InvalidArgument("service '" + name + "' listed twice");
     }
   }
+  if (config.sessions.max_sessions < 1 || config.sessions.max_sessions > kMaxSessionsLimit) {
+    return Status::InvalidArgument("--max-sessions must be 1..65535, got " +
+                                   std::to_string(config.sessions.max_sessions));
+  }
+  if (config.sessions.ttl_max_seconds < 1 || config.sessions.ttl_max_seconds > 3600) {
+    return Status::InvalidArgument("--session-ttl-max must be 1..3600 seconds, got " +
+                                   std::to_string(config.sessions.ttl_max_seconds));
+  }
   ServerConfig copy = config;
   for (const ServiceDescriptor* d : Selected(config)) {
     FARMEM_RETURN_IF_ERROR(d->validate(copy));
@@ -88,9 +96,13 @@ Result<std::unique_ptr<MemoryServer>> MemoryServer::Create(const ServerConfig& c
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   FARMEM_ASSIGN_OR_RETURN(impl->node, Node::Create(config.node));
-  impl->host = std::make_unique<ServiceHost>(*impl->node);
+  SessionOptions so;
+  so.max_sessions = config.sessions.max_sessions;
+  so.ttl_max = std::chrono::seconds(config.sessions.ttl_max_seconds);
+  impl->host = std::make_unique<ServiceHost>(*impl->node, so);
+  ServiceEnv env{*impl->node, impl->host->sessions()};
   for (const ServiceDescriptor* d : Selected(config)) {
-    auto service = d->create(config, *impl->node);
+    auto service = d->create(config, env);
     if (!service.ok()) {
       return service.status().WithContext("memory server config: service '" + d->name + "'");
     }
@@ -145,6 +157,10 @@ void MemoryServer::set_stats_section(std::string key, std::function<std::string(
 
 std::string MemoryServer::metrics_text() const {
   return impl_->host->metrics();
+}
+
+size_t MemoryServer::end_member_sessions(std::string_view member) {
+  return impl_->host->sessions().end_member(member);
 }
 
 std::vector<std::string> MemoryServer::services() const {

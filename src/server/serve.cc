@@ -16,6 +16,21 @@
 
 namespace farmem {
 
+Result<std::unique_ptr<ClusterWatch>> EndSessionsOfExpiredMembers(Cluster& cluster,
+                                                                  MemoryServer& server) {
+  // Callbacks come one at a time on a thread of the Cluster's; ending sessions frees memory
+  // there (bounded by the services' own timeouts). A leave is not an expiry: a client that
+  // leaves on purpose closes its sessions itself (or they follow their own lease).
+  return cluster.watch_members([&server](const ClusterMemberEvent& e) {
+    if (e.type != ClusterMemberEvent::Type::kExpire) return;
+    const size_t n = server.end_member_sessions(e.member.name);
+    if (n > 0) {
+      FARMEM_LOG_INFO("cluster: member '{}' expired: ended its {} client session(s)", e.member.name,
+                      n);
+    }
+  });
+}
+
 int RunServe(ServeFlags& flags, std::string_view prog) {
   InitLogging();
   auto fail = [&](const Status& st, int code) {
@@ -100,6 +115,14 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     });
   }
 
+  // After the server: destroyed (cancelled) before it on every return path.
+  std::unique_ptr<ClusterWatch> member_watch;
+  if (cluster) {
+    auto w = EndSessionsOfExpiredMembers(*cluster, srv);
+    if (!w.ok()) return fail(w.status().WithContext("watching cluster members"), kExitUsage);
+    member_watch = std::move(*w);
+  }
+
   std::printf("farmemd ready: bootstrap=%s transport=%s address=%s\n",
               srv.node().bootstrap_address().c_str(), srv.node().transport().name().c_str(),
               srv.node().transport().local_address().c_str());
@@ -122,6 +145,7 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
                       st.ToString());
     }
   }
+  if (member_watch) member_watch->cancel();
   if (metrics) metrics->stop();
   srv.stop();
   server->reset();  // unmaps the pools

@@ -76,6 +76,13 @@ ClusterOptions ServeClusterOptions(const ServeOptions& options);
 // alone takes the port of `bound`) or, without it, `bound` (its bound bootstrap address).
 std::string ClusterAdvertiseAddress(const ServeOptions& options, const std::string& bound);
 
+// Watches the cluster's members and ends, on each membership expiry, the client sessions opened
+// as that member (MemoryServer::end_member_sessions; docs/sessions.md): a client that joined the
+// cluster loses its session allocations as soon as the control plane declares it dead. The watch
+// must be destroyed before `server`.
+Result<std::unique_ptr<ClusterWatch>> EndSessionsOfExpiredMembers(Cluster& cluster,
+                                                                  MemoryServer& server);
+
 // Runs a memory server until SIGTERM/SIGINT; returns the process exit code. `prog` prefixes error
 // lines. Must be called before the process starts other threads (it blocks the signals so that
 // every thread it creates inherits the mask and only this thread receives them).

@@ -47,6 +47,11 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
              "listener limits KEY=VALUE, comma-separated (docs/server.md \"Limits\"); keys "
              "(default): " +
                  LimitKeysHelp());
+  f.add("max-sessions", &flags.config.sessions.max_sessions,
+        "client sessions open at once (1..65535; docs/sessions.md)");
+  f.add("session-ttl-max", &flags.config.sessions.ttl_max_seconds,
+        "longest session lease granted, in seconds (1..3600): a dead client's allocations are "
+        "freed at most this long after its last keepalive");
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
     flags.config.services.push_back(d->name);

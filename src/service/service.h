@@ -18,6 +18,7 @@
 #include "farmem/status.h"
 #include "service/flags.h"
 #include "service/metrics.h"
+#include "service/session_registry.h"
 
 namespace farmem {
 
@@ -53,6 +54,14 @@ class Service {
   virtual void metrics(MetricsWriter& out) const = 0;
 };
 
+// What a service is built with: the node it serves on and farmemd's client sessions (a service
+// that allocates on behalf of clients registers an end listener there and records owners).
+// Both outlive the service.
+struct ServiceEnv {
+  Node& node;
+  SessionRegistry& sessions;
+};
+
 // How farmemd knows a service before it exists: its flags, their validation, and a factory.
 struct ServiceDescriptor {
   std::string name;
@@ -61,8 +70,9 @@ struct ServiceDescriptor {
   std::function<void(FlagSet& flags, ServerConfig& config)> add_flags;
   // Checks and completes the service's part of `config` after flags and config file were read.
   std::function<Status(ServerConfig& config)> validate;
-  // Builds the service on `node` (not started yet); `node` outlives the service.
-  std::function<Result<std::unique_ptr<Service>>(const ServerConfig& config, Node& node)> create;
+  // Builds the service (not started yet) in `env`.
+  std::function<Result<std::unique_ptr<Service>>(const ServerConfig& config, ServiceEnv& env)>
+      create;
 };
 
 }  // namespace farmem

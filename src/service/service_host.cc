@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "node/session_wire.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace farmem {
@@ -65,6 +66,19 @@ Status ServiceHost::register_methods() {
   FARMEM_RETURN_IF_ERROR(reg(
       "server", kOpStat, "stat", RpcExecution::kWorker,
       [this](const RpcCall& call, std::vector<std::byte>& reply) { return Stat(call, reply); }));
+  // Sessions are farmemd's, not a service's: every farmemd answers them, whichever services run.
+  // On workers: CLOSE runs the end listeners, which free memory.
+  FARMEM_RETURN_IF_ERROR(reg(
+      "server", kOpSessionOpen, "session_open", RpcExecution::kWorker,
+      [this](const RpcCall& c, std::vector<std::byte>& r) { return sessions_.ServeOpen(c, r); }));
+  FARMEM_RETURN_IF_ERROR(reg("server", kOpSessionKeepalive, "session_keepalive",
+                             RpcExecution::kWorker,
+                             [this](const RpcCall& c, std::vector<std::byte>& r) {
+                               return sessions_.ServeKeepalive(c, r);
+                             }));
+  FARMEM_RETURN_IF_ERROR(reg(
+      "server", kOpSessionClose, "session_close", RpcExecution::kWorker,
+      [this](const RpcCall& c, std::vector<std::byte>& r) { return sessions_.ServeClose(c, r); }));
   for (const auto& s : services_) {
     const std::string service(s->name());
     const OpcodeRange range = s->opcodes();
@@ -97,10 +111,12 @@ Status ServiceHost::start() {
     }
     ++started_;
   }
+  sessions_.start();
   return Status::OK();
 }
 
 void ServiceHost::stop() {
+  sessions_.stop();
   while (started_ > 0) services_[--started_]->stop();
 }
 
@@ -143,6 +159,7 @@ nlohmann::json ServiceHost::stats() const {
                     {"errors", m->errors.load(std::memory_order_relaxed)}};
   }
   j["rpc"] = std::move(rpc);
+  j["sessions"] = sessions_.stats_json();
   // Connection limits of the listeners (docs/transport.md "Connection limits", docs/node.md
   // "Listener"): refused, timed out and throttled peers.
   const BootstrapStats b = node_.bootstrap_stats();
@@ -228,6 +245,26 @@ std::string ServiceHost::metrics() const {
     w.gauge("farmem_tcp_queued_reply_bytes", "Reply bytes queued for all TCP peers now.",
             static_cast<double>(t->queued_reply_bytes));
   }
+  const SessionRegistryStats ss = sessions_.stats();
+  w.gauge("farmem_sessions_open", "Client sessions open now.", static_cast<double>(ss.open));
+  w.gauge("farmem_sessions_max", "Client sessions allowed (--max-sessions).",
+          static_cast<double>(sessions_.options().max_sessions));
+  w.family("farmem_sessions_ended_total", MetricsWriter::Kind::kCounter,
+           "Client sessions ended, by reason (closed by the client, expired lease).");
+  w.sample({{"reason", "closed"}}, static_cast<double>(ss.closed_total));
+  w.sample({{"reason", "expired"}}, static_cast<double>(ss.expired_total));
+  w.sample({{"reason", "member_expired"}}, static_cast<double>(ss.member_expired_total));
+  w.counter("farmem_sessions_opened_total", "Client sessions opened.",
+            static_cast<double>(ss.opened_total));
+  w.counter("farmem_sessions_refused_total", "SESSION_OPEN refused at --max-sessions.",
+            static_cast<double>(ss.refused_total));
+  w.counter("farmem_sessions_unknown_total",
+            "Keepalives, closes and allocations naming an unknown or expired session.",
+            static_cast<double>(ss.unknown_total));
+  w.counter("farmem_sessions_freed_objects_total", "Objects freed because their session ended.",
+            static_cast<double>(ss.objects_freed_total));
+  w.counter("farmem_sessions_freed_raw_bytes_total", "Raw bytes freed because their session ended.",
+            static_cast<double>(ss.raw_bytes_freed_total));
   for (const auto& s : services_) s->metrics(w);
   return w.text();
 }

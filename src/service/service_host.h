@@ -1,6 +1,7 @@
 // ServiceHost: farmemd's core. Registers the method tables of its services with the node (only
-// inside each service's opcode range, each call counted), serves STAT itself, starts and stops
-// the services, and builds the STAT document and Prometheus text from the services.
+// inside each service's opcode range, each call counted), serves STAT and the SESSION_* RPCs
+// itself (it owns the SessionRegistry), starts and stops the services, and builds the STAT
+// document and Prometheus text from the services.
 // Thread use: built and started on one thread; handlers and stats()/metrics() run on any thread.
 #pragma once
 
@@ -22,19 +23,26 @@ namespace farmem {
 
 class ServiceHost {
  public:
-  explicit ServiceHost(Node& node) : node_(node) {}
+  explicit ServiceHost(Node& node, SessionOptions sessions = {})
+      : node_(node), sessions_(std::move(sessions)) {}
   ~ServiceHost();
   ServiceHost(const ServiceHost&) = delete;
   ServiceHost& operator=(const ServiceHost&) = delete;
 
   // Adds a service (before register_methods). Names must be unique, ranges must not overlap.
   Status add(std::unique_ptr<Service> service);
-  // Registers STAT and every service's methods with the node; refuses an opcode outside its
-  // service's range, an unnamed method, a method without handler and a duplicate opcode. Once.
+  // The client sessions; services register their end listeners before start().
+  SessionRegistry& sessions() { return sessions_; }
+  const SessionRegistry& sessions() const { return sessions_; }
+
+  // Registers STAT, SESSION_* and every service's methods with the node; refuses an opcode outside
+  // its service's range, an unnamed method, a method without handler and a duplicate opcode. Once.
   Status register_methods();
-  // Starts the services in the order they were added; on failure stops those already started.
+  // Starts the services in the order they were added, then the session reaper; on failure stops
+  // those already started.
   Status start();
-  // Stops the services in reverse order. Idempotent. Call after the node stopped serving.
+  // Stops the session reaper, then the services in reverse order. Idempotent. Call after the
+  // node stopped serving (so no session ends while a service stops).
   void stop();
 
   // Whether the node is serving (STAT shows addresses only then). Set by the owner of the node.
@@ -64,6 +72,9 @@ class ServiceHost {
   Status Stat(const RpcCall& call, std::vector<std::byte>& reply);
 
   Node& node_;
+  // Before services_: the services' end listeners point into them, and a session must never end
+  // (reaper) after its listeners' service is gone; stop() stops the reaper first.
+  SessionRegistry sessions_;
   std::vector<std::unique_ptr<Service>> services_;
   mutable std::mutex sections_mu_;
   std::vector<std::pair<std::string, std::function<nlohmann::json()>>> sections_;

@@ -20,6 +20,7 @@
 #include "common/wire_struct.h"
 #include "farmem/objects.h"
 #include "node/rpc_call.h"
+#include "node/session_keeper.h"
 #include "objects/client/object_client_internal.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
@@ -304,6 +305,8 @@ struct ObjectClient::Impl {
 
   // The blocking API's scheduler (one call at a time); made in the constructor.
   std::unique_ptr<BlockingRunner> blocking;
+  // One session per server (docs/sessions.md); closed in ~ObjectClient.
+  std::unique_ptr<SessionKeeper> sessions;
 
   static void Inc(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
@@ -345,10 +348,20 @@ ObjectClient::ObjectClient(Node& node, ObjectClientOptions options)
     : node_(node), options_(options), impl_(std::make_unique<Impl>()) {
   impl_->node = &node;
   impl_->blocking = std::make_unique<BlockingRunner>(node, "ObjectClient");
+  impl_->sessions = std::make_unique<SessionKeeper>(
+      node, SessionKeeperOptions{options.session_ttl, "", "ObjectClient", options.cluster_member});
   impl_->max_rpc_bytes = node.config().transport.max_rpc_bytes;
 }
 
-ObjectClient::~ObjectClient() = default;
+ObjectClient::~ObjectClient() {
+  // SESSION_CLOSE on every server: they free the objects this client allocated with
+  // Lifetime::kSession and did not free.
+  impl_->sessions->close();
+}
+
+SessionClientStats ObjectClient::session_stats() const {
+  return impl_->sessions->stats();
+}
 
 Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
                                                             std::span<const std::string> servers,
@@ -357,6 +370,9 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
   if (servers.size() >= kAnyServer) {
     return Status::InvalidArgument("ObjectClient: at most " + std::to_string(kAnyServer - 1) +
                                    " servers");
+  }
+  if (options.session_ttl.count() < 0) {
+    return Status::InvalidArgument("ObjectClient: session_ttl must be >= 0");
   }
   if (options.retry_budget.count() < 0 || options.max_backoff.count() < 0) {
     return Status::InvalidArgument("ObjectClient: retry_budget and max_backoff must be >= 0");
@@ -394,6 +410,11 @@ Result<std::unique_ptr<ObjectClient>> ObjectClient::Connect(Node& node,
                                 " bytes) disagrees with OBJ_INFO (key " + Hex(info->region_key) +
                                 ", " + std::to_string(info->region_length) + " bytes)");
       }
+    }
+    if (!options.open_session) {
+      // no session: only persistent allocations (alloc refuses kSession)
+    } else if (Status st = impl.sessions->open(peer->id); !st.ok()) {
+      return st.WithContext(ctx + ": SESSION_OPEN");
     }
     client->servers_.push_back(std::move(*info));
     // One transport per node today, but the choice is kept per connection: it is a property of
@@ -473,6 +494,7 @@ Status ApplyReplyPtr(const ObjectServerInfo& info, const wire::WirePtr& w, Ptr& 
                             std::to_string(q->size_class) + ") than " + Describe(p));
   }
   if (q->offset != p.offset) corrections.fetch_add(1, std::memory_order_relaxed);
+  q->flags |= p.flags & Ptr::kPtrPersistent;  // the same object: its lifetime is unchanged
   p = *q;
   return Status::OK();
 }
@@ -491,7 +513,8 @@ Task<Result<wire::WirePtr>> PtrRpc(Scheduler& sched, PeerId peer, uint16_t opcod
 
 // ---- RPC operations ----------------------------------------------------------------------------
 
-Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t server) {
+Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t server,
+                                      Lifetime lifetime) {
   if (server == kAnyServer) {
     server = static_cast<uint16_t>(impl_->round_robin.fetch_add(1, std::memory_order_relaxed) %
                                    servers_.size());
@@ -503,12 +526,28 @@ Task<Result<Ptr>> ObjectClient::alloc(Scheduler& sched, size_t size, uint16_t se
                                       std::to_string(info.max_object_size()) + " of server " +
                                       std::to_string(server));
   }
+  const PeerId peer = impl_->servers[server].peer;
+  const bool persistent = lifetime == Lifetime::kPersistent;
+  uint64_t session = persistent ? 0 : impl_->sessions->session_id(peer);
+  if (!persistent && session == 0) {
+    co_return Status::FailedPrecondition("alloc: no session with server " + std::to_string(server));
+  }
   Result<wire::PtrReply> msg = co_await CallStruct<wire::PtrReply>(
-      sched, impl_->servers[server].peer, wire::kOpAlloc, wire::AllocRequest{size},
+      sched, peer, wire::kOpAlloc, wire::AllocRequest{size, session},
       "alloc " + std::to_string(size) + " bytes");
+  if (!persistent && msg.status().code() == Code::kNotFound) {
+    // The lease ran out before the keeper noticed (this process stalled longer than its TTL):
+    // the server freed the old session's objects; allocate in a new one.
+    Result<uint64_t> fresh = co_await impl_->sessions->renew(sched, peer, session);
+    if (!fresh.ok()) co_return fresh.status().WithContext("alloc");
+    msg = co_await CallStruct<wire::PtrReply>(sched, peer, wire::kOpAlloc,
+                                              wire::AllocRequest{size, *fresh},
+                                              "alloc " + std::to_string(size) + " bytes");
+  }
   if (!msg.ok()) co_return msg.status();
   Result<Ptr> p = FromWire(info, msg->ptr, server, "alloc");
   if (!p.ok()) co_return p.status();
+  if (persistent) p->flags |= Ptr::kPtrPersistent;
   if (info.classes[p->size_class].payload_capacity < size) {
     co_return Status::Protocol("alloc: server gave class " + std::to_string(p->size_class) +
                                " (capacity " +
@@ -609,6 +648,7 @@ Task<Status> ObjectClient::release_ptr(Scheduler& sched, Ptr& p) {
                                " class " + std::to_string(q->size_class) + ") than " + Describe(p));
   }
   // A re-homed pointer is a new name for the object, not a correction: not counted.
+  q->flags |= p.flags & Ptr::kPtrPersistent;
   p = *q;
   co_return Status::OK();
 }
@@ -883,8 +923,8 @@ Task<Result<size_t>> ObjectClient::read_any(Scheduler& sched, Ptr& p, std::span<
 
 // ---- Blocking versions -----------------------------------------------------------------------
 
-Result<Ptr> ObjectClient::alloc(size_t size, uint16_t server) {
-  return RunBlocking(*impl_, [&](Scheduler& s) { return alloc(s, size, server); });
+Result<Ptr> ObjectClient::alloc(size_t size, uint16_t server, Lifetime lifetime) {
+  return RunBlocking(*impl_, [&](Scheduler& s) { return alloc(s, size, server, lifetime); });
 }
 Status ObjectClient::free(Ptr& p) {
   return RunBlocking(*impl_, [&](Scheduler& s) { return free(s, p); });

@@ -23,6 +23,7 @@
 #include "objects/client/object_client_internal.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
+#include "service/session_registry.h"
 
 namespace farmem {
 namespace {
@@ -60,6 +61,16 @@ class FakeServer {
       Status st =
           node_->register_rpc(op, [this](const RpcCall& call, std::vector<std::byte>& reply) {
             return Serve(call, reply);
+          });
+      if (!st.ok()) ADD_FAILURE() << st.ToString();
+    }
+    // Sessions as farmemd answers them (a real registry; this fake owns no objects).
+    for (uint16_t op : {kOpSessionOpen, kOpSessionKeepalive, kOpSessionClose}) {
+      Status st =
+          node_->register_rpc(op, [this, op](const RpcCall& call, std::vector<std::byte>& reply) {
+            if (op == kOpSessionOpen) return sessions_.ServeOpen(call, reply);
+            if (op == kOpSessionKeepalive) return sessions_.ServeKeepalive(call, reply);
+            return sessions_.ServeClose(call, reply);
           });
       if (!st.ok()) ADD_FAILURE() << st.ToString();
     }
@@ -144,6 +155,7 @@ class FakeServer {
   }
 
   uint8_t* mem_ = nullptr;
+  SessionRegistry sessions_;  // before node_: handlers use it until the node stops
   std::unique_ptr<Node> node_;
   uint64_t key_ = 0;
   std::mutex mu_;

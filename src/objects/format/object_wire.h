@@ -52,10 +52,14 @@ struct WireClass {
 static_assert(sizeof(InfoReply) == 24 && std::is_trivially_copyable_v<InfoReply>);
 static_assert(sizeof(WireClass) == 12 && std::is_trivially_copyable_v<WireClass>);
 
+// OBJ_ALLOC: an object of `size` bytes owned by the client session `session_id` (SESSION_OPEN:
+// freed when the session ends) or persistent when 0 (docs/sessions.md). Unknown or expired
+// session: NotFound.
 struct AllocRequest {
   uint64_t size;
+  uint64_t session_id;
 };
-static_assert(sizeof(AllocRequest) == 8 && std::is_trivially_copyable_v<AllocRequest>);
+static_assert(sizeof(AllocRequest) == 16 && std::is_trivially_copyable_v<AllocRequest>);
 
 // FREE, LOCATE, RELEASE: exactly this; WRITE: this followed by the object bytes.
 struct PtrRequest {

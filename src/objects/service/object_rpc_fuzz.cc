@@ -112,7 +112,7 @@ class Harness {
     sc.objects.compaction.interval_ms = 0;  // no leader thread: OBJ_COMPACT compacts
     sc.objects.compaction.max_merges_per_second = 0;
     id_bits_ = sc.objects.id_bits;
-    auto s = ObjectService::Create(sc, TheNode());
+    auto s = ObjectService::Create(sc, TheNode(), sessions_);
     FUZZ_CHECK(s.ok());
     service_ = std::move(*s);
     LoadInfo();
@@ -271,7 +271,7 @@ class Harness {
 
   void Alloc(uint16_t size) {
     std::vector<std::byte> reply;
-    const Status st = Call(wire::kOpAlloc, Bytes(wire::AllocRequest{size}), reply);
+    const Status st = Call(wire::kOpAlloc, Bytes(wire::AllocRequest{size, 0}), reply);
     const uint32_t max = classes_.back().payload_capacity;
     if (size == 0 || size > max) {
       FUZZ_CHECK(st.code() == Code::kInvalidArgument);
@@ -389,6 +389,16 @@ class Harness {
         break;
       case wire::kOpAlloc:
         if (n != sizeof(wire::AllocRequest)) FUZZ_CHECK(st.code() == Code::kProtocol);
+        if (n == sizeof(wire::AllocRequest)) {
+          uint64_t size, session;
+          std::memcpy(&size, request.data(), sizeof(size));
+          std::memcpy(&session, request.data() + 8, sizeof(session));
+          // The size is checked first; then the session, and none is open.
+          const bool bad_size = size == 0 || size > classes_.back().payload_capacity;
+          if (session != 0) {
+            FUZZ_CHECK(st.code() == (bad_size ? Code::kInvalidArgument : Code::kNotFound));
+          }
+        }
         if (st.ok()) {
           const wire::WirePtr p = PtrOf(reply);
           uint64_t size;
@@ -543,6 +553,9 @@ class Harness {
     if (st.ok() && opcode != wire::kOpRead) tainted_ = true;
   }
 
+  // Persistent allocations only (session 0), so the model never loses objects; raw requests with
+  // other session ids are refused (NotFound) by this registry, which has no session open.
+  SessionRegistry sessions_;  // before service_: the service registers its end listener here
   std::unique_ptr<ObjectService> service_;
   int id_bits_ = 0;
   wire::InfoReply info_{};

@@ -160,8 +160,8 @@ Status ValidateObjectsConfig(const ServerConfig& config) {
   return Status::OK();
 }
 
-Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig& config,
-                                                             Node& node) {
+Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig& config, Node& node,
+                                                             SessionRegistry& sessions) {
   if (!config.objects.enabled) return Status::InvalidArgument("the object store is disabled");
   FARMEM_RETURN_IF_ERROR(ValidateObjectsConfig(config));
   std::unique_ptr<ObjectService> s(new ObjectService());
@@ -209,7 +209,30 @@ Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig&
   auto region = node.export_region(kRegionName, ba.base(), ba.reserve_bytes(), Access::kReadOnly);
   if (!region.ok()) return region.status().WithContext("exporting the object region");
   s->region_ = *region;
+  s->sessions_ = &sessions;
+  // The registry outlives the service and runs listeners only while services run (its reaper
+  // stops first; SESSION_CLOSE handlers only run while the node serves).
+  sessions.add_end_listener([svc = s.get()](SessionIndex i) { return svc->FreeSession(i); });
   return s;
+}
+
+SessionFreed ObjectService::FreeSession(SessionIndex index) {
+  SessionFreed freed;
+  // FreeOwned's precondition (no allocation for `index` starts meanwhile) is the registry's: the
+  // session is ending, so acquire() refuses it, and the guards in flight were waited for.
+  // TimedOut leaves the objects freed so far freed and may be repeated; a block lock held that
+  // long means a stuck operation, so give up after a few tries rather than stall the reaper.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    Result<uint64_t> n = store_->FreeOwned(index);
+    if (n.ok()) {
+      freed.objects += *n;
+      return freed;
+    }
+    FARMEM_LOG_WARN("freeing the objects of session {}: {}", index, n.status().ToString());
+  }
+  FARMEM_LOG_ERROR("session {}: {} objects could not be freed and stay allocated", index,
+                   store_->OwnedObjects(index));
+  return freed;
 }
 
 ObjectService::~ObjectService() {
@@ -251,6 +274,9 @@ void ObjectService::metrics(MetricsWriter& w) const {
     return (it != j.end() && it->is_number()) ? it->get<double>() : 0.0;
   };
   w.gauge("farmem_objects_live", "Live objects.", num(obj, "live_objects"));
+  w.gauge("farmem_objects_owned", "Live objects owned by a client session (freed when it ends).",
+          num(obj, "owned_objects"));
+  w.gauge("farmem_objects_persistent", "Live persistent objects.", num(obj, "persistent_objects"));
   w.gauge("farmem_objects_blocks", "Blocks holding objects.", num(obj, "live_blocks"));
   w.gauge("farmem_objects_physical_bytes",
           "Physical memory held by the object store (its own accounting).",
@@ -428,7 +454,12 @@ Status ObjectService::Alloc(const RpcCall& call, std::vector<std::byte>& reply) 
         "object size " + std::to_string(req->size) + " exceeds the largest object, " +
         std::to_string(max) + " bytes with " + std::to_string(config_.block_size) + "-byte blocks");
   }
-  FARMEM_ASSIGN_OR_RETURN(corm::ObjectPtr p, store_->Alloc(req->size, PickWorker(call.source)));
+  // The guard holds off the session's end while we allocate: the object is either allocated
+  // before the end listener frees the session's objects (and freed with them) or refused here.
+  Result<SessionGuard> guard = sessions_->acquire(req->session_id);
+  if (!guard.ok()) return guard.status().WithContext("OBJ_ALLOC");
+  FARMEM_ASSIGN_OR_RETURN(corm::ObjectPtr p,
+                          store_->Alloc(req->size, PickWorker(call.source), guard->index()));
   AppendPtrReply(p, reply);
   return Status::OK();
 }
@@ -571,6 +602,10 @@ nlohmann::json ObjectService::Stats() const {
   j["num_classes"] = classes.count();
   j["max_object_size"] = classes.max_payload();
   j["live_objects"] = live;
+  // Owned by a client session (freed when it ends) vs persistent (docs/sessions.md).
+  const corm::StoreStats ss = store.Stats();
+  j["owned_objects"] = ss.owned_objects;
+  j["persistent_objects"] = ss.persistent_objects;
   j["live_blocks"] = blocks;
   j["live_slot_bytes"] = slot_bytes;
   j["physical_bytes_held"] = bs.physical_bytes_held;
@@ -631,8 +666,9 @@ const ServiceDescriptor& ObjectsServiceDescriptor() {
                   "failures are never paced)");
       },
       [](ServerConfig& c) { return ValidateObjectsConfig(c); },
-      [](const ServerConfig& c, Node& node) -> Result<std::unique_ptr<Service>> {
-        FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<ObjectService> s, ObjectService::Create(c, node));
+      [](const ServerConfig& c, ServiceEnv& env) -> Result<std::unique_ptr<Service>> {
+        FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<ObjectService> s,
+                                ObjectService::Create(c, env.node, env.sessions));
         return std::unique_ptr<Service>(std::move(s));
       },
   };

@@ -28,8 +28,11 @@ class ObjectService final : public Service {
 
   // Validates config.objects, creates the store and exports its reservation through `node`
   // (which must outlive the service and be stopped before it is destroyed: peers must not reach
-  // the range once it is unmapped). The compaction leader starts with Start().
-  static Result<std::unique_ptr<ObjectService>> Create(const ServerConfig& config, Node& node);
+  // the range once it is unmapped). The compaction leader starts with Start(). Objects allocated
+  // in a client session are owned by its index in `sessions` (which must outlive the service)
+  // and freed by the end listener registered here (Store::FreeOwned).
+  static Result<std::unique_ptr<ObjectService>> Create(const ServerConfig& config, Node& node,
+                                                       SessionRegistry& sessions);
   ~ObjectService() override;
   ObjectService(const ObjectService&) = delete;
   ObjectService& operator=(const ObjectService&) = delete;
@@ -82,7 +85,11 @@ class ObjectService final : public Service {
   void AppendPtrReply(const corm::ObjectPtr& p, std::vector<std::byte>& reply) const;
   uint32_t PickWorker(std::string_view source);
 
+  // A session ended: free what it owned (a SessionRegistry end listener).
+  SessionFreed FreeSession(SessionIndex index);
+
   ObjectsConfig config_;
+  SessionRegistry* sessions_ = nullptr;
   uint32_t max_rpc_bytes_ = 0;
   uint64_t base_ = 0;  // address of the reservation (offset 0 of the region)
   // Destroyed in reverse order: the compactor (which hooks into the store) goes first.

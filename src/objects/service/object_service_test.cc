@@ -126,7 +126,7 @@ class ObjectServiceTest : public ::testing::Test {
   }
 
   Result<wire::WirePtr> Alloc(uint64_t size) {
-    return PtrCall(wire::kOpAlloc, Bytes(wire::AllocRequest{size}));
+    return PtrCall(wire::kOpAlloc, Bytes(wire::AllocRequest{size, 0}));
   }
   Status Free(const wire::WirePtr& p) { return Call(wire::kOpFree, Bytes(p)).status(); }
   Result<wire::WirePtr> Locate(const wire::WirePtr& p) {
@@ -420,7 +420,7 @@ TEST_F(ObjectServiceTest, MalformedRequestsAreProtocolErrors) {
     uint16_t op;
     size_t len;
   } cases[] = {
-      {wire::kOpInfo, 1},    {wire::kOpAlloc, 0},   {wire::kOpAlloc, 7},   {wire::kOpAlloc, 9},
+      {wire::kOpInfo, 1},    {wire::kOpAlloc, 0},   {wire::kOpAlloc, 8},   {wire::kOpAlloc, 17},
       {wire::kOpFree, 0},    {wire::kOpFree, 15},   {wire::kOpFree, 17},   {wire::kOpRead, 16},
       {wire::kOpRead, 23},   {wire::kOpRead, 25},   {wire::kOpWrite, 0},   {wire::kOpWrite, 15},
       {wire::kOpLocate, 15}, {wire::kOpLocate, 17}, {wire::kOpRelease, 0}, {wire::kOpRelease, 17},
