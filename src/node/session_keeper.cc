@@ -100,35 +100,54 @@ std::chrono::milliseconds SessionKeeper::Interval() const {
   return std::max(std::chrono::milliseconds(10), ttl / 3);
 }
 
-Task<void> SessionKeeper::KeepaliveRound(Scheduler& sched) {
+void SessionKeeper::KeepaliveRound(Scheduler& sched) {
   std::vector<std::pair<PeerId, uint64_t>> todo;
+  std::chrono::milliseconds interval;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [peer, s] : sessions_) todo.emplace_back(peer, s.id);
+    for (const auto& [peer, s] : sessions_) {
+      if (!in_flight_.contains(peer)) todo.emplace_back(peer, s.id);
+    }
+    interval = Interval();
   }
+  // All at once, and driven for one interval at most: sent one after another and awaited, a
+  // server that hangs (each keepalive waits for the transport's operation timeout) held back every
+  // other session's renewal past its lease. A call still pending after the interval stays in
+  // flight and is driven again next round.
   for (const auto& [peer, id] : todo) {
-    std::byte none[1];
-    const std::vector<std::byte> req = EncodeStruct(wire::KeepaliveRequest{id});
-    Result<std::span<const std::byte>> r =
-        co_await CallRpc(sched, peer, wire::kOpKeepalive, req, none, "SESSION_KEEPALIVE");
-    if (r.ok()) {
-      std::lock_guard lock(mu_);
-      ++stats_.keepalives;
-      continue;
-    }
-    if (r.status().code() != Code::kNotFound) {
-      // Timeout or peer gone: keep the session and try again next round; if the lease runs out
-      // meanwhile the next keepalive is NotFound and we re-open.
-      FARMEM_LOG_DEBUG("{}: {}", options_.owner, r.status().ToString());
-      std::lock_guard lock(mu_);
-      ++stats_.keepalive_errors;
-      continue;
-    }
-    Result<uint64_t> fresh = co_await renew(sched, peer, id);
-    if (!fresh.ok()) {
-      FARMEM_LOG_WARN("{}: re-opening the lost session with peer {}: {}", options_.owner, peer,
-                      fresh.status().ToString());
-    }
+    in_flight_.insert(peer);
+    sched.spawn(KeepaliveOne(sched, peer, id));
+  }
+  (void)sched.run(interval);  // TimedOut = some keepalive still pending: fine
+}
+
+Task<void> SessionKeeper::KeepaliveOne(Scheduler& sched, PeerId peer, uint64_t id) {
+  std::byte none[1];
+  const std::vector<std::byte> req = EncodeStruct(wire::KeepaliveRequest{id});
+  Result<std::span<const std::byte>> r =
+      co_await CallRpc(sched, peer, wire::kOpKeepalive, req, none, "SESSION_KEEPALIVE");
+  struct Done {
+    std::set<PeerId>& in_flight;
+    PeerId peer;
+    ~Done() { in_flight.erase(peer); }
+  } done{in_flight_, peer};
+  if (r.ok()) {
+    std::lock_guard lock(mu_);
+    ++stats_.keepalives;
+    co_return;
+  }
+  if (r.status().code() != Code::kNotFound) {
+    // Timeout or peer gone: keep the session and try again next round; if the lease runs out
+    // meanwhile the next keepalive is NotFound and we re-open.
+    FARMEM_LOG_DEBUG("{}: {}", options_.owner, r.status().ToString());
+    std::lock_guard lock(mu_);
+    ++stats_.keepalive_errors;
+    co_return;
+  }
+  Result<uint64_t> fresh = co_await renew(sched, peer, id);
+  if (!fresh.ok()) {
+    FARMEM_LOG_WARN("{}: re-opening the lost session with peer {}: {}", options_.owner, peer,
+                    fresh.status().ToString());
   }
 }
 
@@ -149,11 +168,17 @@ void SessionKeeper::Run() {
       next = std::min(next, std::chrono::steady_clock::now() + Interval());
       continue;
     }
+    const auto round_start = std::chrono::steady_clock::now();
     lock.unlock();
-    (*sched)->block_on(KeepaliveRound(**sched));
+    KeepaliveRound(**sched);
     lock.lock();
-    next = std::chrono::steady_clock::now() + Interval();
+    // A round that ran a whole interval (a keepalive still pending) starts the next one at once.
+    next = round_start + Interval();
   }
+  lock.unlock();
+  // Keepalives still pending end by the transport's operation timeout; the scheduler must not
+  // go away under them.
+  (void)(*sched)->run(std::chrono::minutes(5));
 }
 
 void SessionKeeper::close() {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -65,8 +66,13 @@ class SessionKeeper {
   };
   // SESSION_OPEN on `sched`; does not touch sessions_.
   Task<Result<Session>> OpenRpc(Scheduler& sched, PeerId peer);
-  // One round: a keepalive per session; NotFound re-opens.
-  Task<void> KeepaliveRound(Scheduler& sched);
+  // One round: a keepalive for each session that has none in flight, all at once, then drives
+  // them for at most one interval. A server that does not answer keeps only its own keepalive
+  // pending (until the transport's operation timeout); the others' renewals go on meanwhile.
+  // Keeper thread only.
+  void KeepaliveRound(Scheduler& sched);
+  // One keepalive; NotFound re-opens. Removes `peer` from in_flight_ when done.
+  Task<void> KeepaliveOne(Scheduler& sched, PeerId peer, uint64_t id);
   void Run();
   std::chrono::milliseconds Interval() const;  // caller holds mu_
 
@@ -79,7 +85,8 @@ class SessionKeeper {
   bool closing_ = false;
   std::map<PeerId, Session> sessions_;
   SessionClientStats stats_;
-  std::thread thread_;  // started by the first open()
+  std::thread thread_;          // started by the first open()
+  std::set<PeerId> in_flight_;  // keeper thread only: peers with a keepalive pending
 };
 
 }  // namespace farmem
