@@ -13,16 +13,8 @@ WORK="$(mktemp -d -t farmem-smoke.XXXXXX)"
 SERVER_PID=""
 POOLS_PID=""
 
-log() { echo "cli_smoke: $*"; }
-fail() {
-  echo "cli_smoke: FAIL: $*" >&2
-  for f in "$WORK"/*.out "$WORK"/*.err; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 40 "$f" >&2
-  done
-  exit 1
-}
+TEST_NAME=cli_smoke
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cleanup() {
   local rc=$?
@@ -42,7 +34,6 @@ trap 'exit 130' INT TERM
 [[ -x "$FARMEMD" ]] || fail "farmemd binary not found or not executable: $FARMEMD"
 
 # wait_ready (shared with the other integration tests)
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Waits up to $2 seconds for background process $1 to exit; sets EXIT_CODE (124 on timeout).
 wait_exit() {

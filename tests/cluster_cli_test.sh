@@ -18,16 +18,9 @@ DIR="$WORK/cluster"
 EXTRA_PID=""
 PIDS=() # every process of the cluster, for the final check and the cleanup
 
-log() { echo "cluster_cli: $*"; }
-fail() {
-  echo "cluster_cli: FAIL: $*" >&2
-  for f in "$WORK"/*.out "$WORK"/*.err "$DIR"/*.log; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 30 "$f" >&2
-  done
-  exit 1
-}
+TEST_NAME=cluster_cli
+LOG_GLOBS="$DIR/*.log"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 skip() {
   echo "SKIP: $*"
   exit 0
@@ -59,7 +52,6 @@ trap 'exit 130' INT TERM
 [[ -x "$ETCD" ]] || skip "etcd not found ($ETCD; apt install etcd-server)"
 
 # wait_ready (shared with the other integration tests)
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # run NAME EXPECTED_RC CMD...: runs CMD with a timeout, output in $WORK/NAME.{out,err}; fails
 # unless it exits EXPECTED_RC ("nz": any non-zero except a timeout).

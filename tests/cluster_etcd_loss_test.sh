@@ -18,16 +18,8 @@ ETCD_PID=""
 SERVER_PID=""
 WATCH_PID=""
 
-log() { echo "cluster_etcd_loss: $*"; }
-fail() {
-  echo "cluster_etcd_loss: FAIL: $*" >&2
-  for f in "$WORK"/*.out "$WORK"/*.err; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 30 "$f" >&2
-  done
-  exit 1
-}
+TEST_NAME=cluster_etcd_loss
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cleanup() {
   local rc=$? pid
   for pid in "$WATCH_PID" "$SERVER_PID" "$ETCD_PID"; do
@@ -42,7 +34,6 @@ trap 'exit 130' INT TERM
 
 [[ -x "$FARMEM" && -x "$FARMEMD" ]] || fail "farmem/farmemd not executable: $FARMEM $FARMEMD"
 [[ -x "$ETCD" ]] || { echo "SKIP: etcd not found ($ETCD)"; exit 0; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'

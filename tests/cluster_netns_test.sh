@@ -29,16 +29,9 @@ DATA_PORT=7301
 CREATED_NS=()
 PIDS=()
 
-log() { echo "cluster_netns: $*"; }
-fail() {
-  echo "cluster_netns: FAIL: $*" >&2
-  for f in "$WORK"/*.out "$WORK"/*.err "$WORK"/*.log; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 30 "$f" >&2
-  done
-  exit 1
-}
+TEST_NAME=cluster_netns
+LOG_GLOBS="$WORK/*.log"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 skip() {
   echo "SKIP: $*"
   exit 0
@@ -90,7 +83,6 @@ for ns in "$NS0" "$NSE" "$NS1" "$NS2"; do ip -n "$ns" link set lo up || fail "lo
 # own namespace).
 ip netns exec "$NS0" sysctl -qw net.ipv4.ip_forward=1 || fail "ip_forward in $NS0"
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 netns_link "$NS0" "fmce0_$$" "fmce1_$$" "$NSE" "$IP0E" "$IPE"
 netns_link "$NS0" "fmc10_$$" "fmc11_$$" "$NS1" "$IP01" "$IP1"
 netns_link "$NS0" "fmc20_$$" "fmc21_$$" "$NS2" "$IP02" "$IP2"

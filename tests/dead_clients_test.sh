@@ -19,16 +19,8 @@ RAW=12              # per client, 256 KiB each: 24 MiB in all (the issue's 25 Mi
 RAW_BYTES=262144
 TTL_MS=2000         # asked by the clients; farmemd runs with its default --session-ttl-max
 
-log() { echo "dead_clients: $*"; }
-fail() {
-  echo "dead_clients: FAIL: $*" >&2
-  for f in "$WORK"/*.out "$WORK"/*.err; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 20 "$f" >&2
-  done
-  exit 1
-}
+TEST_NAME=dead_clients
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cleanup() {
   local rc=$?
   for pid in "${HOLDERS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
@@ -45,7 +37,6 @@ trap 'exit 130' INT TERM
 
 [[ -x "$FARMEM" ]] || fail "farmem binary not found or not executable: $FARMEM"
 [[ -x "$FARMEMD" ]] || fail "farmemd binary not found or not executable: $FARMEMD"
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status"; }
 # stat_field PATH...: one number from `farmem stat --json` (e.g. objects owned_objects).

@@ -1,6 +1,27 @@
-# Shell helpers shared by the integration tests in this folder (sourced, not run): waiting for
-# farmemd's ready line, and the veth links and reachability probe of the network-namespace tests.
-# Callers define fail() and run under `set -euo pipefail`.
+# Shell helpers shared by the integration tests in this folder (sourced, not run): log and fail,
+# waiting for farmemd's ready line, and the veth links and reachability probe of the
+# network-namespace tests. Callers run under `set -euo pipefail` and set, before sourcing,
+# TEST_NAME (the prefix of every line) and WORK (their scratch folder); LOG_GLOBS, when set at
+# failure time, names more files for fail to show (unquoted: it is globbed then).
+
+log() { echo "$TEST_NAME: $*"; }
+
+# The last 40 lines of every non-empty *.out and *.err in $WORK (and $LOG_GLOBS), on stderr.
+dump_logs() {
+  local f
+  # shellcheck disable=SC2086 # LOG_GLOBS is a list of globs
+  for f in "$WORK"/*.out "$WORK"/*.err ${LOG_GLOBS:-}; do
+    [[ -s "$f" ]] || continue
+    echo "----- $(basename "$f") -----" >&2
+    tail -n 40 "$f" >&2
+  done
+}
+
+fail() {
+  echo "$TEST_NAME: FAIL: $*" >&2
+  dump_logs
+  exit 1
+}
 
 # Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
 wait_ready() {

@@ -30,19 +30,8 @@ DATA_PORT=7301
 CREATED_NS=()
 SERVER_PIDS=()
 
-log() { echo "multihost: $*"; }
-dump_logs() {
-  for f in "$WORK"/*.out "$WORK"/*.err; do
-    [[ -s "$f" ]] || continue
-    echo "----- $(basename "$f") -----" >&2
-    tail -n 40 "$f" >&2
-  done
-}
-fail() {
-  echo "multihost: FAIL: $*" >&2
-  dump_logs
-  exit 1
-}
+TEST_NAME=multihost
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 stop_servers() {
   local pid
@@ -99,7 +88,6 @@ for ns in "$NS1" "$NS2"; do
 done
 for ns in "$NS0" "$NS1" "$NS2"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; done
 
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 netns_link "$NS0" "$V01" "$V10" "$NS1" "$IP01" "$IP1"
 netns_link "$NS0" "$V02" "$V20" "$NS2" "$IP02" "$IP2"
 

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <thread>
 
+#include "common/wait_for_test_util.h"
 #include "common/wire_struct.h"
 #include "farmem/client.h"
 #include "farmem/server.h"
 #include "node/session_wire.h"
 #include "pools/pools_wire.h"
+#include "server/local_server_test_util.h"
 
 namespace farmem {
 namespace {
@@ -24,42 +26,12 @@ using nlohmann::json;
 
 constexpr uint64_t kPool = 1 << 20;
 
-template <typename Cond>
-bool WaitFor(Cond cond, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using testing::WaitFor;
 
-class RawSessionsTest : public ::testing::Test {
+class RawSessionsTest : public testing::LocalServerTest {
  protected:
   void SetUp() override {
-    ServerConfig sc;
-    sc.memory_bytes = 3 * kPool;
-    sc.pool_bytes = kPool;
-    sc.node.transport.backend = "tcp";
-    sc.node.transport.cluster_token = "secret";
-    sc.node.rpc_workers = 2;
-    sc.services = {"pools"};
-    auto s = MemoryServer::Create(sc);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(*s);
-    ASSERT_TRUE(server_->start().ok());
-    NodeConfig nc;
-    nc.name = "session-client";
-    nc.transport.backend = "tcp";
-    nc.transport.cluster_token = "secret";
-    auto n = Node::Create(nc);
-    ASSERT_TRUE(n.ok());
-    node_ = std::move(*n);
-    ASSERT_TRUE(node_->start().ok());
-  }
-  void TearDown() override {
-    if (node_) node_->stop();
-    if (server_) server_->stop();
+    ASSERT_NO_FATAL_FAILURE(StartServer({"pools"}, 3 * kPool, kPool, "session-client"));
   }
 
   std::unique_ptr<RawClient> Connect(RawClientOptions o = {}) {
@@ -83,9 +55,6 @@ class RawSessionsTest : public ::testing::Test {
     reply.resize(r->length);
     return Status::OK();
   }
-
-  std::unique_ptr<MemoryServer> server_;
-  std::unique_ptr<Node> node_;
 };
 
 TEST_F(RawSessionsTest, DestroyingTheClientFreesItsSessionRangesButNotPersistentOnes) {

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/wait_for_test_util.h"
 #include "common/wire_struct.h"
 #include "node/session_wire.h"
 
@@ -20,15 +21,10 @@ namespace wire = session_wire;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// Waits (polling) until `cond` holds or `limit` passes; the result says which.
+// The shared poll with this file's usual deadline.
 template <typename Cond>
 bool WaitFor(Cond cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto deadline = Clock::now() + limit;
-  while (!cond()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
+  return testing::WaitFor(cond, limit);
 }
 
 // A fake service's allocations: owner per allocation, freed by the end listener.

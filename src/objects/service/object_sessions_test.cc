@@ -9,11 +9,13 @@
 #include <cstring>
 #include <thread>
 
+#include "common/wait_for_test_util.h"
 #include "common/wire_struct.h"
 #include "farmem/objects.h"
 #include "farmem/server.h"
 #include "node/session_wire.h"
 #include "objects/format/object_wire.h"
+#include "server/local_server_test_util.h"
 
 namespace farmem {
 namespace {
@@ -23,46 +25,19 @@ namespace swire = session_wire;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-template <typename Cond>
-bool WaitFor(Cond cond, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using testing::WaitFor;
 
-class ObjectSessionsTest : public ::testing::Test {
+class ObjectSessionsTest : public testing::LocalServerTest {
  protected:
   void SetUp() override {
-    ServerConfig sc;
-    sc.memory_bytes = 8 << 20;
-    sc.pool_bytes = 1 << 20;
-    sc.node.transport.backend = "tcp";
-    sc.node.transport.cluster_token = "secret";
-    sc.node.rpc_workers = 2;
-    sc.services = {"objects"};
-    auto s = MemoryServer::Create(sc);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(*s);
-    ASSERT_TRUE(server_->start().ok());
-    NodeConfig nc;
-    nc.name = "objects-session-client";
-    nc.transport.backend = "tcp";
-    nc.transport.cluster_token = "secret";
-    auto n = Node::Create(nc);
-    ASSERT_TRUE(n.ok());
-    node_ = std::move(*n);
-    ASSERT_TRUE(node_->start().ok());
+    ASSERT_NO_FATAL_FAILURE(StartServer({"objects"}, 8 << 20, 1 << 20, "objects-session-client"));
     auto sched = node_->make_scheduler();
     ASSERT_TRUE(sched.ok());
     sched_ = std::move(*sched);
   }
   void TearDown() override {
     sched_.reset();
-    if (node_) node_->stop();
-    if (server_) server_->stop();
+    LocalServerTest::TearDown();
   }
 
   std::unique_ptr<ObjectClient> Connect(ObjectClientOptions o = {}) {
@@ -91,8 +66,6 @@ class ObjectSessionsTest : public ::testing::Test {
     return reply;
   }
 
-  std::unique_ptr<MemoryServer> server_;
-  std::unique_ptr<Node> node_;
   std::unique_ptr<Scheduler> sched_;
   PeerId peer_ = kInvalidPeer;
 };

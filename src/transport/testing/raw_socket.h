@@ -1,5 +1,5 @@
 // A blocking loopback socket for tests that speak the native TCP wire protocol by hand (raw,
-// hostile or slow peers of a TCP transport target), and WaitFor, a deadline-bounded poll.
+// hostile or slow peers of a TCP transport target); WaitFor is in common/wait_for_test_util.h.
 // Header-only test code, shared by transport_tcp_tests and the adversarial suite against farmemd.
 #pragma once
 
@@ -20,23 +20,13 @@
 
 #include <gtest/gtest.h>
 
+#include "common/wait_for_test_util.h"
 #include "transport/tcp/frame_codec.h"
 
 namespace farmem::testing {
 
 // Generous bound of a RawSocket wait that only turns a hang into a failure.
 inline constexpr std::chrono::milliseconds kRawSocketWait{10000};
-
-// Waits until `pred` holds or `limit` passes; returns pred().
-template <typename Pred>
-inline bool WaitFor(Pred pred, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return pred();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
 
 // A blocking loopback socket with helpers to write bytes and read whole frames.
 class RawSocket {
