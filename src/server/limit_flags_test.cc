@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include <CLI/CLI.hpp>
+
 #include "server/serve.h"
 
 namespace farmem {

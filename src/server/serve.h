@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "farmem/cluster.h"
 #include "farmem/server.h"
 #include "farmem/status.h"
 #include "server/metrics_http.h"
 #include "service/flags.h"
+
+namespace CLI {
+class App;  // CLI11's header is included by the files that parse (serve_config.cc, mains)
+}  // namespace CLI
 
 namespace farmem {
 

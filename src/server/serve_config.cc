@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "common/net/host_port.h"
 #include "server/built_services.h"
 #include "server/limit_flags.h"

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include <CLI/CLI.hpp>
+
 #include "common/net/host_port.h"
 #include "server/serve.h"
 

@@ -1,6 +1,8 @@
 // FlagSet: config-file application (nested sections, '_' as '-') and the MiB / list conversions.
 #include "service/flags.h"
 
+#include <CLI/CLI.hpp>
+
 namespace farmem {
 
 void FlagSet::add_mib(std::string key, uint64_t* bytes, std::string help) {
@@ -76,5 +78,24 @@ Status FlagSet::finish() {
   for (const auto& f : finishers_) FARMEM_RETURN_IF_ERROR(f());
   return Status::OK();
 }
+
+template <typename T>
+void FlagSet::add(std::string key, T* target, std::string help) {
+  CLI::Option* opt = app_.add_option("--" + key, *target, std::move(help))->capture_default_str();
+  entries_.push_back(
+      {key, opt, [key, target](const nlohmann::json& v) { return FromJson(key, v, target); }});
+}
+
+// Every type a setting may have (FlagSet::add's comment).
+template void FlagSet::add(std::string, std::string*, std::string);
+template void FlagSet::add(std::string, bool*, std::string);
+template void FlagSet::add(std::string, int*, std::string);
+template void FlagSet::add(std::string, unsigned*, std::string);
+template void FlagSet::add(std::string, long*, std::string);
+template void FlagSet::add(std::string, unsigned long*, std::string);
+template void FlagSet::add(std::string, long long*, std::string);
+template void FlagSet::add(std::string, unsigned long long*, std::string);
+template void FlagSet::add(std::string, uint16_t*, std::string);
+template void FlagSet::add(std::string, double*, std::string);
 
 }  // namespace farmem

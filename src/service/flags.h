@@ -14,10 +14,16 @@
 #include <utility>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "farmem/status.h"
+
+// CLI11 is only named here: its header costs ~6 s of compile time per file, and every service
+// includes this one (flags.cc and the mains that parse include it).
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
 
 namespace farmem {
 
@@ -28,7 +34,7 @@ class FlagSet {
   FlagSet& operator=(const FlagSet&) = delete;
 
   // --KEY VALUE into *target (std::string, bool, an integer type or double); *target's current
-  // value is the default shown in --help.
+  // value is the default shown in --help. Instantiated in flags.cc for each of those types.
   template <typename T>
   void add(std::string key, T* target, std::string help);
   // --KEY MIB into *bytes (as bytes); at most 64 TiB.
@@ -104,13 +110,6 @@ Status FlagSet::FromJson(const std::string& key, const nlohmann::json& v, T* tar
     *target = v.get<T>();
   }
   return Status::OK();
-}
-
-template <typename T>
-void FlagSet::add(std::string key, T* target, std::string help) {
-  CLI::Option* opt = app_.add_option("--" + key, *target, std::move(help))->capture_default_str();
-  entries_.push_back(
-      {key, opt, [key, target](const nlohmann::json& v) { return FromJson(key, v, target); }});
 }
 
 template <typename E>
