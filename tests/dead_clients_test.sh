@@ -24,11 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cleanup() {
   local rc=$?
   for pid in "${HOLDERS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-  fi
+  stop_process "$SERVER_PID"
   rm -rf "$WORK"
   exit "$rc"
 }

@@ -23,6 +23,15 @@ fail() {
   exit 1
 }
 
+# Stops process $1 if it still runs: SIGTERM, up to 5 s to exit, then SIGKILL. For cleanup traps.
+stop_process() {
+  local pid=$1
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
 # Waits up to $2 seconds for the ready line in file $1 while process $3 lives; prints the line.
 wait_ready() {
   local file=$1 secs=$2 pid=$3 line

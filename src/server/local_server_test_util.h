@@ -17,9 +17,9 @@ namespace farmem::testing {
 
 class LocalServerTest : public ::testing::Test {
  protected:
-  // Starts the server and the client node; call from SetUp with ASSERT_NO_FATAL_FAILURE.
-  void StartServer(std::vector<std::string> services, uint64_t memory_bytes, uint64_t pool_bytes,
-                   std::string client_name) {
+  // A server configuration on loopback native TCP with the tests' token and two RPC workers.
+  static ServerConfig LoopbackConfig(std::vector<std::string> services, uint64_t memory_bytes,
+                                     uint64_t pool_bytes) {
     ServerConfig sc;
     sc.memory_bytes = memory_bytes;
     sc.pool_bytes = pool_bytes;
@@ -27,6 +27,17 @@ class LocalServerTest : public ::testing::Test {
     sc.node.transport.cluster_token = "secret";
     sc.node.rpc_workers = 2;
     sc.services = std::move(services);
+    return sc;
+  }
+
+  // Starts the server and the client node; call from SetUp with ASSERT_NO_FATAL_FAILURE.
+  void StartServer(std::vector<std::string> services, uint64_t memory_bytes, uint64_t pool_bytes,
+                   std::string client_name) {
+    StartServer(LoopbackConfig(std::move(services), memory_bytes, pool_bytes),
+                std::move(client_name));
+  }
+  // The same with a configuration of the test's own (LoopbackConfig, then changed).
+  void StartServer(const ServerConfig& sc, std::string client_name) {
     auto s = MemoryServer::Create(sc);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
@@ -34,7 +45,7 @@ class LocalServerTest : public ::testing::Test {
     NodeConfig nc;
     nc.name = std::move(client_name);
     nc.transport.backend = "tcp";
-    nc.transport.cluster_token = "secret";
+    nc.transport.cluster_token = sc.node.transport.cluster_token;
     auto n = Node::Create(nc);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     node_ = std::move(*n);

@@ -15,6 +15,7 @@
 #include "farmem/server.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
+#include "server/local_server_test_util.h"
 #include "server/metrics_http.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -54,7 +55,7 @@ ObjectsConfig TestObjects() {
   return oc;
 }
 
-class ObjectServiceTest : public ::testing::Test {
+class ObjectServiceTest : public testing::LocalServerTest {
  protected:
   void TearDown() override { Shutdown(); }
 
@@ -68,27 +69,11 @@ class ObjectServiceTest : public ::testing::Test {
 
   // Starts a server with `oc` and a client node connected to it.
   void Start(const ObjectsConfig& oc) {
-    ServerConfig sc;
-    sc.memory_bytes = kMemory;
-    sc.pool_bytes = 1 << 20;
+    // No service list: every built one (minus objects when oc.enabled is false).
+    ServerConfig sc = LoopbackConfig({}, kMemory, 1 << 20);
     sc.node.name = "obj-farmemd";
-    sc.node.transport.backend = "tcp";
-    sc.node.transport.cluster_token = "secret";
-    sc.node.rpc_workers = 2;
     sc.objects = oc;
-    auto s = MemoryServer::Create(sc);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(*s);
-    ASSERT_TRUE(server_->start().ok());
-
-    NodeConfig nc;
-    nc.name = "obj-client";
-    nc.transport.backend = "tcp";
-    nc.transport.cluster_token = "secret";
-    auto n = Node::Create(nc);
-    ASSERT_TRUE(n.ok()) << n.status().ToString();
-    node_ = std::move(*n);
-    ASSERT_TRUE(node_->start().ok());
+    ASSERT_NO_FATAL_FAILURE(StartServer(sc, "obj-client"));
     auto peer = node_->connect(server_->node().bootstrap_address());
     ASSERT_TRUE(peer.ok()) << peer.status().ToString();
     peer_ = *peer;
@@ -190,8 +175,6 @@ class ObjectServiceTest : public ::testing::Test {
     return json{{"blocks", 0}, {"live", 0}};
   }
 
-  std::unique_ptr<MemoryServer> server_;
-  std::unique_ptr<Node> node_;
   PeerInfo peer_;
   std::unique_ptr<Scheduler> sched_;
   wire::InfoReply info_{};

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -50,6 +51,54 @@ using testing::WaitFor;
 uint16_t PortOf(const std::string& address) {
   return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
 }
+
+// An RPC worker thread for a target: the handler (on the NIC thread) only queues the call, as
+// farmemd's RpcDispatcher does, and the worker answers each with `answer`. Stop() (or the
+// destructor) answers what is still queued, then joins.
+class RpcWorker {
+ public:
+  explicit RpcWorker(std::function<void(std::unique_ptr<IncomingRpc>)> answer)
+      : answer_(std::move(answer)), thread_([this] { Run(); }) {}
+  ~RpcWorker() { Stop(); }
+  RpcHandler handler() {
+    return [this](std::unique_ptr<IncomingRpc> rpc) {
+      {
+        std::lock_guard lock(mu_);
+        calls_.push_back(std::move(rpc));
+      }
+      cv_.notify_one();
+    };
+  }
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !calls_.empty(); });
+      if (calls_.empty()) return;
+      auto rpc = std::move(calls_.front());
+      calls_.pop_front();
+      lock.unlock();
+      answer_(std::move(rpc));
+      lock.lock();
+    }
+  }
+
+  std::function<void(std::unique_ptr<IncomingRpc>)> answer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<IncomingRpc>> calls_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 class TcpTransportTest : public ::testing::Test {
  protected:
@@ -411,39 +460,21 @@ TEST_F(TcpTransportTest, RpcReplyAfterTransportStopIsDroppedWithStatus) {
 TEST_F(TcpTransportTest, WaitWakesForEveryResponseUnderConcurrency) {
   mem_ = testing::AlignedBuffer(1 << 16);
   for (int i = 0; i < 64; ++i) mem_.store_word(i * 8, 5000 + i);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<IncomingRpc>> pending;
-  bool done = false;
+  std::mt19937 rng(7);  // the worker thread's only
+  RpcWorker replier([&](std::unique_ptr<IncomingRpc> rpc) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+    (void)rpc->reply(rpc->imm() + 1, rpc->payload());
+  });
   auto t = CreateTcpTransport(Config());
   ASSERT_TRUE(t.ok());
   target_ = std::move(*t);
-  target_->set_rpc_handler([&](std::unique_ptr<IncomingRpc> rpc) {
-    {
-      std::lock_guard lock(mu);
-      pending.push_back(std::move(rpc));
-    }
-    cv.notify_one();
-  });
+  target_->set_rpc_handler(replier.handler());
   ASSERT_OK(target_->start());
+  // Stopped before the worker goes away, even on early failure.
+  testing::ScopeExit stop_target{[&] { target_->stop(); }};
   auto r = target_->register_memory(mem_.data(), mem_.size());
   ASSERT_TRUE(r.ok());
   region_ = *r;
-  std::thread replier([&] {
-    std::mt19937 rng(7);
-    std::unique_lock lock(mu);
-    for (;;) {
-      cv.wait(lock, [&] { return done || !pending.empty(); });
-      if (pending.empty() && done) return;
-      auto rpc = std::move(pending.front());
-      pending.erase(pending.begin());
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
-      (void)rpc->reply(rpc->imm() + 1, rpc->payload());
-      rpc.reset();
-      lock.lock();
-    }
-  });
   auto i = CreateTcpTransport(Config());
   ASSERT_TRUE(i.ok());
   initiator_ = std::move(*i);
@@ -503,12 +534,6 @@ TEST_F(TcpTransportTest, WaitWakesForEveryResponseUnderConcurrency) {
     });
   }
   for (auto& th : threads) th.join();
-  {
-    std::lock_guard lock(mu);
-    done = true;
-  }
-  cv.notify_one();
-  replier.join();
   EXPECT_EQ(overslept.load(), 0) << "a wait() missed the response it was waiting for";
   EXPECT_EQ(lost.load(), 0);
   EXPECT_EQ(bad.load(), 0);
@@ -773,44 +798,16 @@ TEST_F(TcpTransportTest, PipelinedRpcsWithLargeRepliesAreThrottled) {
     for (size_t i = 0; i < b.size(); i += 4096) b[i] = static_cast<std::byte>(imm + i / 4096);
     return b;
   };
-  // An RPC worker: the handler (on the NIC thread) only queues the call, as farmemd's does.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::unique_ptr<IncomingRpc>> calls;
-  bool stop = false;
-  std::thread worker([&] {
-    std::unique_lock lock(mu);
-    for (;;) {
-      cv.wait(lock, [&] { return stop || !calls.empty(); });
-      if (calls.empty()) return;
-      auto rpc = std::move(calls.front());
-      calls.pop_front();
-      lock.unlock();
-      (void)rpc->reply(rpc->imm(), reply_bytes(rpc->imm()));
-      lock.lock();
-    }
+  RpcWorker worker([&](std::unique_ptr<IncomingRpc> rpc) {
+    (void)rpc->reply(rpc->imm(), reply_bytes(rpc->imm()));
   });
-  testing::ScopeExit join{[&] {
-    {
-      std::lock_guard lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    worker.join();
-  }};
   mem_ = testing::AlignedBuffer(4096);
   auto t = CreateTcpTransport(Config());
   ASSERT_TRUE(t.ok());
   target_ = std::move(*t);
-  target_->set_rpc_handler([&](std::unique_ptr<IncomingRpc> rpc) {
-    {
-      std::lock_guard lock(mu);
-      calls.push_back(std::move(rpc));
-    }
-    cv.notify_one();
-  });
+  target_->set_rpc_handler(worker.handler());
   ASSERT_OK(target_->start());
-  // Stopped before the worker and the queue it hands calls to are gone, even on early failure.
+  // Stopped before the worker goes away, even on early failure.
   testing::ScopeExit stop_target{[&] { target_->stop(); }};
 
   RawSocket slow = RawSocket::Connect(PortOf(target_->local_address()), 0, 64 << 10);
