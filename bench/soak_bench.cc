@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -674,6 +675,10 @@ class Hostile {
   };
 
   void Loop() {
+    // This thread only (Linux nice is per thread); the killed clients fork from it and inherit it.
+    if (o_.hostile_nice > 0 &&
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), o_.hostile_nice) != 0)
+      stats_.notes.push_back(fmt::format("setpriority: {}", std::strerror(errno)));
     std::mt19937_64 rng(seed_);
     std::vector<Conn> conns;
     std::vector<Child> children;
@@ -812,9 +817,10 @@ class Hostile {
       while (static_cast<int>(children.size()) < o_.killed_clients) {
         int fds[2];
         if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) break;
-        auto pid = Spawn({self_, "bench", "soak-child", "--connect", bootstrap_, "--token", kToken,
-                          "--seed", std::to_string(rng())},
-                         fds[1], -1);
+        auto pid = Spawn(
+            {self_, "bench", "soak-child", "--connect", bootstrap_, "--token", kToken, "--seed",
+             std::to_string(rng()), "--ops-per-second", fmt::format("{}", o_.child_ops_per_second)},
+            fds[1], -1);
         ::close(fds[1]);
         if (!pid.ok()) {
           ::close(fds[0]);
@@ -997,9 +1003,12 @@ int RunSoakBench(SoakBenchOptions o) {
       "{} rounds x (baseline {:.1f} s + hostile {:.1f} s), settle {} ms after each change; "
       "legitimate: {} objects + {} raw ranges, {} coroutines per thread; hostile: {} slow "
       "readers, {} flood connections per port, {} garbage connections/s, {} killed clients at "
-      "once\n",
+      "once ({}); hostile generators at nice {}\n",
       o.rounds, per_round, per_round, kSettle.count(), o.objects, o.raw_ranges, o.inflight,
-      o.slow_readers, o.flood_connections, o.garbage_per_second, o.killed_clients);
+      o.slow_readers, o.flood_connections, o.garbage_per_second, o.killed_clients,
+      o.child_ops_per_second > 0 ? fmt::format("{} loops/s each", o.child_ops_per_second)
+                                 : std::string("unpaced"),
+      o.hostile_nice);
   std::fflush(stdout);
 
   // Client node, object and raw clients.
@@ -1234,7 +1243,9 @@ int RunSoakBench(SoakBenchOptions o) {
                     {"slow_readers", o.slow_readers},
                     {"flood_connections", o.flood_connections},
                     {"garbage_per_second", o.garbage_per_second},
-                    {"killed_clients", o.killed_clients}};
+                    {"killed_clients", o.killed_clients},
+                    {"child_ops_per_second", o.child_ops_per_second},
+                    {"hostile_nice", o.hostile_nice}};
     j["server"] = {{"command", server.args()},
                    {"configuration", "farmemd default flags (only --listen port ephemeral)"}};
     nlohmann::json jr = nlohmann::json::array();
@@ -1312,7 +1323,11 @@ int RunSoakChild(const SoakChildOptions& o) {
   if (!sched.ok()) return 1;
   std::vector<std::byte> buf(16384);
   constexpr size_t kHeld = 32;
-  while (SecondsSince(t0) < o.max_seconds) {
+  for (uint64_t iteration = 0; SecondsSince(t0) < o.max_seconds; ++iteration) {
+    if (o.ops_per_second > 0)
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                   static_cast<double>(iteration) / o.ops_per_second)));
     if (objs.size() < kHeld || rng() % 4 == 0) {
       auto p = (*oc)->alloc(64 + rng() % 960);
       if (p.ok()) {

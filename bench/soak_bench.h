@@ -21,7 +21,14 @@ struct SoakBenchOptions {
   int flood_connections = 300;  // held open per port (bootstrap and data)
   int garbage_per_second = 20;
   int killed_clients = 2;  // child processes alive at once, each SIGKILLed mid-run
-  std::string farmemd;     // binary; "" = next to farmem, else PATH
+  // Loop iterations per second of each killed client (0 = as fast as it can). Paced because a
+  // child at full speed is one more saturating client: its load is fair share, not an attack.
+  double child_ops_per_second = 200;
+  // Nice value of the hostile generator thread and the killed clients (inherited through fork).
+  // Hostile hosts would not share farmemd's CPUs; on a 2-CPU machine at nice 0 the generators'
+  // own CPU is most of what the legitimate clients lose. farmemd's work for them is not niced.
+  int hostile_nice = 19;
+  std::string farmemd;  // binary; "" = next to farmem, else PATH
   std::string json_path = "soak.json";
 };
 
@@ -36,6 +43,7 @@ struct SoakChildOptions {
   std::string token = "farmem";
   uint64_t seed = 1;
   double max_seconds = 30;
+  double ops_per_second = 0;  // loop iterations (an object op and a raw op each); 0 = unpaced
 };
 int RunSoakChild(const SoakChildOptions& options);
 

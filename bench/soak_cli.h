@@ -45,6 +45,14 @@ inline CLI::App* AddSoakBenchCommand(CLI::App& bench, SoakBenchOptions& o) {
                   "hostile: client processes alive at once, each SIGKILLed mid-operation")
       ->capture_default_str()
       ->check(CLI::Range(0, 16));
+  cmd->add_option("--hostile-nice", o.hostile_nice,
+                  "hostile: nice value of the generator thread and killed clients (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 19));
+  cmd->add_option("--child-ops-per-second", o.child_ops_per_second,
+                  "hostile: loop iterations per second of each killed client (0 = unpaced)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--farmemd", o.farmemd, "farmemd binary (default: next to farmem, else PATH)");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
@@ -57,6 +65,7 @@ inline CLI::App* AddSoakChildCommand(CLI::App& bench, SoakChildOptions& o) {
   cmd->add_option("--token", o.token);
   cmd->add_option("--seed", o.seed);
   cmd->add_option("--max-seconds", o.max_seconds);
+  cmd->add_option("--ops-per-second", o.ops_per_second)->check(CLI::Range(0.0, 1e6));
   return cmd;
 }
 
