@@ -462,9 +462,6 @@ TEST_F(BootstrapLimitsTest, NewAddressIsServedWhenIdlePeersFillEverySlot) {
 // Issue 16, finding 3 on the bootstrap port: at the descriptor limit the listener backs off
 // instead of spinning on accept, logs at most once per second, and serves again afterwards.
 TEST_F(BootstrapLimitsTest, AcceptAtDescriptorLimitBacksOffStress) {
-  if (farmem::testing::kSanitizerNeedsFreeDescriptors) {
-    GTEST_SKIP() << "UBSan's vptr check needs free descriptors (see limits_util.h)";
-  }
   ScopedWatchdog wd("AcceptAtDescriptorLimitBacksOffStress", 60s);
   farmem::testing::LogCounter emfile_logs(
       "Too many open files");  // attached before the thread starts

@@ -137,9 +137,6 @@ TEST(MetricsTest, OversizedHeadIsRefusedAndSilentPeerTimesOut) {
 // Issue 16, finding 3, on the metrics port: at the descriptor limit the old loop retried accept
 // at once, forever (a core at 100 %). Now the listener pauses, and serves again afterwards.
 TEST(MetricsTest, AcceptAtDescriptorLimitBacksOffStress) {
-  if (farmem::testing::kSanitizerNeedsFreeDescriptors) {
-    GTEST_SKIP() << "UBSan's vptr check needs free descriptors (see limits_util.h)";
-  }
   farmem::testing::LogCounter emfile_logs("Too many open files");
   auto server = MetricsHttpServer::Start("127.0.0.1", 0, [] { return std::string("up 1\n"); });
   ASSERT_TRUE(server.ok()) << server.status().ToString();

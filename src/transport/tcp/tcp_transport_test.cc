@@ -885,9 +885,6 @@ TEST_F(TcpTransportTest, ConnectionsBeyondPerAddressAndTotalLimitsAreRefused) {
 // core at 100 %, millions of log lines). Now it stops polling the listener, backing off, logs at
 // most once per second, keeps serving open connections, and accepts again once descriptors free.
 TEST_F(TcpTransportTest, AcceptAtDescriptorLimitBacksOffAndRecoversStress) {
-  if (farmem::testing::kSanitizerNeedsFreeDescriptors) {
-    GTEST_SKIP() << "UBSan's vptr check needs free descriptors (see limits_util.h)";
-  }
   // Attached before the transports' threads start and detached after they stopped (below), so
   // the logger's sink list is never changed while they log.
   testing::LogCounter emfile_logs("Too many open files");

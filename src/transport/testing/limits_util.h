@@ -109,23 +109,6 @@ class LogCounter {
   std::shared_ptr<Sink> sink_;
 };
 
-// Whether this build carries UBSan's vptr check (the ASan+UBSan build). That check probes the
-// memory of a vtable with IsAccessibleMemoryRange, which writes it through a pipe(): with every
-// descriptor in use the pipe fails and UBSan reports a false "invalid vptr" (in fmt, when the code
-// under test logs the EMFILE). Tests that use up the descriptor table skip there; the plain and
-// TSan runs execute them.
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kSanitizerNeedsFreeDescriptors = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kSanitizerNeedsFreeDescriptors = true;
-#else
-inline constexpr bool kSanitizerNeedsFreeDescriptors = false;
-#endif
-#else
-inline constexpr bool kSanitizerNeedsFreeDescriptors = false;
-#endif
-
 // How much more resident memory the same work costs in this build: TSan keeps shadow and
 // meta memory for every page the program touches (several times the page itself), so RSS bounds
 // are scaled by this. The bounds stay far below what the unbounded code used (hundreds of MiB).
