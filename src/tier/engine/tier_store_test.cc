@@ -10,10 +10,14 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "common/copy_epoch.h"
 #include "tier/engine/tier_test_util.h"
 
 namespace farmem::tier {
@@ -354,6 +358,51 @@ TEST(TierStore, PinnedPagesOfADemotedFrameNeverShowTheNextUnit) {
   close(p[0]);
   close(p[1]);
   EXPECT_EQ(got, std::vector<uint8_t>(kPageSize, 'A')) << "a pinned page showed another unit";
+}
+
+// A copy that started before the remap (here: pages pinned into a pipe, read 100 ms later, inside
+// a CopyEpoch like the NIC thread's) is waited for: the demotion returns only after it ended, and
+// the copy gets unit 0's bytes although unit 1 is promoted into the same frame right after.
+TEST(TierStore, DemotionWaitsForACopyThatStartedBeforeTheRemap) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  TierOptions o = SmallOptions(dir.File("tier"), 2, 1);
+  CopyEpoch epoch;
+  o.grace = [&]() -> Status {
+    const CopyEpoch* epochs[] = {&epoch};
+    if (!WaitForCopies(epochs, std::chrono::steady_clock::now() + std::chrono::seconds(5))) {
+      return Status::TimedOut("copy still running");
+    }
+    return Status::OK();
+  };
+  auto s = TierStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  TierStore& t = **s;
+  ASSERT_TRUE(t.Write(0, std::vector<uint8_t>(kUnit, 'A')).ok());
+  ASSERT_TRUE(t.Write(kUnit, std::vector<uint8_t>(kUnit, 'B')).ok());
+  ASSERT_TRUE(t.Promote(0).ok());
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  std::atomic<bool> started{false}, done{false};
+  std::vector<uint8_t> got(kPageSize);
+  std::thread copier([&] {
+    CopyEpoch::Scope copy(epoch);
+    iovec iov{const_cast<uint8_t*>(t.base()), kPageSize};
+    if (vmsplice(p[1], &iov, 1, 0) != static_cast<ssize_t>(kPageSize)) return;
+    started.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (read(p[0], got.data(), got.size()) != static_cast<ssize_t>(kPageSize)) return;
+    done.store(true);
+  });
+  while (!started.load()) std::this_thread::yield();
+  ASSERT_TRUE(t.Demote(0).ok());
+  EXPECT_TRUE(done.load()) << "the demotion returned while a copy that started before the remap "
+                              "was still running";
+  ASSERT_TRUE(t.Promote(1).ok());
+  copier.join();
+  close(p[0]);
+  close(p[1]);
+  EXPECT_EQ(got, std::vector<uint8_t>(kPageSize, 'A'));
 }
 
 TEST(TierStore, RefusesTmpfsBacking) {
