@@ -77,6 +77,21 @@ Result<std::vector<uint64_t>> FindMissingPages(uint64_t offset, std::span<const 
   return mask;
 }
 
+Result<std::vector<uint64_t>> ResidentPagesOf(std::span<const uint64_t> bitmap, uint64_t offset,
+                                              uint64_t len) {
+  if (len == 0) return Status::InvalidArgument("empty range");
+  if (offset + len < offset || (offset + len - 1) / kPageSize >= bitmap.size() * kBitsPerWord) {
+    return Status::InvalidArgument("range runs past the page bitmap");
+  }
+  const uint64_t first = offset / kPageSize;
+  const uint64_t pages = PagesSpanned(offset, len);
+  std::vector<uint64_t> mask(MaskWords(pages), 0);
+  for (uint64_t i = 0; i < pages; ++i) {
+    if (BitmapTest(bitmap, first + i)) mask[BitmapWordOf(i)] |= BitmapMaskOf(i);
+  }
+  return mask;
+}
+
 Status CheckPageMask(uint64_t offset, uint64_t len, std::span<const uint64_t> mask) {
   const uint64_t pages = PagesSpanned(offset, len);
   if (mask.size() != MaskWords(pages)) {

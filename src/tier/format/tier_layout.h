@@ -152,6 +152,12 @@ inline uint64_t LoadWord(const uint8_t* p) {
 Result<std::vector<uint64_t>> FindMissingPages(uint64_t offset, std::span<const uint8_t> data,
                                                uint64_t pattern);
 
+// The page mask of [offset, offset + len) with the bits of the pages `bitmap` marks resident (a
+// reader's "pages worth a one-sided read"; the others it fetches by RPC without reading them).
+// InvalidArgument when len == 0 or the range runs past the bitmap.
+Result<std::vector<uint64_t>> ResidentPagesOf(std::span<const uint64_t> bitmap, uint64_t offset,
+                                              uint64_t len);
+
 // Words of a page mask over `pages` pages.
 constexpr uint64_t MaskWords(uint64_t pages) {
   return BitmapWords(pages);

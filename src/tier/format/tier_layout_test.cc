@@ -164,5 +164,24 @@ TEST(TierLayout, CheckPageMaskRefusesWrongSizesAndBitsPastTheRange) {
   EXPECT_TRUE(CheckPageMask(0, 64 * kPageSize, full).ok());
 }
 
+TEST(TierLayout, ResidentPagesOfShiftsTheBitmapToTheRange) {
+  std::vector<uint64_t> bitmap = {0xF0F0F0F0F0F0F0F0ull, 0x1ull};
+  // [4 pages + 100, +61 pages): pages 4..65 relative 0..61.
+  auto m = ResidentPagesOf(bitmap, 4 * kPageSize + 100, 61 * kPageSize);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->size(), 1u);
+  uint64_t want = 0;
+  for (uint64_t i = 0; i < 62; ++i) {
+    if (BitmapTest(bitmap, 4 + i)) want |= uint64_t{1} << i;
+  }
+  EXPECT_EQ((*m)[0], want);
+  EXPECT_TRUE(CheckPageMask(4 * kPageSize + 100, 61 * kPageSize, *m).ok());
+  EXPECT_EQ(ResidentPagesOf(bitmap, 0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResidentPagesOf(bitmap, 127 * kPageSize, kPageSize + 1).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(ResidentPagesOf(bitmap, ~uint64_t{0} - 5, 10).status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(ResidentPagesOf(bitmap, 127 * kPageSize, kPageSize).ok());
+}
+
 }  // namespace
 }  // namespace farmem::tier
