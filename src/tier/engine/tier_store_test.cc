@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -109,6 +110,20 @@ TEST_P(TierStoreRoundTrip, RandomUnalignedReadsAndWritesAcrossUnits) {
   auto s = TierStore::Open(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(MustRead(**s, 0, model.size()), model);
+  if (o.direct_io) {
+    // O_DIRECT keeps the backing file out of the page cache (<= 1 % of its pages cached).
+    const int fd = open(o.path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    void* m = mmap(nullptr, model.size(), PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    std::vector<unsigned char> vec(model.size() / kPageSize);
+    ASSERT_EQ(mincore(m, model.size(), vec.data()), 0);
+    size_t cached = 0;
+    for (unsigned char c : vec) cached += c & 1;
+    munmap(m, model.size());
+    close(fd);
+    EXPECT_LE(cached * 100, vec.size()) << cached << " of " << vec.size() << " pages cached";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, TierStoreRoundTrip, ::testing::Values(true, false),
