@@ -197,6 +197,38 @@ TEST(TierStore, MappedRangeShowsPatternWhenColdAndDataWhenResident) {
   EXPECT_EQ(MustRead(t, 0, data.size()), data);
 }
 
+// A one-sided copy paused across a remap: the first half of a page is copied from the frame,
+// the unit is demoted (or promoted), the second half is copied. The pattern words in the copy mark
+// the page missing, and the sparse fetch returns the right bytes.
+TEST(TierStore, CopyPausedAcrossARemapIsDetectedAndRefetched) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto s = TierStore::Open(SmallOptions(dir.File("tier"), 2, 1));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  TierStore& t = **s;
+  std::mt19937_64 rng(11);
+  auto data = RandomBytes(rng, 2 * kPageSize);
+  ASSERT_TRUE(t.Write(0, data).ok());
+  for (bool demote : {true, false}) {
+    SCOPED_TRACE(demote ? "demotion" : "promotion");
+    if (demote) {
+      ASSERT_TRUE(t.Promote(0).ok());
+    } else {
+      ASSERT_TRUE(t.Demote(0).ok());
+    }
+    std::vector<uint8_t> copy(2 * kPageSize);
+    const size_t half = kPageSize + kPageSize / 2;  // page 0 whole, page 1 half
+    DirectCopy(t.base(), 0, std::span<uint8_t>(copy.data(), half));
+    ASSERT_TRUE((demote ? t.Demote(0) : t.Promote(0)).ok());
+    DirectCopy(t.base(), half, std::span<uint8_t>(copy.data() + half, copy.size() - half));
+    auto missing = FindMissingPages(0, copy, t.magic_word());
+    ASSERT_TRUE(missing.ok());
+    EXPECT_EQ((*missing)[0], demote ? 0b10u : 0b11u);
+    ASSERT_TRUE(t.ReadPages(0, copy, *missing).ok());
+    EXPECT_EQ(copy, data);
+  }
+}
+
 TEST(TierStore, DataEqualToThePatternZerosAndFfReadBackExactly) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
