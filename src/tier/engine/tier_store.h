@@ -81,6 +81,7 @@ struct TierOptions {
   unsigned io_rings = 2;  // io_uring instances (concurrent file IOs)
 };
 
+// Counters, each read on its own (not one consistent snapshot while promotions run).
 struct TierStats {
   uint64_t capacity = 0;
   uint64_t unit_size = 0;
