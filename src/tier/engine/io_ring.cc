@@ -1,0 +1,107 @@
+// IoRings: synchronous reads and writes through a small pool of io_uring instances (see
+// io_ring.h). Any thread.
+#include "tier/engine/io_ring.h"
+
+#include <liburing.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace farmem::tier {
+
+struct IoRings::Ring {
+  std::mutex mu;
+  struct io_uring ring;
+  bool ready = false;
+};
+
+Result<std::unique_ptr<IoRings>> IoRings::Create(unsigned count, unsigned depth) {
+  if (count == 0 || depth == 0)
+    return Status::InvalidArgument("io ring count and depth must be > 0");
+  std::unique_ptr<IoRings> r(new IoRings());
+  r->rings_ = std::make_unique<Ring[]>(count);
+  r->count_ = count;
+  for (unsigned i = 0; i < count; ++i) {
+    const int rc = io_uring_queue_init(depth, &r->rings_[i].ring, 0);
+    if (rc < 0) {
+      return Status::FromErrno(
+          "io_uring_queue_init (is io_uring disabled? see "
+          "/proc/sys/kernel/io_uring_disabled)",
+          -rc);
+    }
+    r->rings_[i].ready = true;
+  }
+  return r;
+}
+
+IoRings::~IoRings() {
+  for (unsigned i = 0; i < count_; ++i) {
+    if (rings_[i].ready) io_uring_queue_exit(&rings_[i].ring);
+  }
+}
+
+Status IoRings::Read(int fd, void* buf, size_t len, uint64_t off) {
+  return Rw(false, fd, buf, len, off);
+}
+
+Status IoRings::Write(int fd, const void* buf, size_t len, uint64_t off) {
+  return Rw(true, fd, const_cast<void*>(buf), len, off);
+}
+
+Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
+  // A free ring if there is one, else wait for the one this thread hashes to.
+  Ring* ring = nullptr;
+  std::unique_lock<std::mutex> lock;
+  for (unsigned i = 0; i < count_ && ring == nullptr; ++i) {
+    std::unique_lock<std::mutex> l(rings_[i].mu, std::try_to_lock);
+    if (l.owns_lock()) {
+      ring = &rings_[i];
+      lock = std::move(l);
+    }
+  }
+  if (ring == nullptr) {
+    ring = &rings_[std::hash<std::thread::id>()(std::this_thread::get_id()) % count_];
+    lock = std::unique_lock<std::mutex>(ring->mu);
+  }
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t done = 0;
+  while (done < len) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
+    if (sqe == nullptr) return Status::Internal("io_uring submission queue full");
+    // One operation is at most 1 GiB (the kernel caps a read/write at 2 GiB - 4 KiB).
+    const unsigned n = static_cast<unsigned>(std::min<size_t>(len - done, size_t{1} << 30));
+    if (write) {
+      io_uring_prep_write(sqe, fd, p + done, n, off + done);
+    } else {
+      io_uring_prep_read(sqe, fd, p + done, n, off + done);
+    }
+    int rc = io_uring_submit_and_wait(&ring->ring, 1);
+    if (rc < 0 && rc != -EINTR) return Status::FromErrno("io_uring_submit_and_wait", -rc);
+    io_uring_cqe* cqe = nullptr;
+    do {
+      rc = io_uring_wait_cqe(&ring->ring, &cqe);
+    } while (rc == -EINTR);
+    if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", -rc);
+    const int res = cqe->res;
+    io_uring_cqe_seen(&ring->ring, cqe);
+    if (res == -EINTR || res == -EAGAIN) continue;
+    if (res < 0) {
+      return Status::FromErrno(std::string(write ? "tier file write" : "tier file read") +
+                                   " at offset " + std::to_string(off + done),
+                               -res);
+    }
+    if (res == 0) {
+      if (write) return Status::IoError("tier file write made no progress");
+      std::memset(p + done, 0, len - done);  // past the end of the file: zeros
+      return Status::OK();
+    }
+    done += static_cast<size_t>(res);
+  }
+  return Status::OK();
+}
+
+}  // namespace farmem::tier

@@ -1,0 +1,59 @@
+// TeRM hotspot policy (see tier_policy.h): ranking, budget target, uniform rule. Pure; any thread.
+#include "tier/engine/tier_policy.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+namespace farmem::tier {
+
+uint64_t TierPolicy::TargetUnits(uint64_t budget_units, uint32_t fill_percent) {
+  if (budget_units == 0 || fill_percent == 0) return 0;
+  const uint64_t t = budget_units / 100 * fill_percent + budget_units % 100 * fill_percent / 100;
+  return std::max<uint64_t>(t, 1);
+}
+
+Result<TierPolicyDecision> TierPolicy::Decide(const TierPolicyInput& in) {
+  if (in.counts.size() != in.resident.size()) {
+    return Status::InvalidArgument("policy input: " + std::to_string(in.counts.size()) +
+                                   " counts for " + std::to_string(in.resident.size()) + " units");
+  }
+  if (in.fill_percent == 0 || in.fill_percent > 100) {
+    return Status::InvalidArgument("policy fill percent must be in 1..100, got " +
+                                   std::to_string(in.fill_percent));
+  }
+  if (in.counts.size() > (uint64_t{1} << 31)) {
+    return Status::InvalidArgument("policy input has more than 2^31 units");
+  }
+  TierPolicyDecision d;
+  const size_t n = in.counts.size();
+  d.target_units = std::min<uint64_t>(TargetUnits(in.budget_units, in.fill_percent), n);
+  if (n == 0) return d;
+  const uint64_t max = *std::max_element(in.counts.begin(), in.counts.end());
+  if (max == 0) return d;  // nothing was accessed: no information, nothing moves
+  // Average without overflow: sum in 128 bits.
+  unsigned __int128 sum = 0;
+  for (uint64_t c : in.counts) sum += c;
+  // max <= 10 * sum / n  <=>  max * n <= 10 * sum
+  d.uniform = static_cast<unsigned __int128>(max) * n <= sum * kUniformFactor;
+
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  auto hotter = [&](uint32_t a, uint32_t b) {
+    if (d.uniform && in.resident[a] != in.resident[b]) return in.resident[a] > in.resident[b];
+    if (in.counts[a] != in.counts[b]) return in.counts[a] > in.counts[b];
+    if (in.resident[a] != in.resident[b]) return in.resident[a] > in.resident[b];
+    return a < b;
+  };
+  std::sort(order.begin(), order.end(), hotter);
+  for (size_t rank = 0; rank < n; ++rank) {
+    const uint32_t u = order[rank];
+    const bool keep = rank < d.target_units;
+    if (in.resident[u] && !keep) d.demote.push_back(u);
+    if (!in.resident[u] && keep && in.counts[u] > 0) d.promote.push_back(u);
+  }
+  std::reverse(d.demote.begin(), d.demote.end());  // coldest first
+  return d;
+}
+
+}  // namespace farmem::tier
