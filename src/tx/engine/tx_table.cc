@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace farmem::tx {
 
@@ -304,23 +305,12 @@ Result<uint64_t> TxTable::CommitWrite(std::span<const std::byte> key, uint64_t t
   if (f.item.words == nullptr || (Load(f.item, item::kLock) != txid && !advisory)) {
     return Aborted("stale commit", "transaction " + std::to_string(txid) + " holds no lock");
   }
-  const uint64_t vword = Load(f.item, item::kVword);
   if (Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory) {
     // The holder is treated as dead from now on: release (a reservation frees its slot).
-    Begin(f.item);
-    Store(f.item, item::kLock, 0);
-    Store(f.item, item::kLease, 0);
-    End(f.item);
+    Release(f.item);
     return Aborted("stale commit", "lease of transaction " + std::to_string(txid) + " expired");
   }
-  const uint64_t version = VersionOf(vword) + 1;
-  Begin(f.item);
-  Store(f.item, item::kVword, PackVword(version, true));
-  StoreValue(f.item, value);
-  Store(f.item, item::kLock, 0);
-  Store(f.item, item::kLease, 0);
-  End(f.item);
-  return version;
+  return InstallValue(f.item, value);
 }
 
 Status TxTable::CommitRemove(std::span<const std::byte> key, uint64_t txid) {
@@ -338,20 +328,97 @@ Status TxTable::CommitRemove(std::span<const std::byte> key, uint64_t txid) {
   const bool expired =
       Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory;
   if (expired || !LiveOf(vword)) {
-    Begin(f.item);
-    Store(f.item, item::kLock, 0);
-    Store(f.item, item::kLease, 0);
-    End(f.item);
+    Release(f.item);
     if (expired) {
       return Aborted("stale commit", "lease of transaction " + std::to_string(txid) + " expired");
     }
     return Status::NotFound("not found (remove of an insert reservation: dropped it)");
   }
-  Begin(f.item);
-  Store(f.item, item::kVword, PackVword(VersionOf(vword) + 1, false));
-  Store(f.item, item::kLock, 0);
-  Store(f.item, item::kLease, 0);
-  End(f.item);
+  RemoveItem(f.item);
+  return Status::OK();
+}
+
+uint64_t TxTable::InstallValue(const Slot& s, std::span<const std::byte> value) {
+  const uint64_t version = VersionOf(Load(s, item::kVword)) + 1;
+  Begin(s);
+  Store(s, item::kVword, PackVword(version, true));
+  StoreValue(s, value);
+  Store(s, item::kLock, 0);
+  Store(s, item::kLease, 0);
+  End(s);
+  return version;
+}
+
+void TxTable::RemoveItem(const Slot& s) {
+  const uint64_t vword = Load(s, item::kVword);
+  Begin(s);
+  Store(s, item::kVword, PackVword(VersionOf(vword) + 1, false));
+  Store(s, item::kLock, 0);
+  Store(s, item::kLease, 0);
+  End(s);
+}
+
+void TxTable::Release(const Slot& s) {
+  Begin(s);
+  Store(s, item::kLock, 0);
+  Store(s, item::kLease, 0);
+  End(s);
+}
+
+Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
+  if (txid == 0) return Status::InvalidArgument("tx table: transaction id 0");
+  if (writes.size() > kMaxCommitItems) {
+    return Status::InvalidArgument("tx table: commit of " + std::to_string(writes.size()) +
+                                   " items, at most " + std::to_string(kMaxCommitItems));
+  }
+  std::vector<uint32_t> stripes;
+  stripes.reserve(writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    FARMEM_RETURN_IF_ERROR(CheckKey(writes[i].key));
+    if (!writes[i].remove) FARMEM_RETURN_IF_ERROR(CheckValue(writes[i].value));
+    for (size_t j = 0; j < i; ++j) {
+      if (std::memcmp(writes[j].key.data(), writes[i].key.data(), g_.key_size) == 0) {
+        return Status::InvalidArgument("tx table: duplicate key in one commit");
+      }
+    }
+    stripes.push_back(MainBucket(writes[i].key) % stripe_count_);
+  }
+  // Stripes in ascending order, each once: no deadlock with other multi-stripe callers.
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  std::vector<std::unique_lock<std::mutex>> held;
+  held.reserve(stripes.size());
+  for (uint32_t s : stripes) held.emplace_back(stripes_[s]);
+  const uint64_t now = Now();
+  const bool advisory = options_.faults.no_lock_check;
+  std::vector<Slot> slots(writes.size());
+  Status refused = Status::OK();
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const Found f = Search(MainBucket(writes[i].key), writes[i].key, now);
+    slots[i] = f.item;
+    if (f.item.words == nullptr || (Load(f.item, item::kLock) != txid && !advisory)) {
+      refused = Aborted("stale commit", "transaction " + std::to_string(txid) +
+                                            " holds no lock on item " + std::to_string(i));
+    } else if (Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory) {
+      refused = Aborted("stale commit", "lease of transaction " + std::to_string(txid) +
+                                            " expired on item " + std::to_string(i));
+    }
+  }
+  if (!refused.ok()) {
+    for (const Slot& s : slots) {
+      if (s.words != nullptr && Load(s, item::kLock) == txid) Release(s);
+    }
+    return refused;
+  }
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (!writes[i].remove) {
+      InstallValue(slots[i], writes[i].value);
+    } else if (LiveOf(Load(slots[i], item::kVword))) {
+      RemoveItem(slots[i]);
+    } else {
+      Release(slots[i]);  // remove of an insert reservation: drop it
+    }
+  }
   return Status::OK();
 }
 

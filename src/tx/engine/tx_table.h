@@ -126,6 +126,20 @@ class TxTable {
   // "stale commit" rules as CommitWrite.
   Status CommitRemove(std::span<const std::byte> key, uint64_t txid);
 
+  // The per-participant commit: every item of `writes` (distinct keys) must be locked by txid
+  // with a live lease; then all are installed (write: as CommitWrite; remove: as CommitRemove)
+  // under all their stripes at once, so no reader or owner thread sees part of it. If any item
+  // fails the check, nothing is installed, txid's locks on all of them are released and the
+  // result is kAborted "stale commit". kInvalidArgument: duplicate key, bad sizes, txid 0, more
+  // than kMaxCommitItems items.
+  static constexpr size_t kMaxCommitItems = 64;
+  struct TxWrite {
+    std::span<const std::byte> key;
+    bool remove = false;
+    std::span<const std::byte> value;  // write only
+  };
+  Status CommitAll(uint64_t txid, std::span<const TxWrite> writes);
+
   // Abort: releases txid's lock on key (an insert reservation frees its slot). Changes no value
   // and no version. kAborted "not lock holder" when txid does not hold it (lock unchanged),
   // kNotFound when the key has no item.
@@ -173,6 +187,11 @@ class TxTable {
   static uint64_t Load(const Slot& s, uint32_t word);
   bool LockLive(const Slot& s, uint64_t now) const;
   ItemRead ReadItem(const Slot& s, std::span<std::byte> value_out) const;
+  // Changes of a locked item (stripe held): install a value (live, version + 1, unlocked), remove
+  // (not live, version + 1, unlocked), release the lock (nothing else changes).
+  uint64_t InstallValue(const Slot& s, std::span<const std::byte> value);
+  void RemoveItem(const Slot& s);
+  void Release(const Slot& s);
 
   const TxGeometry g_;
   const TxTableOptions options_;

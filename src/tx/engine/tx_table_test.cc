@@ -223,6 +223,57 @@ TEST(TxTable, ValidateChecksVersionAndForeignLocks) {
   EXPECT_EQ(AbortReasonOf(f.t->Validate(K(1), 3, 0)), AbortReason::kValidation);
 }
 
+TEST(TxTable, CommitAllInstallsEveryItemOrNone) {
+  Fixture f;
+  for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(f.t->Insert(K(k), V(k, 32)).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 100, kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 100, kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForInsert(K(4), 100, kLease).ok());
+  const auto k1 = K(1), k2 = K(2), k4 = K(4), v1 = V(11, 32), v4 = V(44, 32);
+  const TxTable::TxWrite dup[] = {{k1, false, v1}, {k1, false, v1}};
+  EXPECT_EQ(f.t->CommitAll(100, dup).code(), Code::kInvalidArgument);
+  const TxTable::TxWrite big[] = {{k1, false, V(1, 40)}};
+  EXPECT_EQ(f.t->CommitAll(100, big).code(), Code::kInvalidArgument);
+  EXPECT_EQ(f.t->CommitAll(0, {}).code(), Code::kInvalidArgument);
+  const TxTable::TxWrite all[] = {{k1, false, v1}, {k2, true, {}}, {k4, false, v4}};
+  ASSERT_TRUE(f.t->CommitAll(100, all).ok());
+  std::vector<std::byte> value(32);
+  auto r1 = f.t->Lookup(K(1), value);
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->version, 2u);
+  EXPECT_EQ(r1->lock_txid, 0u);
+  EXPECT_EQ(Word(value, 0), 11u);
+  EXPECT_EQ(f.t->Lookup(K(2), {}).status().code(), Code::kNotFound);
+  ASSERT_TRUE(f.t->Lookup(K(4), value).ok());
+  EXPECT_EQ(Word(value, 0), 44u);
+  EXPECT_EQ(f.t->Stats().locked_items, 0u);
+}
+
+TEST(TxTable, CommitAllWithOneStaleItemInstallsNothingAndReleasesTheLocks) {
+  Fixture f;
+  for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(f.t->Insert(K(k), V(k, 32)).ok());
+  // Item 1 locked with a short lease, item 2 with a long one; item 3 never locked.
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 100, kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 100, 10 * kLease, {}).ok());
+  f.clock.ns += kLease + 1;
+  const auto k1 = K(1), k2 = K(2), k3 = K(3), v = V(9, 32);
+  const TxTable::TxWrite two[] = {{k1, false, v}, {k2, false, v}};
+  EXPECT_EQ(AbortReasonOf(f.t->CommitAll(100, two)), AbortReason::kStaleCommit);
+  for (uint64_t k = 1; k <= 2; ++k) {
+    std::vector<std::byte> value(32);
+    auto r = f.t->Lookup(K(k), value);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->version, 1u) << k;
+    EXPECT_EQ(r->lock_txid, 0u) << k;
+    EXPECT_EQ(Word(value, 0), k);
+  }
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 200, kLease, {}).ok());
+  const TxTable::TxWrite not_held[] = {{k2, false, v}, {k3, false, v}};
+  EXPECT_EQ(AbortReasonOf(f.t->CommitAll(200, not_held)), AbortReason::kStaleCommit);
+  EXPECT_EQ(f.t->Lookup(K(2), {})->version, 1u);
+  EXPECT_EQ(f.t->Lookup(K(2), {})->lock_txid, 0u);
+}
+
 TEST(TxTable, UnlockLeavesNoTraceAndRefusesNonHolders) {
   Fixture f;
   auto off = f.t->Insert(K(1), V(5, 32));
