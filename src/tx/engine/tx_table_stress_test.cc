@@ -90,6 +90,7 @@ TEST(TxStress, BankTransfersWithOneSidedReadersAndAudits) {
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> transfers{0}, aborts_locked{0}, aborts_funds{0};
   std::atomic<uint64_t> copies_accepted{0}, torn_accepted{0}, copies_refused{0};
+  std::atomic<uint64_t> unordered_torn_without_recheck{0};
   std::atomic<uint64_t> audits_committed{0}, audits_aborted{0}, audit_violations{0};
   std::atomic<uint64_t> rpc_audits_committed{0};
   std::atomic<uint64_t> errors{0};
@@ -140,10 +141,39 @@ TEST(TxStress, BankTransfersWithOneSidedReadersAndAudits) {
     }
   };
 
-  // Copies random buckets (ordered word copy, like the TCP NIC thread) and checks every slot.
+  // Copies random buckets (ordered word copy, like the TCP NIC thread) and checks every slot;
+  // every other round plays an unordered transport instead: seq word, the item's words in
+  // another order (ends first), seq word again, checked with the seqlock recheck.
   auto reader_thread = [&](uint64_t id) {
     std::mt19937_64 rng(id);
+    uint64_t round = 0;
+    std::vector<std::byte> item(ItemBytes(g));
     while (!stop.load(std::memory_order_relaxed)) {
+      if (++round % 2 == 0) {
+        const std::byte* at = t.region() + offsets[rng() % kAccounts];
+        SeqlockRecheck rc;
+        rc.before = LoadWord(at);
+        // Both ends first, then the middle (as glibc memcpy does for medium sizes), each word
+        // atomic: a copy that a seq == tail check alone does not protect.
+        const uint64_t words = ItemWords(g);
+        OrderedCopy(at, item.data(), 8);
+        OrderedCopy(at + (words - 1) * 8, item.data() + (words - 1) * 8, 8);
+        for (uint64_t w = 1; w + 1 < words; ++w) OrderedCopy(at + w * 8, item.data() + w * 8, 8);
+        rc.after = LoadWord(at);
+        ItemView v;
+        const ItemCheck c = CheckItemCopy(g, item, {}, &rc, &v);
+        if (c == ItemCheck::kOk) {
+          ++copies_accepted;
+          if (!Consistent(v.value)) ++torn_accepted;
+        } else {
+          ++copies_refused;
+        }
+        // The same copy without the recheck: what an unordered copy alone would let through.
+        if (CheckItemCopy(g, item, {}, nullptr, &v) == ItemCheck::kOk && !Consistent(v.value)) {
+          ++unordered_torn_without_recheck;
+        }
+        continue;
+      }
       const uint64_t bucket = rng() % TotalBuckets(g);
       const auto copy = CopyBucket(t, bucket);
       for (uint32_t s = 0; s < g.width; ++s) {
@@ -238,12 +268,13 @@ TEST(TxStress, BankTransfersWithOneSidedReadersAndAudits) {
   std::printf(
       "[ measure  ] transfers %llu, aborted locked %llu / funds %llu; copies accepted %llu, "
       "refused %llu, torn accepted %llu; audits committed %llu one-sided + %llu owner-side, "
-      "aborted %llu, violations %llu\n",
+      "aborted %llu, violations %llu; unordered copies torn without the recheck %llu\n",
       (unsigned long long)transfers.load(), (unsigned long long)aborts_locked.load(),
       (unsigned long long)aborts_funds.load(), (unsigned long long)copies_accepted.load(),
       (unsigned long long)copies_refused.load(), (unsigned long long)torn_accepted.load(),
       (unsigned long long)audits_committed.load(), (unsigned long long)rpc_audits_committed.load(),
-      (unsigned long long)audits_aborted.load(), (unsigned long long)audit_violations.load());
+      (unsigned long long)audits_aborted.load(), (unsigned long long)audit_violations.load(),
+      (unsigned long long)unordered_torn_without_recheck.load());
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_EQ(torn_accepted.load(), 0u) << "a one-sided copy was accepted torn";
   EXPECT_EQ(audit_violations.load(), 0u) << "a committed audit saw a wrong total";

@@ -402,8 +402,10 @@ TEST(TxTable, FullBucketsChainIntoOverflowUntilItRunsOut) {
   uint64_t bucket = 0;
   int hops = 0;
   BucketMatch m;
+  std::vector<std::byte> copy;  // m.view points into it
   for (;;) {
-    m = ParseBucketCopy(g, CopyBucket(*f.t, bucket), K(5));
+    copy = CopyBucket(*f.t, bucket);
+    m = ParseBucketCopy(g, copy, K(5));
     if (m.kind != BucketMatch::kMiss || m.next_bucket == 0) break;
     bucket = m.next_bucket - 1;
     ++hops;
