@@ -165,7 +165,7 @@ void TxTable::Store(const Slot& s, uint32_t word, uint64_t value) {
 void TxTable::StoreValue(const Slot& s, std::span<const std::byte> value) {
   const uint32_t words = g_.value_words();
   const uint32_t first = item::kKey + g_.key_words();
-  const uint32_t hook_at = std::max<uint32_t>(1, words / 2);
+  const uint32_t hook_at = words / 2;
   for (uint32_t w = 0; w < words; ++w) {
     if (w == hook_at && options_.mid_value_hook) options_.mid_value_hook(s.offset);
     uint64_t v = 0;

@@ -53,7 +53,7 @@ struct TxTableOptions {
   // Clock of the leases, in ns. Default: CLOCK_MONOTONIC (steady_clock).
   std::function<uint64_t()> now_ns;
   TxTableFaults faults;
-  // Test-only: called in the middle of storing a value (after half of its words, at least one),
+  // Test-only: called in the middle of storing a value (after half of its words, rounded down),
   // with the item's offset, while the change is in progress and the stripe is held.
   std::function<void(uint64_t item_offset)> mid_value_hook;
 };
