@@ -1,7 +1,8 @@
 // Storm hash-table partition layout (MICA-like, zero-copy), shared by the owner-side engine
 // (src/tx/engine) and, later, clients doing one-sided reads: geometry, key hashing, the item and
-// bucket layout, and the check a reader runs on a copy. Pure functions; the writer protocol is
-// described here and implemented by TxTable. Documented in docs/tx.md ("Layout"); keep in step.
+// bucket layout, and the check a reader runs on a copy. Pure functions, any thread; the writer
+// protocol is described here and implemented by TxTable (owner threads). Documented in docs/tx.md
+// ("Layout"); keep in step.
 //
 // Data structures (all fields are little-endian 64-bit words at 8-aligned offsets, so every word
 // can be loaded and stored as one aligned 64-bit atomic):
