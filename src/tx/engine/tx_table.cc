@@ -301,15 +301,10 @@ Result<uint64_t> TxTable::CommitWrite(std::span<const std::byte> key, uint64_t t
   std::lock_guard lk(StripeOf(mb));
   const uint64_t now = Now();
   const Found f = Search(mb, key, now);
-  const bool advisory = options_.faults.no_lock_check;
-  if (f.item.words == nullptr || (Load(f.item, item::kLock) != txid && !advisory)) {
-    return Aborted("stale commit", "transaction " + std::to_string(txid) + " holds no lock");
-  }
-  if (Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory) {
-    // The holder is treated as dead from now on: release (a reservation frees its slot).
-    Release(f.item);
-    return Aborted("stale commit", "lease of transaction " + std::to_string(txid) + " expired");
-  }
+  const CommitRight right = RightOf(f.item, txid, now);
+  // The holder is treated as dead from now on: release (a reservation frees its slot).
+  if (right == CommitRight::kLeaseRanOut) Release(f.item);
+  if (right != CommitRight::kHeld) return StaleCommit(right, txid, "");
   return InstallValue(f.item, value);
 }
 
@@ -320,22 +315,33 @@ Status TxTable::CommitRemove(std::span<const std::byte> key, uint64_t txid) {
   std::lock_guard lk(StripeOf(mb));
   const uint64_t now = Now();
   const Found f = Search(mb, key, now);
-  const bool advisory = options_.faults.no_lock_check;
-  if (f.item.words == nullptr || (Load(f.item, item::kLock) != txid && !advisory)) {
-    return Aborted("stale commit", "transaction " + std::to_string(txid) + " holds no lock");
-  }
-  const uint64_t vword = Load(f.item, item::kVword);
-  const bool expired =
-      Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory;
-  if (expired || !LiveOf(vword)) {
+  const CommitRight right = RightOf(f.item, txid, now);
+  if (right == CommitRight::kNotHeld) return StaleCommit(right, txid, "");
+  if (right == CommitRight::kLeaseRanOut || !LiveOf(Load(f.item, item::kVword))) {
     Release(f.item);
-    if (expired) {
-      return Aborted("stale commit", "lease of transaction " + std::to_string(txid) + " expired");
-    }
+    if (right == CommitRight::kLeaseRanOut) return StaleCommit(right, txid, "");
     return Status::NotFound("not found (remove of an insert reservation: dropped it)");
   }
   RemoveItem(f.item);
   return Status::OK();
+}
+
+TxTable::CommitRight TxTable::RightOf(const Slot& item, uint64_t txid, uint64_t now) const {
+  const bool advisory = options_.faults.no_lock_check;
+  if (item.words == nullptr || (Load(item, item::kLock) != txid && !advisory)) {
+    return CommitRight::kNotHeld;
+  }
+  if (Load(item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory) {
+    return CommitRight::kLeaseRanOut;
+  }
+  return CommitRight::kHeld;
+}
+
+Status TxTable::StaleCommit(CommitRight right, uint64_t txid, std::string_view where) {
+  const std::string tx = "transaction " + std::to_string(txid);
+  return Aborted("stale commit", right == CommitRight::kNotHeld
+                                     ? tx + " holds no lock" + std::string(where)
+                                     : "lease of " + tx + " expired" + std::string(where));
 }
 
 uint64_t TxTable::InstallValue(const Slot& s, std::span<const std::byte> value) {
@@ -390,18 +396,14 @@ Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
   held.reserve(stripes.size());
   for (uint32_t s : stripes) held.emplace_back(stripes_[s]);
   const uint64_t now = Now();
-  const bool advisory = options_.faults.no_lock_check;
   std::vector<Slot> slots(writes.size());
   Status refused = Status::OK();
   for (size_t i = 0; i < writes.size(); ++i) {
     const Found f = Search(MainBucket(writes[i].key), writes[i].key, now);
     slots[i] = f.item;
-    if (f.item.words == nullptr || (Load(f.item, item::kLock) != txid && !advisory)) {
-      refused = Aborted("stale commit", "transaction " + std::to_string(txid) +
-                                            " holds no lock on item " + std::to_string(i));
-    } else if (Load(f.item, item::kLease) <= now && !options_.faults.no_lease_check && !advisory) {
-      refused = Aborted("stale commit", "lease of transaction " + std::to_string(txid) +
-                                            " expired on item " + std::to_string(i));
+    const CommitRight right = RightOf(f.item, txid, now);
+    if (right != CommitRight::kHeld) {
+      refused = StaleCommit(right, txid, " on item " + std::to_string(i));
     }
   }
   if (!refused.ok()) {

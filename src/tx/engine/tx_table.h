@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 
 #include "farmem/status.h"
 #include "tx/format/tx_layout.h"
@@ -170,6 +171,11 @@ class TxTable {
   };
 
   uint64_t Now() const;
+  // Whether `txid` may commit to `item` now (stripe held): it holds the lock, and its lease has
+  // not run out. StaleCommit is the refusal ("stale commit: ..."; `where` names a batch item).
+  enum class CommitRight : uint8_t { kHeld, kNotHeld, kLeaseRanOut };
+  CommitRight RightOf(const Slot& item, uint64_t txid, uint64_t now) const;
+  static Status StaleCommit(CommitRight right, uint64_t txid, std::string_view where);
   std::mutex& StripeOf(uint32_t bucket) { return stripes_[bucket % stripe_count_]; }
   Status CheckKey(std::span<const std::byte> key) const;
   Status CheckValue(std::span<const std::byte> value) const;
