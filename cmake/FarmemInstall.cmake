@@ -28,6 +28,7 @@ set(FARMEM_INSTALLED_LIBS
     farmem_objects_engine
     farmem_objects_client
     farmem_objects_format
+    farmem_channels
     farmem_node
     farmem_transport
     farmem_transport_fabric

@@ -1,0 +1,258 @@
+// The channels built on Channel endpoints: OwnedBytes (single-writer register with checksummed
+// copies), AtomicVar (a word at its home) and Barrier (episode rows in a sub-channel). A handle is
+// used by one thread at a time; the owner's copy of an OwnedBytes is also read by the transport's
+// progress thread (pulls) and by other local threads (loads), with 8-byte atomic accesses.
+//
+// OwnedBytes copy layout (every member's slice): word 0 = seq (0 = never stored), words 1..n =
+// the value padded to words, word n+1 = checksum of (seq, value words). Pushes overwrite a reader's
+// copy with one transport write; a reader that sees a copy half old, half new finds the checksum
+// wrong and reads again.
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "channels/manager_impl.h"
+
+namespace farmem::channels {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+uint64_t Checksum(uint64_t seq, const uint64_t* words, size_t n) {
+  uint64_t h = seq * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= words[i];
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+  }
+  return h | 1;  // never 0, so a zeroed copy never checks
+}
+
+uint64_t LoadWord(const std::byte* p) {
+  return std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(p))
+      .load(std::memory_order_acquire);
+}
+void StoreWord(std::byte* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p)).store(v, std::memory_order_release);
+}
+}  // namespace
+
+// ---- OwnedBytes --------------------------------------------------------------------------------
+
+Result<OwnedBytes> OwnedBytes::Open(ChannelThread& thread, std::string name, NodeId owner,
+                                    std::vector<NodeId> members, size_t size) {
+  if (size == 0) return Status::InvalidArgument("owned var: size 0");
+  bool owner_member = false;
+  for (NodeId m : members) owner_member |= m == owner;
+  if (!owner_member) return Status::InvalidArgument("owned var: owner is not a member");
+  OwnedBytes v;
+  v.owner_ = owner;
+  v.size_ = size;
+  v.words_ = (size + 7) / 8;
+  auto ch = Channel::Open(thread, std::move(name), std::move(members), 8 * (v.words_ + 2));
+  if (!ch.ok()) return ch.status();
+  v.ch_ = std::move(*ch);
+  return v;
+}
+
+Status OwnedBytes::store(const void* value) {
+  if (ch_.members().empty()) return Status::FailedPrecondition("owned var: not open");
+  // Only the owner node writes its copy (one thread at a time: single writer).
+  std::vector<uint64_t> words(words_, 0);
+  std::memcpy(words.data(), value, size_);
+  seq_++;
+  std::byte* slot = ch_.local_slice();
+  StoreWord(slot, seq_);
+  for (size_t i = 0; i < words_; i++) StoreWord(slot + 8 * (i + 1), words[i]);
+  StoreWord(slot + 8 * (words_ + 1), Checksum(seq_, words.data(), words_));
+  return Status::OK();
+}
+
+Result<AckKey> OwnedBytes::push(ChannelThread& thread) {
+  if (thread.manager().self() != owner_) {
+    return Status::FailedPrecondition("owned var '" + ch_.name() + "': only the owner pushes");
+  }
+  std::vector<uint64_t> copy(words_ + 2);
+  for (size_t i = 0; i < copy.size(); i++) copy[i] = LoadWord(ch_.local_slice() + 8 * i);
+  AckKey all;
+  for (NodeId m : ch_.members()) {
+    if (m == owner_) continue;
+    auto off = ch_.slice_offset(m);
+    if (!off.ok()) return off.status();
+    auto key = thread.write(m, *off, copy.data(), copy.size() * 8);
+    if (!key.ok()) return key.status();
+    all |= *key;
+  }
+  return all;
+}
+
+Status OwnedBytes::decode(const uint64_t* copy, void* out, bool* ok) const {
+  *ok = true;
+  if (copy[0] == 0) {
+    std::memset(out, 0, size_);
+    return Status::OK();
+  }
+  if (!g_owned_checksum_disabled.load(std::memory_order_relaxed) &&
+      copy[words_ + 1] != Checksum(copy[0], copy + 1, words_)) {
+    *ok = false;
+    return Status::OK();
+  }
+  std::memcpy(out, copy + 1, size_);
+  return Status::OK();
+}
+
+Status OwnedBytes::load(ChannelThread& thread, void* out) {
+  std::vector<uint64_t> copy(words_ + 2);
+  const auto deadline = Clock::now() + thread.manager().impl().op_timeout();
+  const NodeId self = thread.manager().self();
+  for (;;) {
+    if (self == owner_) {
+      for (size_t i = 0; i < copy.size(); i++) copy[i] = LoadWord(ch_.local_slice() + 8 * i);
+    } else {
+      // The cache is written by the transport on behalf of the owner's pushes: read it through
+      // the transport too, so the copy never races with the transport's own (non-atomic) writes.
+      Status st = thread.read_sync(self, *ch_.slice_offset(self), copy.data(), copy.size() * 8);
+      if (!st.ok()) return st;
+    }
+    bool ok = false;
+    Status st = decode(copy.data(), out, &ok);
+    if (!st.ok() || ok) return st;
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("owned var '" + ch_.name() + "': copy kept failing its checksum");
+    }
+  }
+}
+
+Status OwnedBytes::pull(ChannelThread& thread, void* out) {
+  auto off = ch_.slice_offset(owner_);
+  if (!off.ok()) return off.status();
+  std::vector<uint64_t> copy(words_ + 2);
+  const auto deadline = Clock::now() + thread.manager().impl().op_timeout();
+  for (;;) {
+    Status st = thread.read_sync(owner_, *off, copy.data(), copy.size() * 8);
+    if (!st.ok()) return st;
+    bool ok = false;
+    st = decode(copy.data(), out, &ok);
+    if (!st.ok() || ok) return st;
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("owned var '" + ch_.name() + "': copy kept failing its checksum");
+    }
+  }
+}
+
+// ---- AtomicVar ---------------------------------------------------------------------------------
+
+Result<AtomicVar> AtomicVar::Open(ChannelThread& thread, std::string name, NodeId home,
+                                  std::vector<NodeId> members) {
+  bool home_member = false;
+  for (NodeId m : members) home_member |= m == home;
+  if (!home_member) return Status::InvalidArgument("atomic var: home is not a member");
+  AtomicVar v;
+  v.home_ = home;
+  auto ch = Channel::Open(thread, std::move(name), std::move(members), 8);
+  if (!ch.ok()) return ch.status();
+  v.ch_ = std::move(*ch);
+  return v;
+}
+
+Result<AckKey> AtomicVar::fetch_add_async(ChannelThread& thread, uint64_t add,
+                                          uint64_t* old_value) {
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  return thread.fetch_add(home_, *off, add, old_value);
+}
+
+Result<uint64_t> AtomicVar::fetch_add(ChannelThread& thread, uint64_t add) {
+  uint64_t old = 0;
+  auto key = fetch_add_async(thread, add, &old);
+  if (!key.ok()) return key.status();
+  Status st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
+  if (!st.ok()) return st;
+  return old;
+}
+
+Result<uint64_t> AtomicVar::compare_swap(ChannelThread& thread, uint64_t expected,
+                                         uint64_t desired) {
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  uint64_t old = 0;
+  auto key = thread.compare_swap(home_, *off, expected, desired, &old);
+  if (!key.ok()) return key.status();
+  Status st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
+  if (!st.ok()) return st;
+  return old;
+}
+
+Result<uint64_t> AtomicVar::load(ChannelThread& thread) {
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  uint64_t v = 0;
+  Status st = thread.read_sync(home_, *off, &v, 8);
+  if (!st.ok()) return st;
+  return v;
+}
+
+// ---- Barrier -----------------------------------------------------------------------------------
+
+Result<Barrier> Barrier::Open(ChannelThread& thread, std::string name,
+                              std::vector<NodeId> members) {
+  Barrier b;
+  auto ch = Channel::Open(thread, std::move(name), std::move(members), 8);
+  if (!ch.ok()) return ch.status();
+  b.ch_ = std::move(*ch);
+  auto sst = b.ch_.Sub(thread, "sst", 8 * b.ch_.members().size());
+  if (!sst.ok()) return sst.status();
+  b.sst_ = std::move(*sst);
+  return b;
+}
+
+Status Barrier::arrive_and_wait(ChannelThread& thread, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const auto& members = sst_.members();
+  const NodeId self = thread.manager().self();
+  size_t me = 0;
+  while (members[me] != self) me++;
+  // Release: whatever this thread wrote through channels before is placed before we arrive.
+  Status st = thread.fence_thread(timeout);
+  if (!st.ok()) return st;
+  episode_++;
+  AckKey all;
+  for (NodeId m : members) {
+    auto off = sst_.slice_offset(m);
+    if (!off.ok()) return off.status();
+    auto key = thread.write(m, *off + 8 * me, &episode_, 8);
+    if (!key.ok()) {
+      return key.status().WithContext("barrier '" + ch_.name() + "' episode " +
+                                      std::to_string(episode_));
+    }
+    all |= *key;
+  }
+  st = thread.wait(
+      all,
+      std::max(std::chrono::milliseconds(1),
+               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
+  if (!st.ok()) {
+    return st.WithContext("barrier '" + ch_.name() + "' episode " + std::to_string(episode_));
+  }
+  if (g_barrier_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
+  std::vector<uint64_t> rows(members.size());
+  const uint64_t own = *sst_.slice_offset(self);
+  for (;;) {
+    // Rows are written by the transport (peers' arrivals): read them through it as well.
+    st = thread.read_sync(self, own, rows.data(), rows.size() * 8);
+    if (!st.ok()) return st;
+    std::string missing;
+    for (size_t i = 0; i < members.size(); i++) {
+      if (rows[i] < episode_) missing += (missing.empty() ? "" : ",") + std::to_string(members[i]);
+    }
+    if (missing.empty()) return Status::OK();
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("barrier '" + ch_.name() + "' episode " + std::to_string(episode_) +
+                              ": nodes " + missing + " did not arrive within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace farmem::channels

@@ -1,0 +1,89 @@
+// Internals of the channel manager shared by manager.cc (Manager, ChannelThread, Channel) and
+// channels.cc (OwnedBytes, AtomicVar, Barrier). Touched by application threads (opening
+// endpoints, waiting for readiness) and by RPC worker threads (JOIN handler), under Impl::mu.
+//
+// Data structures:
+//  - Impl::region: this node's channel region (one registered, exported memory range), handed out
+//    by a bump allocator in 64-byte aligned slices, one per endpoint (never freed).
+//  - Impl::endpoints: channel name -> Endpoint {members, local slice, member -> slice offset}.
+//  - Impl::pending: joins that arrived before the endpoint existed: name -> sender -> slice, with a
+//    deadline (early_join_ttl); consumed when the endpoint opens, dropped once expired.
+//  - Impl::peers: NodeId -> transport PeerId and the peer's channel region key (after connect()).
+//  - Impl::threads: every ChannelThread's published {issued, low_water} op ids (global fences).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "farmem/channels.h"
+
+namespace farmem::channels {
+namespace detail {
+
+struct Endpoint {
+  Manager::Impl* mgr = nullptr;
+  std::string name;
+  std::vector<NodeId> members;  // sorted
+  size_t slice_bytes = 0;
+  uint64_t offset = 0;  // in this node's region
+  std::byte* local = nullptr;
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  std::map<NodeId, uint64_t> remote;  // member -> slice offset at that member (self included)
+  bool is_member(NodeId n) const;
+  void set_remote(NodeId n, uint64_t off);
+};
+
+// One ChannelThread's published progress, read by fence_global on other threads. Op ids are
+// increasing per thread; issued = next id to hand out; low_water = smallest id not complete.
+struct ThreadShared {
+  std::atomic<uint64_t> issued{1};
+  std::atomic<uint64_t> low_water{1};
+};
+
+}  // namespace detail
+
+struct Manager::Impl {
+  struct PeerSlot {
+    PeerId peer = kInvalidPeer;
+    RegionKey key = 0;
+  };
+  struct Pending {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  Node* node = nullptr;
+  ManagerConfig config;
+  std::unique_ptr<uint64_t[]> region;
+  size_t region_bytes = 0;
+
+  std::mutex mu;
+  uint64_t bump = 0;
+  std::map<std::string, std::shared_ptr<detail::Endpoint>> endpoints;
+  std::map<std::string, std::map<NodeId, Pending>> pending;
+  std::map<NodeId, PeerSlot> peers;
+  std::vector<std::weak_ptr<detail::ThreadShared>> threads;
+
+  std::byte* base() { return reinterpret_cast<std::byte*>(region.get()); }
+  Result<PeerSlot> peer(NodeId n);
+  Result<std::shared_ptr<detail::Endpoint>> open_endpoint(const std::string& name,
+                                                          std::vector<NodeId> members,
+                                                          size_t slice_bytes);
+  Status handle_join(const RpcCall& call, std::vector<std::byte>& reply);
+  std::chrono::milliseconds op_timeout() const { return node->config().transport.op_timeout; }
+};
+
+// Test hooks (channels.h, namespace testing).
+extern std::atomic<bool> g_owned_checksum_disabled;
+extern std::atomic<bool> g_barrier_wait_disabled;
+
+}  // namespace farmem::channels
