@@ -447,6 +447,14 @@ TEST_P(ChannelsTest, StoppedParticipantGivesErrorsWithinTimeout) {
   for (auto& b : bars) ASSERT_TRUE(b.wait_ready(5s).ok());
   for (auto& a : atoms) ASSERT_TRUE(a.wait_ready(5s).ok());
   ASSERT_TRUE(atoms[0].fetch_add(*M(1).thr, 1).ok());
+  // Node 3 is alive but does not arrive: the others time out naming it.
+  {
+    std::thread other([&] { EXPECT_FALSE(bars[1].arrive_and_wait(*M(2).thr, 300ms).ok()); });
+    Status late = bars[0].arrive_and_wait(*M(1).thr, 300ms);
+    other.join();
+    EXPECT_EQ(late.code(), Code::kTimedOut);
+    EXPECT_NE(late.ToString().find("nodes 3 did not arrive"), std::string::npos) << late.ToString();
+  }
   // Node 3 goes away.
   M(3).thr.reset();
   M(3).node->stop();
