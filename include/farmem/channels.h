@@ -272,7 +272,29 @@ class Barrier {
   uint64_t episode_ = 0;
 };
 
+// FIFO lock across nodes and local threads: words {next_ticket, now_serving} at the home node.
+// lock(): t = FAA(next_ticket, 1), then poll now_serving until it equals t (backoff proportional
+// to the distance). unlock(): a thread fence (the caller's channel writes are placed), then
+// FAA(now_serving, 1). Every thread takes its own ticket, so local threads queue like remote
+// ones (no local handover). A lock() that times out keeps its ticket: later tickets are never
+// served after it (no leases; docs/channels.md). Copy the handle for each thread.
+class TicketLock {
+ public:
+  static Result<TicketLock> Open(ChannelThread& thread, std::string name, NodeId home,
+                                 std::vector<NodeId> members);
+  Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
+  // On OK, *ticket (if given) is the ticket granted (grants are in ticket order).
+  Status lock(ChannelThread& thread, std::chrono::milliseconds timeout, uint64_t* ticket = nullptr);
+  Status unlock(ChannelThread& thread, std::chrono::milliseconds timeout);
+
+ private:
+  Channel ch_;
+  NodeId home_ = 0;
+};
+
 namespace testing {
+// TEST ONLY: TicketLock::lock takes a ticket but does not wait for its turn.
+void SetLockWaitDisabled(bool disabled);
 // TEST ONLY: accept owned-variable copies without checking their checksum (shows torn values).
 void SetOwnedChecksumDisabled(bool disabled);
 // TEST ONLY: Barrier::arrive_and_wait publishes its arrival but does not wait for the others.

@@ -1,5 +1,6 @@
 // The channels built on Channel endpoints: OwnedBytes (single-writer register with checksummed
-// copies), AtomicVar (a word at its home) and Barrier (episode rows in a sub-channel). A handle is
+// copies), AtomicVar (a word at its home), Barrier (episode rows in a sub-channel) and TicketLock
+// ({next_ticket, now_serving} at its home). A handle is
 // used by one thread at a time; the owner's copy of an OwnedBytes is also read by the transport's
 // progress thread (pulls) and by other local threads (loads), with 8-byte atomic accesses.
 //
@@ -7,6 +8,7 @@
 // the value padded to words, word n+1 = checksum of (seq, value words). Pushes overwrite a reader's
 // copy with one transport write; a reader that sees a copy half old, half new finds the checksum
 // wrong and reads again.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -253,6 +255,64 @@ Status Barrier::arrive_and_wait(ChannelThread& thread, std::chrono::milliseconds
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+// ---- TicketLock --------------------------------------------------------------------------------
+
+Result<TicketLock> TicketLock::Open(ChannelThread& thread, std::string name, NodeId home,
+                                    std::vector<NodeId> members) {
+  bool home_member = false;
+  for (NodeId m : members) home_member |= m == home;
+  if (!home_member) return Status::InvalidArgument("ticket lock: home is not a member");
+  TicketLock l;
+  l.home_ = home;
+  auto ch = Channel::Open(thread, std::move(name), std::move(members), 16);
+  if (!ch.ok()) return ch.status();
+  l.ch_ = std::move(*ch);
+  return l;
+}
+
+Status TicketLock::lock(ChannelThread& thread, std::chrono::milliseconds timeout,
+                        uint64_t* ticket) {
+  const auto deadline = Clock::now() + timeout;
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
+  uint64_t t = 0;
+  auto key = thread.fetch_add(home_, *off, 1, &t);
+  if (!key.ok()) return key.status();
+  Status st = thread.wait(*key, op_wait);
+  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+  if (ticket != nullptr) *ticket = t;
+  if (g_lock_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
+  for (;;) {
+    uint64_t serving = 0;
+    st = thread.read_sync(home_, *off + 8, &serving, 8);
+    if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+    if (serving == t) return Status::OK();
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("ticket lock '" + ch_.name() + "': ticket " + std::to_string(t) +
+                              " not served within " + std::to_string(timeout.count()) +
+                              " ms (now serving " + std::to_string(serving) + ")");
+    }
+    // Proportional backoff: each holder ahead costs at least a round trip.
+    const uint64_t ahead = t > serving ? t - serving : 1;
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min<uint64_t>(ahead * 5, 200)));
+  }
+}
+
+Status TicketLock::unlock(ChannelThread& thread, std::chrono::milliseconds timeout) {
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  // Release: the critical section's channel writes are placed before the next holder is served.
+  Status st = thread.fence_thread(timeout);
+  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "' release fence");
+  uint64_t old = 0;
+  auto key = thread.fetch_add(home_, *off + 8, 1, &old);
+  if (!key.ok()) return key.status();
+  st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
+  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+  return Status::OK();
 }
 
 }  // namespace farmem::channels

@@ -3,10 +3,12 @@
 // atomic_var and barrier under concurrency, and a stopped participant. Each test drives one
 // ChannelThread per OS thread. FARMEM_CHANNELS_FAULT=checksum|barrier_wait|fence removes one
 // protection so the matching test shows it failing (docs/channels.md, "Tests").
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -427,6 +429,64 @@ TEST_P(ChannelsTest, BarrierEpisodesStress) {
   EXPECT_EQ(stale.load(), 0) << "data written before the barrier not visible after it";
 }
 
+// Mutual exclusion (a non-atomic remote read-increment-write inside the lock ends exact, an
+// occupancy count stays 1) and FIFO (grants come in ticket order), 2 threads on each of 3 nodes.
+TEST_P(ChannelsTest, TicketLockExcludesAndIsFifoConcurrent) {
+  START_ALL_OR_SKIP();
+  if (Fault("lock_wait")) testing::SetLockWaitDisabled(true);
+  std::vector<TicketLock> locks;
+  std::vector<Channel> data;
+  for (NodeId n = 1; n <= 3; n++) {
+    auto l = TicketLock::Open(*M(n).thr, "lock", 1, {1, 2, 3});
+    auto d = Channel::Open(*M(n).thr, "lock-data", {1, 2, 3}, 8);
+    ASSERT_TRUE(l.ok() && d.ok());
+    locks.push_back(*l);
+    data.push_back(*d);
+  }
+  for (auto& l : locks) ASSERT_TRUE(l.wait_ready(5s).ok());
+  for (auto& d : data) ASSERT_TRUE(d.wait_ready(5s).ok());
+  constexpr int kThreads = 2, kOps = 100;
+  std::atomic<int> inside{0}, overlaps{0};
+  std::mutex grants_mu;
+  std::vector<uint64_t> grants;
+  std::vector<std::thread> ts;
+  for (NodeId n = 1; n <= 3; n++) {
+    for (int t = 0; t < kThreads; t++) {
+      ts.emplace_back([&, n] {
+        auto thr = M(n).mgr->make_thread();
+        ASSERT_TRUE(thr.ok());
+        TicketLock l = locks[n - 1];
+        const uint64_t off = *data[n - 1].slice_offset(2);
+        for (int i = 0; i < kOps; i++) {
+          uint64_t ticket = 0;
+          Status st = l.lock(**thr, 10s, &ticket);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          if (inside.fetch_add(1) != 0) overlaps++;
+          {
+            std::lock_guard g(grants_mu);
+            grants.push_back(ticket);
+          }
+          uint64_t v = 0;
+          ASSERT_TRUE((*thr)->read_sync(2, off, &v, 8).ok());
+          v++;
+          ASSERT_TRUE((*thr)->write(2, off, &v, 8).ok());  // placed by unlock's fence
+          inside.fetch_sub(1);
+          ASSERT_TRUE(l.unlock(**thr, 5s).ok());
+        }
+      });
+    }
+  }
+  for (auto& t : ts) t.join();
+  testing::SetLockWaitDisabled(false);
+  uint64_t total = 0;
+  ASSERT_TRUE(M(1).thr->read_sync(2, *data[0].slice_offset(2), &total, 8).ok());
+  EXPECT_EQ(overlaps.load(), 0) << "two holders at once";
+  EXPECT_EQ(total, uint64_t{3 * kThreads * kOps}) << "lost updates inside the lock";
+  size_t out_of_order = 0;
+  for (size_t i = 0; i < grants.size(); i++) out_of_order += grants[i] != i;
+  EXPECT_EQ(out_of_order, 0u) << "grants not in ticket order";
+}
+
 TEST_P(ChannelsTest, StoppedParticipantGivesErrorsWithinTimeout) {
   for (NodeId id = 1; id <= kNodes; id++) {
     if (!StartMember(id, 1000ms)) {
@@ -447,6 +507,12 @@ TEST_P(ChannelsTest, StoppedParticipantGivesErrorsWithinTimeout) {
   for (auto& b : bars) ASSERT_TRUE(b.wait_ready(5s).ok());
   for (auto& a : atoms) ASSERT_TRUE(a.wait_ready(5s).ok());
   ASSERT_TRUE(atoms[0].fetch_add(*M(1).thr, 1).ok());
+  // A lock homed at node 1, taken by node 3 before it goes away.
+  auto lock1 = TicketLock::Open(*M(1).thr, "dead/lock", 1, {1, 3});
+  auto lock3 = TicketLock::Open(*M(3).thr, "dead/lock", 1, {1, 3});
+  ASSERT_TRUE(lock1.ok() && lock3.ok());
+  ASSERT_TRUE(lock3->wait_ready(5s).ok());
+  ASSERT_TRUE(lock3->lock(*M(3).thr, 5s).ok());
   // Node 3 is alive but does not arrive: the others time out naming it.
   {
     std::thread other([&] { EXPECT_FALSE(bars[1].arrive_and_wait(*M(2).thr, 300ms).ok()); });
@@ -477,6 +543,10 @@ TEST_P(ChannelsTest, StoppedParticipantGivesErrorsWithinTimeout) {
   // Atomic homed at the dead node: error within op_timeout (1 s) + 1 s.
   st = timed([&] { return atoms[0].fetch_add(*M(1).thr, 1).status(); }, 2500ms);
   std::printf("atomic at a stopped home: %s\n", st.ToString().c_str());
+  // The lock's holder is gone: acquiring errors at the deadline.
+  st = timed([&] { return lock1->lock(*M(1).thr, 500ms); }, 1500ms);
+  EXPECT_EQ(st.code(), Code::kTimedOut);
+  std::printf("lock held by a stopped node: %s\n", st.ToString().c_str());
   // A new channel with the dead node: wait_ready errors at its deadline.
   auto ch = Channel::Open(*M(1).thr, "dead/new", {1, 3}, 8);
   ASSERT_TRUE(ch.ok());

@@ -15,10 +15,14 @@ using Clock = std::chrono::steady_clock;
 
 std::atomic<bool> g_owned_checksum_disabled{false};
 std::atomic<bool> g_barrier_wait_disabled{false};
+std::atomic<bool> g_lock_wait_disabled{false};
 
 namespace testing {
 void SetOwnedChecksumDisabled(bool disabled) {
   g_owned_checksum_disabled.store(disabled);
+}
+void SetLockWaitDisabled(bool disabled) {
+  g_lock_wait_disabled.store(disabled);
 }
 void SetBarrierWaitDisabled(bool disabled) {
   g_barrier_wait_disabled.store(disabled);

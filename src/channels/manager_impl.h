@@ -85,5 +85,6 @@ struct Manager::Impl {
 // Test hooks (channels.h, namespace testing).
 extern std::atomic<bool> g_owned_checksum_disabled;
 extern std::atomic<bool> g_barrier_wait_disabled;
+extern std::atomic<bool> g_lock_wait_disabled;
 
 }  // namespace farmem::channels
