@@ -298,6 +298,26 @@ TEST_P(ChannelsTest, OwnedVarNeverTornStress) {
       }
     }
   };
+  // Reader handles are copied before the writer starts (the writer's handle holds its seq).
+  std::vector<OwnedVar<Big>> reader_vars = vars;
+  std::vector<std::thread> readers;
+  for (NodeId n = 1; n <= 3; n++) {
+    readers.emplace_back([&, n] {
+      auto thr = M(n).mgr->make_thread();
+      ASSERT_TRUE(thr.ok());
+      OwnedVar<Big>& v = reader_vars[n - 1];
+      while (!stop.load()) {
+        auto l = v.load(**thr);
+        ASSERT_TRUE(l.ok()) << l.status().ToString();
+        check(*l);
+        if (n != 1) {
+          auto p = v.pull(**thr);
+          ASSERT_TRUE(p.ok()) << p.status().ToString();
+          check(*p);
+        }
+      }
+    });
+  }
   std::thread writer([&] {
     Big b{};
     for (uint64_t i = 1; !stop.load(); i++) {
@@ -311,24 +331,6 @@ TEST_P(ChannelsTest, OwnedVarNeverTornStress) {
     }
     ASSERT_TRUE(M(1).thr->fence_thread(5s).ok());
   });
-  std::vector<std::thread> readers;
-  for (NodeId n = 1; n <= 3; n++) {
-    readers.emplace_back([&, n] {
-      auto thr = M(n).mgr->make_thread();
-      ASSERT_TRUE(thr.ok());
-      OwnedVar<Big> v = vars[n - 1];
-      while (!stop.load()) {
-        auto l = v.load(**thr);
-        ASSERT_TRUE(l.ok()) << l.status().ToString();
-        check(*l);
-        if (n != 1) {
-          auto p = v.pull(**thr);
-          ASSERT_TRUE(p.ok()) << p.status().ToString();
-          check(*p);
-        }
-      }
-    });
-  }
   std::this_thread::sleep_for(1500ms);
   stop = true;
   writer.join();
