@@ -1,8 +1,9 @@
 // Channels across three in-process nodes on each backend (native TCP, fabric shm): joins before
 // and after a peer's endpoint, subset channels, ack keys, the fence litmus test, owned_var,
-// atomic_var and barrier under concurrency, and a stopped participant. Each test drives one
-// ChannelThread per OS thread. FARMEM_CHANNELS_FAULT=checksum|barrier_wait|fence removes one
-// protection so the matching test shows it failing (docs/channels.md, "Tests").
+// atomic_var, barrier and ticket lock under concurrency, and a stopped participant. Each test
+// drives one ChannelThread per OS thread.
+// FARMEM_CHANNELS_FAULT=checksum|barrier_wait|fence|lock_wait removes one protection so the
+// matching test shows it failing (docs/channels.md, "Tests").
 #include <algorithm>
 #include <atomic>
 #include <chrono>
