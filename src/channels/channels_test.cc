@@ -256,6 +256,58 @@ TEST_P(ChannelsTest, FenceLitmusMessagePassing) {
   EXPECT_EQ(violations, 0) << "flag seen without its data";
 }
 
+// What the real transport gives without any fence (docs/transport.md, "Ordering between
+// operations"): native TCP places one thread's writes to one peer in posting order, so a reader
+// that reads the flag and then the data never sees the data older than the flag. Nothing is
+// promised on libfabric (FI_ORDER_NONE), so there the test only runs the fenced litmus above.
+TEST_P(ChannelsTest, NativeTcpPlacesOneThreadsWritesInOrderConcurrent) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "no write order promised on " << GetParam();
+  START_ALL_OR_SKIP();
+  auto a = Channel::Open(*M(1).thr, "order", {1, 2}, 16);
+  auto b = Channel::Open(*M(2).thr, "order", {1, 2}, 16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->wait_ready(5s).ok());
+  const uint64_t off = *a->slice_offset(2);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> checks{0}, inversions{0};
+  std::thread reader([&] {
+    auto thr = M(2).mgr->make_thread();
+    ASSERT_TRUE(thr.ok());
+    while (!stop.load()) {
+      uint64_t flag = 0, data = 0;
+      ASSERT_TRUE((*thr)->read_sync(2, off + 8, &flag, 8).ok());
+      ASSERT_TRUE((*thr)->read_sync(2, off, &data, 8).ok());
+      checks++;
+      if (data < flag) inversions++;
+    }
+  });
+  auto& w = *M(1).thr;
+  const bool swap = Fault("swap");
+  for (uint64_t r = 1; r <= (swap ? 2000u : 20000u); r++) {
+    // FARMEM_CHANNELS_FAULT=swap posts the flag first and lets it land before the data (the
+    // checker's own control: it must then see inversions).
+    const uint64_t first = swap ? 8 : 0;
+    ASSERT_TRUE(w.write(2, off + first, &r, 8).ok());  // data (no fence)
+    if (swap) {
+      ASSERT_TRUE(w.fence_thread(5s).ok());
+      std::this_thread::sleep_for(20us);
+    }
+    ASSERT_TRUE(w.write(2, off + (8 - first), &r, 8).ok());  // flag
+    if (r % 32 == 0) {
+      ASSERT_TRUE(w.fence_thread(5s).ok());  // bound the ops in flight, not an ordering step
+    }
+  }
+  ASSERT_TRUE(w.fence_thread(5s).ok());
+  stop = true;
+  reader.join();
+  std::printf("order checks: %llu, inversions: %llu\n",
+              static_cast<unsigned long long>(checks.load()),
+              static_cast<unsigned long long>(inversions.load()));
+  EXPECT_GT(checks.load(), 10u);
+  EXPECT_EQ(inversions.load(), 0u)
+      << "flag newer than data on native TCP, " << checks.load() << " checks";
+}
+
 TEST_P(ChannelsTest, GlobalFenceWaitsForOtherThreadsAndTimesOut) {
   START_ALL_OR_SKIP();
   auto a = Channel::Open(*M(1).thr, "gf", {1, 2}, 8);
