@@ -123,7 +123,10 @@ class ChannelThread {
 // Per-process channel manager over a started Node and a static participant list.
 class Manager {
  public:
-  // Registers the channel RPCs and exports the channel region: call before node.start().
+  // Registers the channel RPCs and exports the channel region: call before node.start(). The
+  // node's JOIN handler points at the manager: stop the node before destroying the manager, and
+  // destroy the manager (it unexports its region) before the node. ChannelThreads and channel
+  // handles must not outlive it.
   static Result<std::unique_ptr<Manager>> Create(Node& node, ManagerConfig config);
   ~Manager();
 

@@ -68,7 +68,10 @@ void Endpoint::set_remote(NodeId n, uint64_t off) {
 // ---- Manager -----------------------------------------------------------------------------------
 
 Manager::Manager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Manager::~Manager() = default;
+Manager::~Manager() {
+  // Peers must not reach the region once it is freed.
+  (void)impl_->node->unexport_region(kRegionName);
+}
 NodeId Manager::self() const {
   return impl_->config.self;
 }
