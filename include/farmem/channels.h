@@ -1,7 +1,6 @@
-// Channels (LOCO, docs/channels.md): named shared objects whose state spans nodes, built on a Node.
-// A Manager is shared by all threads of a process; each OS thread using channels owns one
-// ChannelThread (its transport Context, its ack keys, its fences). Channel handles are used by one
-// thread at a time, passing that thread's ChannelThread.
+// Channels (LOCO, docs/channels.md): named objects whose state spans nodes, built on a Node. One
+// Manager serves all threads of a process; each OS thread owns one ChannelThread (Context, ack
+// keys, fences); a channel handle is used by one thread at a time, with its ChannelThread.
 #pragma once
 
 #include <atomic>

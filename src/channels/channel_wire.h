@@ -1,7 +1,6 @@
-// Wire format of the channel control messages (RPCs in kChannelOpcodes), shared by the sender (a
-// ChannelThread opening an endpoint) and the receiver (the Manager's handler on an RPC worker).
-// Layout: fixed little-endian header followed by the channel name bytes; documented in
-// docs/channels.md ("Wire").
+// Wire format of the channel control messages (RPCs in kChannelOpcodes; docs/channels.md, "Wire"):
+// built by a ChannelThread opening an endpoint, parsed by the Manager's JOIN handler, which runs
+// inline on the transport's progress thread. Fixed little-endian header, then the name bytes.
 #pragma once
 
 #include <cstddef>

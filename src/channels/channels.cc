@@ -1,9 +1,9 @@
-// The channels built on Channel endpoints: OwnedBytes (single-writer register with checksummed
-// copies), AtomicVar (a word at its home), Barrier (episode rows in a sub-channel) and TicketLock
-// ({next_ticket, now_serving} at its home). A handle is
+// The channels built on Channel endpoints: OwnedBytes, AtomicVar, Barrier, TicketLock. A handle is
 // used by one thread at a time; the owner's copy of an OwnedBytes is also read by the transport's
 // progress thread (pulls) and by other local threads (loads), with 8-byte atomic accesses.
 //
+// AtomicVar: one word in its home's slice. Barrier: sub-channel "<name>/sst", one u64 row per
+// member on every member. TicketLock: {next_ticket, now_serving} in its home's 16-byte slice.
 // OwnedBytes copy layout (every member's slice): word 0 = seq (0 = never stored), words 1..n =
 // the value padded to words, word n+1 = checksum of (seq, value words). Pushes overwrite a reader's
 // copy with one transport write; a reader that sees a copy half old, half new finds the checksum

@@ -1,9 +1,6 @@
-// Channels across three in-process nodes on each backend (native TCP, fabric shm): joins before
-// and after a peer's endpoint, subset channels, ack keys, the fence litmus test, owned_var,
-// atomic_var, barrier and ticket lock under concurrency, and a stopped participant. Each test
-// drives one ChannelThread per OS thread.
-// FARMEM_CHANNELS_FAULT=checksum|barrier_wait|fence|lock_wait removes one protection so the
-// matching test shows it failing (docs/channels.md, "Tests").
+// Channels across three in-process nodes on native TCP and fabric shm: joins, subsets, ack keys,
+// fences, owned/atomic vars, barrier, ticket lock, a stopped node; one ChannelThread per OS thread.
+// FARMEM_CHANNELS_FAULT=checksum|barrier_wait|fence|lock_wait|swap: one check fails (channels.md).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,7 @@
 // Manager (participants, region, JOIN handling), ChannelThread (ops, ack keys, fences) and Channel
-// (endpoints and joins). Manager state is touched by application threads and RPC workers under
-// Impl::mu; a ChannelThread only by its own thread (plus the atomics fence_global reads).
+// (endpoints and joins). Manager state is touched by application threads and the progress thread
+// (JOIN) under Impl::mu; a ChannelThread only by its own thread (plus the atomics fence_global
+// reads).
 #include <algorithm>
 #include <cstring>
 #include <string>

@@ -1,6 +1,6 @@
 // Internals of the channel manager shared by manager.cc (Manager, ChannelThread, Channel) and
-// channels.cc (OwnedBytes, AtomicVar, Barrier). Touched by application threads (opening
-// endpoints, waiting for readiness) and by RPC worker threads (JOIN handler), under Impl::mu.
+// channels.cc (OwnedBytes, AtomicVar, Barrier, TicketLock). Touched by application threads (opening
+// endpoints, waiting for readiness) and the progress thread (inline JOIN handler), under Impl::mu.
 //
 // Data structures:
 //  - Impl::region: this node's channel region (one registered, exported memory range), handed out
