@@ -1,7 +1,6 @@
-// Manager (participants, region, JOIN handling), ChannelThread (ops, ack keys, fences) and Channel
-// (endpoints and joins). Manager state is touched by application threads and the progress thread
-// (JOIN) under Impl::mu; a ChannelThread only by its own thread (plus the atomics fence_global
-// reads).
+// Manager (participants, region, JOIN), ChannelThread (ops, ack keys, fences), Channel (endpoints,
+// joins). Manager state: application threads and the progress thread (JOIN) under Impl::mu; a
+// ChannelThread: its own thread only (fence_global of other threads reads its atomics).
 #include <algorithm>
 #include <cstring>
 #include <string>
