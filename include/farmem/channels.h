@@ -294,13 +294,4 @@ class TicketLock {
   NodeId home_ = 0;
 };
 
-namespace testing {
-// TEST ONLY: TicketLock::lock takes a ticket but does not wait for its turn.
-void SetLockWaitDisabled(bool disabled);
-// TEST ONLY: accept owned-variable copies without checking their checksum (shows torn values).
-void SetOwnedChecksumDisabled(bool disabled);
-// TEST ONLY: Barrier::arrive_and_wait publishes its arrival but does not wait for the others.
-void SetBarrierWaitDisabled(bool disabled);
-}  // namespace testing
-
 }  // namespace farmem::channels

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "channels/channels_faults.h"
 #include "channels/manager_impl.h"
 
 namespace farmem::channels {

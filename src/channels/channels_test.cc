@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "channels/channels_faults.h"
 #include "farmem/channels.h"
 #include "node/node_test_util.h"
 

@@ -1,0 +1,17 @@
+// Test-only switches that remove one protection each from the channels, so the tests can show
+// they catch its absence (docs/channels.md, "Tests"). Never set outside tests; the library
+// reads them on the calling threads (relaxed atomics).
+#pragma once
+
+namespace farmem::channels {
+
+namespace testing {
+// TEST ONLY: TicketLock::lock takes a ticket but does not wait for its turn.
+void SetLockWaitDisabled(bool disabled);
+// TEST ONLY: accept owned-variable copies without checking their checksum (shows torn values).
+void SetOwnedChecksumDisabled(bool disabled);
+// TEST ONLY: Barrier::arrive_and_wait publishes its arrival but does not wait for the others.
+void SetBarrierWaitDisabled(bool disabled);
+}  // namespace testing
+
+}  // namespace farmem::channels
