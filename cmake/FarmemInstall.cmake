@@ -18,17 +18,22 @@ endif()
 # The libraries of the public API, each before the ones it depends on (the link order of
 # farmem.pc). The server half (service, pools, objects engine/service, server) is there so a
 # program can embed a MemoryServer like `farmem demo` does; farmem_bench (hiredis) is not.
-# farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend).
+# farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend);
+# the tier engine (farmemd's tiered region) brings liburing.
 set(FARMEM_INSTALLED_LIBS
     farmem_server
     farmem_cluster
     farmem_objects_service
+    farmem_tier_service
     farmem_pools
     farmem_service
     farmem_objects_engine
+    farmem_tier_engine
     farmem_objects_client
+    farmem_tier_client
     farmem_objects_format
     farmem_channels
+    farmem_tier_format
     farmem_node
     farmem_transport
     farmem_transport_fabric

@@ -47,6 +47,23 @@ struct SessionsConfig {
   uint32_t ttl_max_seconds = 60;  // 1..3600: longest lease granted (--session-ttl-max)
 };
 
+// The ablation ladder of the tiered region (docs/tier.md "Modes"): what the service and its
+// clients do, from every read by RPC to one-sided reads with counters and the page bitmap.
+enum class TierMode : uint8_t { kRpc, kRpcDirect, kTiering, kHotspot, kFull };
+
+// A TeRM tiered region (docs/tier.md): `capacity_bytes` of memory backed by `file`, at most
+// `dram_bytes` of it resident. The service runs only when `file` is set (--tier-file).
+struct TierConfig {
+  std::string file;             // backing file (not on tmpfs); empty = no tier service
+  uint64_t capacity_bytes = 0;  // --tier-capacity-mib
+  uint64_t dram_bytes = 0;      // --tier-dram-mib (the exact DRAM budget)
+  uint32_t unit_kib = 64;       // --tier-unit-kib: promotion granule, power of two
+  uint32_t period_ms = 1000;    // --tier-period-ms: hotspot period, bitmap pulls, counters
+  uint32_t fill_percent = 85;   // --tier-fill-pct: share of the budget a period fills
+  bool direct_io = true;        // --tier-direct-io on|off (rpc / rpc-direct override it)
+  TierMode mode = TierMode::kFull;
+};
+
 struct ServerConfig {
   NodeConfig node;
   // Services to run, by name, in start order; empty = every service this build contains
@@ -60,6 +77,7 @@ struct ServerConfig {
   // separate from the raw pools' memory_bytes.
   ObjectsConfig objects;
   SessionsConfig sessions;
+  TierConfig tier;
 };
 
 // Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.

@@ -1,9 +1,13 @@
 // `farmem demo`: a guided tour of the raw memory service — alloc, one-sided write/read, CAS,
 // 16 FAAs in flight on coroutines, STAT, free, double free — then of the object store (alloc,
-// write, direct_read, free 75 %, compact, read_any with pointer correction), each step checked
-// and timed. Runs against an embedded in-process farmemd — which first joins an in-process
-// control plane (memory://demo) where the client finds it — or running ones given with --connect
-// or found in a cluster with --cluster.
+// write, direct_read, free 75 %, compact, read_any with pointer correction), then of a tiered
+// region twice its DRAM budget (write it all, read it back, read a hot part until it is promoted),
+// each step checked and timed. Runs against an embedded in-process farmemd — which first joins an
+// in-process control plane (memory://demo) where the client finds it — or running ones given with
+// --connect or found in a cluster with --cluster.
+#include <sys/statfs.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -22,6 +26,7 @@
 #include "farmem/cluster.h"
 #include "farmem/objects.h"
 #include "farmem/server.h"
+#include "farmem/tier.h"
 
 namespace farmem::cli {
 namespace {
@@ -472,9 +477,105 @@ class ClusterDemo {
 
 }  // namespace
 
+// The tiered part (TeRM): an 8 MiB region with a 4 MiB DRAM budget. Writes it all and reads it
+// back (most of it comes from the file), then reads the first 2 MiB for a few periods until the
+// hotspot periods promote it and the reads turn into one-sided hits. A server without a tiered
+// region (no --tier-file) is reported and skipped.
+bool RunTierSteps(Node& node, const std::string& address) {
+  StepLog log;
+  std::printf("tier against %s\n", address.c_str());
+  auto t0 = Clock::now();
+  auto connected = TieredClient::Connect(node, address);
+  if (!connected.ok()) {
+    std::printf("  tier: not served here (%s)\n", connected.status().ToString().c_str());
+    return true;
+  }
+  TieredClient& tc = **connected;
+  const TierRegionInfo& info = tc.info();
+  log.Report("tier connect", true, MicrosSince(t0),
+             FormatBytes(info.capacity) + " in " + std::to_string(info.unit_count) + " units of " +
+                 FormatBytes(info.unit_size) + ", mode " + info.mode +
+                 (info.one_sided ? ", one-sided reads" : ", RPC reads"));
+  const uint64_t size = std::min<uint64_t>(info.capacity, 8ull << 20);
+  const auto word_at = [](uint64_t off) { return off * 0x9E3779B97F4A7C15ull + 1; };
+  std::vector<uint64_t> chunk(TieredClient::kMaxIoBytes / 8);
+  t0 = Clock::now();
+  Status st;
+  for (uint64_t at = 0; at < size && st.ok(); at += TieredClient::kMaxIoBytes) {
+    const uint64_t n = std::min<uint64_t>(TieredClient::kMaxIoBytes, size - at);
+    for (uint64_t i = 0; i < n / 8; ++i) chunk[i] = word_at(at + i * 8);
+    st = tc.write(at, std::as_bytes(std::span(chunk).first(n / 8)));
+  }
+  log.Report("tier write", st.ok(), MicrosSince(t0),
+             st.ok() ? FormatBytes(size) + " in 1 MiB writes" : st.ToString());
+  t0 = Clock::now();
+  uint64_t bad = 0;
+  for (uint64_t at = 0; at < size && st.ok(); at += TieredClient::kMaxIoBytes) {
+    const uint64_t n = std::min<uint64_t>(TieredClient::kMaxIoBytes, size - at);
+    st = tc.read(at, std::as_writable_bytes(std::span(chunk).first(n / 8)));
+    for (uint64_t i = 0; st.ok() && i < n / 8; ++i) bad += chunk[i] != word_at(at + i * 8);
+  }
+  log.Report("tier read back", st.ok() && bad == 0, MicrosSince(t0),
+             st.ok() ? std::to_string(bad) + " wrong words" : st.ToString());
+  // Hot part: the first quarter of the region (or 2 MiB), read again and again.
+  const uint64_t hot = std::min<uint64_t>(size / 4, 2ull << 20);
+  const TieredClientStats before = tc.stats();
+  t0 = Clock::now();
+  const auto period = std::chrono::milliseconds(std::max<uint32_t>(info.period_ms, 1));
+  const auto until = Clock::now() + 4 * period + std::chrono::milliseconds(200);
+  uint64_t rounds = 0;
+  while (st.ok() && bad == 0 && Clock::now() < until) {
+    for (uint64_t at = 0; at < hot && st.ok(); at += 64 << 10) {
+      st = tc.read(at, std::as_writable_bytes(std::span(chunk).first((64 << 10) / 8)));
+      for (uint64_t i = 0; st.ok() && i < (64 << 10) / 8; ++i)
+        bad += chunk[i] != word_at(at + i * 8);
+    }
+    ++rounds;
+  }
+  const TieredClientStats after = tc.stats();
+  log.Report("tier hot reads", st.ok() && bad == 0, MicrosSince(t0),
+             std::to_string(rounds) + " passes over " + FormatBytes(hot) + ": " +
+                 std::to_string(after.one_sided_hits - before.one_sided_hits) +
+                 " one-sided page hits, " + std::to_string(after.rpc_reads - before.rpc_reads) +
+                 " TIER_READs, " + std::to_string(bad) + " wrong words");
+  auto raw = RawClient::Connect(node, address);
+  if (raw.ok()) {
+    auto json = (*raw)->stats_json();
+    if (json.ok()) {
+      auto doc = nlohmann::json::parse(*json, nullptr, false);
+      if (doc.is_object() && doc.contains("tier") && doc["tier"].is_object()) {
+        const auto& t = doc["tier"];
+        std::printf(
+            "  tier STAT: %s resident of %s budget, %s promotions, %s demotions, "
+            "%s write-backs, file read %s written %s\n",
+            t.value("resident_units", nlohmann::json(0)).dump().c_str(),
+            t.value("budget_units", nlohmann::json(0)).dump().c_str(),
+            t.value("promotions", nlohmann::json(0)).dump().c_str(),
+            t.value("demotions", nlohmann::json(0)).dump().c_str(),
+            t.value("writebacks", nlohmann::json(0)).dump().c_str(),
+            FormatBytes(t.value("io_read_bytes", uint64_t{0})).c_str(),
+            FormatBytes(t.value("io_write_bytes", uint64_t{0})).c_str());
+      }
+    }
+  }
+  std::printf("  tier: %d/%d checks passed\n", log.passed(), log.passed() + log.failed());
+  return log.failed() == 0;
+}
+
+// A directory for the embedded server's tier file: /var/tmp when /tmp is tmpfs (refused).
+std::string TierDemoFile() {
+  const char* root = "/tmp";
+  struct statfs st;
+  if (statfs(root, &st) == 0 && static_cast<unsigned long>(st.f_type) == 0x01021994) {
+    root = "/var/tmp";
+  }
+  return std::string(root) + "/farmem-demo-tier-" + std::to_string(getpid()) + ".data";
+}
+
 int RunDemo(const DemoOptions& options) {
   InitLogging();
   std::unique_ptr<MemoryServer> server;
+  std::string tier_file;
   ClusterDemo cluster_demo;
   bool all_ok = true;
   std::vector<std::string> targets = options.connect;
@@ -504,10 +605,17 @@ int RunDemo(const DemoOptions& options) {
     sc.node.transport.provider = options.client.provider;
     sc.node.transport.listen_host = "127.0.0.1";
     sc.node.transport.cluster_token = options.client.token;
+    // A tiered region twice its DRAM budget (the tier part); the file is removed at the end.
+    tier_file = TierDemoFile();
+    sc.tier.file = tier_file;
+    sc.tier.capacity_bytes = 8ull << 20;
+    sc.tier.dram_bytes = 4ull << 20;
+    sc.tier.period_ms = 200;
     auto created = MemoryServer::Create(sc);
     Status st = created.ok() ? (*created)->start() : created.status();
     if (!st.ok()) {
       std::fprintf(stderr, "farmem demo: error: embedded server: %s\n", st.ToString().c_str());
+      unlink(tier_file.c_str());
       return 1;
     }
     server = std::move(*created);
@@ -535,6 +643,7 @@ int RunDemo(const DemoOptions& options) {
                 (*node)->transport().name().c_str());
     all_ok = RunSteps(**node, target) && all_ok;
     all_ok = RunObjectSteps(**node, target) && all_ok;
+    all_ok = RunTierSteps(**node, target) && all_ok;
   }
   if (server) {
     std::printf("cluster (memory://demo), continued\n");
@@ -542,6 +651,8 @@ int RunDemo(const DemoOptions& options) {
   }
   (*node)->stop();
   if (server) server->stop();
+  server.reset();
+  if (!tier_file.empty()) unlink(tier_file.c_str());
   std::printf("demo %s\n", all_ok ? "passed" : "FAILED");
   return all_ok ? 0 : 1;
 }

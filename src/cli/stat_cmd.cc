@@ -1,5 +1,6 @@
 // `farmem stat ADDR [--json]` (or `--cluster URL [MEMBER]`): fetch a farmemd's STAT document and
-// print it as a table (or raw JSON), including the object store's and the cluster's sections. The
+// print it as a table (or raw JSON), including the object store's, the tiered region's and the
+// cluster's sections. The
 // formatter tolerates missing keys so older/newer servers still print.
 #include <cstdio>
 #include <string>
@@ -95,6 +96,35 @@ std::string FormatSessionsSection(const nlohmann::json& s) {
       U(x, "objects_freed_total"), FormatBytes(U(x, "raw_bytes_freed_total")));
 }
 
+// The STAT "tier" section (docs/tier.md "STAT"): residency against the exact DRAM budget, what
+// the hotspot periods moved, file IO and where server-side reads were served. Empty without it.
+std::string FormatTierSection(const nlohmann::json& s) {
+  auto it = s.find("tier");
+  if (it == s.end() || !it->is_object()) return "";
+  const nlohmann::json& t = *it;
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json& c = t.contains("config") && t["config"].is_object() ? t["config"] : empty;
+  std::string out = fmt::format("\ntier: {} mode {}, {} in {} unit(s) of {}, period {} ms\n",
+                                S(c, "file"), S(c, "mode"), FormatBytes(U(t, "capacity_bytes")),
+                                U(t, "units"), FormatBytes(U(t, "unit_bytes")), U(c, "period_ms"));
+  out += fmt::format(
+      "      resident {} of {} budget unit(s) ({} of {}, residency {:.1f} %), {} quarantined\n",
+      U(t, "resident_units"), U(t, "budget_units"), FormatBytes(U(t, "resident_bytes")),
+      FormatBytes(U(t, "budget_bytes")), D(t, "residency") * 100, U(t, "quarantined_frames"));
+  out += fmt::format(
+      "      {} promotion(s), {} demotion(s), {} write-back(s), {} period(s), {} counter "
+      "push(es)\n",
+      U(t, "promotions"), U(t, "demotions"), U(t, "writebacks"), U(t, "periods"),
+      U(t, "counter_pushes"));
+  out += fmt::format(
+      "      file IO: read {}, written {}; RPC reads from DRAM {} / file {} ({} / {}), RPC "
+      "writes {}\n",
+      FormatBytes(U(t, "io_read_bytes")), FormatBytes(U(t, "io_write_bytes")), U(t, "reads_dram"),
+      U(t, "reads_file"), FormatBytes(U(t, "read_bytes_dram")),
+      FormatBytes(U(t, "read_bytes_file")), U(t, "rpc_writes"));
+  return out;
+}
+
 // The STAT "cluster" section of a farmemd started with --cluster: where it is a member and the
 // control-plane client's counters (whatever keys Cluster::stats_json has, in one line).
 std::string FormatClusterSection(const nlohmann::json& s) {
@@ -183,6 +213,7 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
     }
   }
   out += FormatObjectsSection(s);
+  out += FormatTierSection(s);
   out += FormatClusterSection(s);
   return out;
 }

@@ -27,11 +27,15 @@ std::string BuiltNames() {
 }
 
 // The services `config` selects, in order: its list (or every built one), minus the object
-// store when objects.enabled is false.
+// store when objects.enabled is false and, by default, minus the tiered region when no
+// --tier-file is given (listed by name without one, its validation refuses it).
 std::vector<const ServiceDescriptor*> Selected(const ServerConfig& config) {
   std::vector<const ServiceDescriptor*> out;
   if (config.services.empty()) {
     out = BuiltServices();
+    if (config.tier.file.empty()) {
+      std::erase_if(out, [](const ServiceDescriptor* d) { return d->name == "tier"; });
+    }
   } else {
     for (const std::string& name : config.services) {
       if (const ServiceDescriptor* d = FindService(name)) out.push_back(d);

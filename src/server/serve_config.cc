@@ -1,6 +1,7 @@
 // Flag definitions and config resolution for farmemd / `farmem serve` (kept apart from the run
 // loop so they can be unit-tested without starting a node). Precedence: flags, then the
 // FARMEM_TOKEN environment variable, then the --config JSON file, then defaults.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -56,7 +57,9 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
         "freed at most this long after its last keepalive");
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
-    flags.config.services.push_back(d->name);
+    // The tiered region runs only with --tier-file: ResolveServeConfig adds it to the default
+    // list then (an explicit --services must name it).
+    if (d->name != "tier") flags.config.services.push_back(d->name);
     names += (names.empty() ? "" : ",") + d->name;
   }
   f.add_list("services", &flags.config.services,
@@ -85,6 +88,11 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
     if (const char* env = std::getenv("FARMEM_CLUSTER_PASSWORD")) o.cluster_password = env;
   }
   FARMEM_RETURN_IF_ERROR(f.finish());
+  if (!flags.config.tier.file.empty() && !f.given("services")) {
+    // The default list (or one from the config file) gets the tiered region when a file is set.
+    std::vector<std::string>& list = flags.config.services;
+    if (std::find(list.begin(), list.end(), "tier") == list.end()) list.push_back("tier");
+  }
 
   FARMEM_ASSIGN_OR_RETURN(auto listen, net::ParseHostPort(o.listen));
   if (o.backend != "tcp" && o.backend != "fabric") {

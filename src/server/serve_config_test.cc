@@ -236,6 +236,15 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
   EXPECT_EQ(from_file->services, (std::vector<std::string>{"objects"}));
   unlink(path.c_str());
+  // --tier-file adds the tiered region to the default list, not to an explicit --services.
+  auto tier = Resolve(
+      {"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8", "--tier-dram-mib", "4"});
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ(tier->services, (std::vector<std::string>{"pools", "objects", "tier"}));
+  auto no_tier = Resolve({"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8",
+                          "--tier-dram-mib", "4", "--services", "pools"});
+  ASSERT_TRUE(no_tier.ok()) << no_tier.status().ToString();
+  EXPECT_EQ(no_tier->services, (std::vector<std::string>{"pools"}));
 }
 
 TEST(ServeConfigTest, ParseHostPort) {

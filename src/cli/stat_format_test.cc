@@ -1,0 +1,39 @@
+// Tests of the `farmem stat` table's tier section: residency against the budget, promotions,
+// demotions, write-backs and file IO from a STAT "tier" object; absent without one.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+
+namespace farmem::cli {
+namespace {
+
+TEST(StatFormat, TierSectionShowsResidencyBudgetMovesAndIo) {
+  nlohmann::json s = {{"node", "n"}};
+  EXPECT_EQ(FormatStatTable(s, "a:1").find("tier:"), std::string::npos);
+  s["tier"] = {{"config", {{"file", "/var/tmp/t"}, {"mode", "full"}, {"period_ms", 1000u}}},
+               {"capacity_bytes", 8u << 20},
+               {"units", 128u},
+               {"unit_bytes", 64u << 10},
+               {"resident_units", 3u},
+               {"budget_units", 4u},
+               {"resident_bytes", 3u * (64u << 10)},
+               {"budget_bytes", 4u * (64u << 10)},
+               {"residency", 3.0 / 128},
+               {"promotions", 17u},
+               {"demotions", 14u},
+               {"writebacks", 5u},
+               {"io_read_bytes", 2u << 20},
+               {"io_write_bytes", 1u << 20}};
+  const std::string out = FormatStatTable(s, "a:1");
+  EXPECT_NE(out.find("tier: /var/tmp/t mode full, 8.0 MiB in 128 unit(s) of 64.0 KiB"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("resident 3 of 4 budget unit(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("17 promotion(s), 14 demotion(s), 5 write-back(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("file IO: read 2.0 MiB, written 1.0 MiB"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace farmem::cli
