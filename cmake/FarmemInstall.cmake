@@ -23,10 +23,14 @@ set(FARMEM_INSTALLED_LIBS
     farmem_server
     farmem_cluster
     farmem_objects_service
+    farmem_tx_service
+    farmem_tx_engine
+    farmem_tx_format
     farmem_pools
     farmem_service
     farmem_objects_engine
     farmem_objects_client
+    farmem_tx_client
     farmem_objects_format
     farmem_node
     farmem_transport

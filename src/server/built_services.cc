@@ -3,6 +3,7 @@
 
 #include "objects/service/object_service.h"
 #include "pools/pools_service.h"
+#include "tx/service/tx_service.h"
 
 namespace farmem {
 
@@ -10,6 +11,7 @@ const std::vector<const ServiceDescriptor*>& BuiltServices() {
   static const std::vector<const ServiceDescriptor*> services = {
       &PoolsServiceDescriptor(),
       &ObjectsServiceDescriptor(),
+      &TxServiceDescriptor(),
   };
   return services;
 }
