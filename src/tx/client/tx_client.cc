@@ -50,7 +50,7 @@ TxAbortReason TxAbortReasonOf(const Status& st) {
   const std::string_view m = st.message();
   const auto has = [&](std::string_view r) {
     const size_t at = m.find(r);
-    return at != std::string_view::npos && (at == 0 || m.substr(at - 2, 2) == ": ");
+    return at != std::string_view::npos && (at == 0 || (at >= 2 && m.substr(at - 2, 2) == ": "));
   };
   if (has("stale commit")) return TxAbortReason::kStaleCommit;
   if (has("not lock holder")) return TxAbortReason::kStaleCommit;
