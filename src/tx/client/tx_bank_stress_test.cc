@@ -170,7 +170,12 @@ TEST_P(TxBankStress, AuditsSeeTheExactTotal) {
 }
 
 // The protection removed: without read-set validation, audits commit inconsistent snapshots.
+// Native TCP only: on fabric shm an audit (three reads per item) meets a transfer's lock and aborts
+// (NO_WAIT) so often that some runs end with no wrong audit at all (0-4 of ~130 seen), which would
+// make this a flaky test; TxClientE2E.WithoutValidationAnInterleavedAuditCommitsAWrongTotal shows
+// the same failure deterministically on both backends.
 TEST_P(TxBankStress, WithoutValidationAuditsSeeWrongTotals) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "not reliable on fabric shm; see the comment above";
   Outcome out;
   const uint64_t total = Run(true, out);
   EXPECT_EQ(total, kAccounts * kInitial);  // transfers themselves still lock both accounts

@@ -148,6 +148,48 @@ TEST_P(TxClientE2E, AbortsByReason) {
   EXPECT_EQ(locked, 1u);  // the TX_LOCK refusal (the read's was client-side)
 }
 
+// An audit reads account 0, a transfer 0 -> 1 commits (both partitions or one), the audit reads
+// account 1: its snapshot is inconsistent. With validation the audit aborts ("validation"); with
+// TxClientFaults::skip_validation it commits the wrong total.
+TEST_P(TxClientE2E, WithoutValidationAnInterleavedAuditCommitsAWrongTotal) {
+  for (bool skip : {false, true}) {
+    Populate(2, skip ? 2000 : 1000);  // keys 0, 1 (reinserted on the second round)
+    TxClientOptions o;
+    o.faults.skip_validation = skip;
+    auto audit_client = env_->Connect(o);
+    ASSERT_TRUE(audit_client.ok());
+    auto audit = BlockingTx::Create(**audit_client, *env_->node);
+    ASSERT_TRUE(audit.ok());
+    (*audit)->start();
+    auto r0 = (*audit)->read(kv_, Key(0));
+    ASSERT_TRUE(r0.ok());
+    a_->start();
+    auto w0 = a_->write(kv_, Key(0));
+    auto w1 = a_->write(kv_, Key(1));
+    ASSERT_TRUE(w0.ok() && w1.ok());
+    const uint64_t n0 = U64(*w0) - 10, n1 = U64(*w1) + 10;
+    std::memcpy(w0->data(), &n0, 8);
+    std::memcpy(w1->data(), &n1, 8);
+    ASSERT_TRUE(a_->commit().ok());
+    auto r1 = (*audit)->read(kv_, Key(1));
+    ASSERT_TRUE(r1.ok());
+    const uint64_t seen = U64(*r0) + U64(*r1);
+    const uint64_t total = n0 + n1;
+    EXPECT_NE(seen, total);  // the snapshot is inconsistent either way
+    const Status st = (*audit)->commit();
+    if (skip) {
+      EXPECT_TRUE(st.ok()) << "without validation the wrong total commits: " << st.ToString();
+    } else {
+      EXPECT_EQ(TxAbortReasonOf(st), TxAbortReason::kValidation) << st.ToString();
+    }
+    // Remove both for the next round.
+    a_->start();
+    ASSERT_TRUE(a_->remove(kv_, Key(0)).ok());
+    ASSERT_TRUE(a_->remove(kv_, Key(1)).ok());
+    ASSERT_TRUE(a_->commit().ok());
+  }
+}
+
 TEST_P(TxClientE2E, AbortLeavesNoTrace) {
   Populate(4);
   a_->start();
