@@ -25,12 +25,16 @@ set(FARMEM_INSTALLED_LIBS
     farmem_cluster
     farmem_objects_service
     farmem_tier_service
+    farmem_tx_service
+    farmem_tx_engine
+    farmem_tx_format
     farmem_pools
     farmem_service
     farmem_objects_engine
     farmem_tier_engine
     farmem_objects_client
     farmem_tier_client
+    farmem_tx_client
     farmem_objects_format
     farmem_channels
     farmem_tier_format

@@ -64,6 +64,17 @@ struct TierConfig {
   TierMode mode = TierMode::kFull;
 };
 
+// Storm transaction tables served by this farmemd (docs/tx.md "Service"): each entry of `tables`
+// is NAME:KEY_BYTES:VALUE_BYTES:BUCKETS[:WIDTH]; this server holds partition `partition` of
+// `partitions` of every table.
+struct TxConfig {
+  std::vector<std::string> tables;
+  uint32_t partition = 0;
+  uint32_t partitions = 1;
+  uint32_t lease_ms = 50;          // longest lock lease granted; the reaper runs every lease/2
+  uint32_t overflow_percent = 25;  // overflow buckets per table, % of BUCKETS (at least 1)
+};
+
 struct ServerConfig {
   NodeConfig node;
   // Services to run, by name, in start order; empty = every service this build contains
@@ -78,6 +89,7 @@ struct ServerConfig {
   ObjectsConfig objects;
   SessionsConfig sessions;
   TierConfig tier;
+  TxConfig tx;
 };
 
 // Checks `config.objects` against the rest of `config`; InvalidArgument names the bad key.

@@ -4,6 +4,7 @@
 #include "objects/service/object_service.h"
 #include "pools/pools_service.h"
 #include "tier/service/tier_service.h"
+#include "tx/service/tx_service.h"
 
 namespace farmem {
 
@@ -12,6 +13,7 @@ const std::vector<const ServiceDescriptor*>& BuiltServices() {
       &PoolsServiceDescriptor(),
       &ObjectsServiceDescriptor(),
       &TierServiceDescriptor(),
+      &TxServiceDescriptor(),
   };
   return services;
 }

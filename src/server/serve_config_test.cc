@@ -222,7 +222,7 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   unsetenv("FARMEM_TOKEN");
   auto all = Resolve({});
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  EXPECT_EQ(all->services, (std::vector<std::string>{"pools", "objects"}));
+  EXPECT_EQ(all->services, (std::vector<std::string>{"pools", "objects", "tx"}));
   auto pools = Resolve({"--services", "pools"});
   ASSERT_TRUE(pools.ok()) << pools.status().ToString();
   EXPECT_EQ(pools->services, (std::vector<std::string>{"pools"}));

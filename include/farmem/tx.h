@@ -1,0 +1,148 @@
+// Storm transactions over the hash tables of farmemd's tx service (docs/tx.md "Client"): TxClient
+// connects to the servers holding the table partitions; Tx runs one transaction as coroutines on
+// one Scheduler (one thread), BlockingTx wraps it for synchronous callers. A TxClient is shared
+// by any number of threads; a Tx / BlockingTx belongs to one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farmem/coro.h"
+#include "farmem/node.h"
+#include "farmem/status.h"
+
+namespace farmem {
+
+// Why a transaction aborted (TxClientStats::aborts is indexed by it).
+enum class TxAbortReason : uint8_t {
+  kNone = 0,
+  kLocked,       // an item was locked by another transaction (NO_WAIT)
+  kValidation,   // a read-set item changed or got locked before commit
+  kNotFound,     // read / write / remove of a missing key (then abort())
+  kExists,       // insert of a live key
+  kStaleCommit,  // a lock's lease ran out before the commit reached its owner
+  kUser,         // abort() without an earlier failure
+  kOther,        // an error that is not an abort (transport, protocol): the tx was aborted
+};
+inline constexpr size_t kTxAbortReasons = 8;
+const char* TxAbortReasonName(TxAbortReason r);
+// The reason of a kAborted status made by the tx client or service (kNone for other statuses).
+TxAbortReason TxAbortReasonOf(const Status& st);
+
+// How a one-sided copy is checked (docs/transport.md "Copy order of one-sided reads").
+enum class TxReadCheck : uint8_t {
+  kAuto,     // word-ordered on the native TCP backend, seqlock recheck on every other
+  kOrdered,  // one read; accept iff seq even and == tail
+  kSeqlock,  // seq word, item, seq word again (SeqlockRecheck); validation by TX_VALIDATE
+};
+
+// Test-only protocol steps to leave out (docs/tx.md "Tests"). Never set outside tests.
+struct TxClientFaults {
+  bool skip_validation = false;  // commit without validating the read set
+};
+
+struct TxClientOptions {
+  std::chrono::milliseconds lease{2000};  // lock lease asked for (the server caps it)
+  bool one_sided_reads = true;            // false: every read is a TX_LOOKUP RPC (RPC-only)
+  TxReadCheck read_check = TxReadCheck::kAuto;
+  TxClientFaults faults;
+};
+
+struct TxClientStats {
+  uint64_t one_sided_hits = 0;    // reads served by one-sided copies
+  uint64_t one_sided_misses = 0;  // one-sided attempts that fell back to TX_LOOKUP
+  uint64_t rpc_lookups = 0;       // TX_LOOKUP RPCs
+  uint64_t one_sided_validations = 0;
+  uint64_t rpc_validations = 0;  // TX_VALIDATE RPCs
+  uint64_t commits = 0;          // committed transactions
+  uint64_t aborts[kTxAbortReasons] = {};
+};
+
+class TxClient {
+ public:
+  // Connects to every server (bootstrap "host:port"), reads TX_TABLE_INFO from each and checks
+  // that every table is served by all servers with the same geometry and that its partitions
+  // 0..n-1 are each held by exactly one of them.
+  static Result<std::unique_ptr<TxClient>> Connect(Node& node,
+                                                   const std::vector<std::string>& servers,
+                                                   TxClientOptions options = {});
+  ~TxClient();
+  TxClient(const TxClient&) = delete;
+  TxClient& operator=(const TxClient&) = delete;
+
+  // A table's id by name (kNotFound), its key and value sizes.
+  Result<uint16_t> table(std::string_view name) const;
+  uint32_t key_size(uint16_t table) const;
+  uint32_t value_size(uint16_t table) const;
+  TxClientStats stats() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  TxClient() = default;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One transaction at a time, reused: start(), then reads / writes / inserts / removes, then
+// commit() or abort(). Values returned are views valid until the next start().
+class Tx {
+ public:
+  Tx(TxClient& client, Scheduler& sched);
+  ~Tx();
+  Tx(const Tx&) = delete;
+  Tx& operator=(const Tx&) = delete;
+
+  // Begins a new transaction (an unfinished one is abandoned: call abort() first).
+  void start();
+  uint64_t id() const;
+  // The value of `key` (one-two-sided read; read-your-writes). kNotFound when absent, kAborted
+  // "locked" when another transaction holds it (the transaction is then aborted).
+  Task<Result<std::span<const std::byte>>> read(uint16_t table, std::span<const std::byte> key);
+  // Read-for-update: locks `key` at its owner now and returns its value to change in place;
+  // commit() installs it.
+  Task<Result<std::span<std::byte>>> write(uint16_t table, std::span<const std::byte> key);
+  // Reserves `key` (kAborted "exists" when live) and installs `value` at commit.
+  Task<Status> insert(uint16_t table, std::span<const std::byte> key,
+                      std::span<const std::byte> value);
+  // Locks `key` and removes it at commit.
+  Task<Status> remove(uint16_t table, std::span<const std::byte> key);
+  // OK, or kAborted "<reason>: ..." (locks released). Read-only: validation only.
+  Task<Status> commit();
+  // Releases every lock; changes nothing. Idempotent.
+  Task<Status> abort();
+  // Why the transaction aborted (kNone while running or after a commit).
+  TxAbortReason abort_reason() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Tx for synchronous callers: its own scheduler of the client's node, one thread at a time.
+class BlockingTx {
+ public:
+  static Result<std::unique_ptr<BlockingTx>> Create(TxClient& client, Node& node);
+  void start() { tx_->start(); }
+  Result<std::vector<std::byte>> read(uint16_t table, std::span<const std::byte> key);
+  // Locks key and returns its value to change in place (valid until start()); commit installs it.
+  Result<std::span<std::byte>> write(uint16_t table, std::span<const std::byte> key);
+  Status insert(uint16_t table, std::span<const std::byte> key, std::span<const std::byte> value);
+  Status remove(uint16_t table, std::span<const std::byte> key);
+  Status commit();
+  Status abort();
+  Tx& tx() { return *tx_; }
+
+ private:
+  BlockingTx() = default;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<Tx> tx_;
+};
+
+}  // namespace farmem

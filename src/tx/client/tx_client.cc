@@ -1,0 +1,713 @@
+// TxClient / Tx / BlockingTx (include/farmem/tx.h): connection and table discovery, the
+// one-two-sided read (one-sided copy of the cached or guessed slot, checked per transport, else
+// TX_LOOKUP), locks during execution, validation (one-sided re-reads or TX_VALIDATE) and commit
+// per participant. TxClient's counters are atomics shared by all threads; a Tx runs on the thread
+// of its Scheduler.
+#include "farmem/tx.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+#include "node/rpc_call.h"
+#include "tx/format/tx_layout.h"
+#include "tx/format/tx_wire.h"
+
+namespace farmem {
+
+namespace wire = tx_wire;
+
+const char* TxAbortReasonName(TxAbortReason r) {
+  switch (r) {
+    case TxAbortReason::kNone:
+      return "none";
+    case TxAbortReason::kLocked:
+      return "locked";
+    case TxAbortReason::kValidation:
+      return "validation";
+    case TxAbortReason::kNotFound:
+      return "not found";
+    case TxAbortReason::kExists:
+      return "exists";
+    case TxAbortReason::kStaleCommit:
+      return "stale commit";
+    case TxAbortReason::kUser:
+      return "user";
+    case TxAbortReason::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+TxAbortReason TxAbortReasonOf(const Status& st) {
+  if (st.code() == Code::kNotFound) return TxAbortReason::kNotFound;
+  if (st.code() != Code::kAborted) return TxAbortReason::kNone;
+  // The owner's message starts with the reason; RPC context is prefixed as "what: ".
+  const std::string_view m = st.message();
+  const auto has = [&](std::string_view r) {
+    const size_t at = m.find(r);
+    return at != std::string_view::npos && (at == 0 || (at >= 2 && m.substr(at - 2, 2) == ": "));
+  };
+  if (has("stale commit")) return TxAbortReason::kStaleCommit;
+  if (has("not lock holder")) return TxAbortReason::kStaleCommit;
+  if (has("validation")) return TxAbortReason::kValidation;
+  if (has("exists")) return TxAbortReason::kExists;
+  if (has("locked")) return TxAbortReason::kLocked;
+  if (has("not found")) return TxAbortReason::kNotFound;
+  return TxAbortReason::kOther;
+}
+
+namespace {
+
+Status AbortedFor(TxAbortReason r, std::string_view detail) {
+  return Status::Aborted(std::string(TxAbortReasonName(r)) + ": " + std::string(detail));
+}
+
+constexpr int kCopyRetries = 4;
+
+}  // namespace
+
+struct TxClient::Impl {
+  struct Server {
+    PeerId peer = kInvalidPeer;
+    std::string address;
+  };
+  struct Table {
+    std::string name;
+    tx::TxGeometry geometry;  // partition field: 0 (per partition below)
+    // Per partition: server index and region key.
+    std::vector<uint32_t> server;
+    std::vector<RegionKey> region_key;
+  };
+  Node* node = nullptr;
+  TxClientOptions options;
+  bool ordered = true;  // one-sided copies are word-ordered (native TCP)
+  uint32_t max_rpc_bytes = 0;
+  std::vector<Server> servers;
+  std::vector<Table> tables;
+  uint64_t txid_base = 0;
+  std::atomic<uint64_t> next_tx{1};
+
+  // Address cache: (table, key bytes) -> item offset. Shared by every thread's transactions.
+  std::mutex cache_mu;
+  std::unordered_map<std::string, uint64_t> cache;
+
+  struct Counters {
+    std::atomic<uint64_t> hits{0}, misses{0}, rpc_lookups{0}, os_validations{0}, rpc_validations{0},
+        commits{0};
+    std::atomic<uint64_t> aborts[kTxAbortReasons]{};
+  } counters;
+
+  static std::string CacheKey(uint16_t table, std::span<const std::byte> key) {
+    std::string k(2 + key.size(), '\0');
+    std::memcpy(k.data(), &table, 2);
+    std::memcpy(k.data() + 2, key.data(), key.size());
+    return k;
+  }
+  std::optional<uint64_t> Cached(uint16_t table, std::span<const std::byte> key) {
+    std::lock_guard lock(cache_mu);
+    auto it = cache.find(CacheKey(table, key));
+    if (it == cache.end()) return std::nullopt;
+    return it->second;
+  }
+  void Cache(uint16_t table, std::span<const std::byte> key, uint64_t offset) {
+    std::lock_guard lock(cache_mu);
+    cache[CacheKey(table, key)] = offset;
+  }
+  void Uncache(uint16_t table, std::span<const std::byte> key) {
+    std::lock_guard lock(cache_mu);
+    cache.erase(CacheKey(table, key));
+  }
+  uint32_t PartitionOf(const Table& t, std::span<const std::byte> key) const {
+    return tx::PlaceKey(t.geometry, tx::HashKey(key, t.geometry.hash_seed)).partition;
+  }
+  uint32_t BucketOf(const Table& t, std::span<const std::byte> key) const {
+    return tx::PlaceKey(t.geometry, tx::HashKey(key, t.geometry.hash_seed)).bucket;
+  }
+};
+
+TxClient::~TxClient() = default;
+
+Result<std::unique_ptr<TxClient>> TxClient::Connect(Node& node,
+                                                    const std::vector<std::string>& servers,
+                                                    TxClientOptions options) {
+  if (servers.empty()) return Status::InvalidArgument("TxClient: no servers");
+  if (options.lease.count() <= 0) return Status::InvalidArgument("TxClient: lease must be > 0");
+  std::unique_ptr<TxClient> c(new TxClient());
+  c->impl_ = std::make_unique<Impl>();
+  Impl& impl = *c->impl_;
+  impl.node = &node;
+  impl.options = options;
+  impl.max_rpc_bytes = node.config().transport.max_rpc_bytes;
+  switch (options.read_check) {
+    case TxReadCheck::kOrdered:
+      impl.ordered = true;
+      break;
+    case TxReadCheck::kSeqlock:
+      impl.ordered = false;
+      break;
+    case TxReadCheck::kAuto:
+      // Exactly the native TCP backend copies word-ordered ("fabric:tcp;ofi_rxm" does not).
+      impl.ordered = node.transport().name() == "tcp";
+      break;
+  }
+  std::random_device rd;
+  impl.txid_base = (uint64_t{rd()} << 32) | (uint64_t{rd()} << 12);
+  BlockingRunner runner(node, "TxClient");
+  std::vector<std::byte> reply(impl.max_rpc_bytes);
+  for (const std::string& address : servers) {
+    const std::string ctx = "connecting to farmemd tx at " + address;
+    Result<PeerInfo> peer = node.connect(address);
+    if (!peer.ok()) return peer.status().WithContext(ctx);
+    Result<std::span<const std::byte>> r = runner.run([&](Scheduler& s) {
+      return CallRpc(s, peer->id, wire::kOpTableInfo, {}, reply, ctx + ": TX_TABLE_INFO");
+    });
+    if (!r.ok()) return r.status();
+    FARMEM_ASSIGN_OR_RETURN(std::vector<wire::TableInfo> infos, wire::DecodeTableInfoReply(*r));
+    const uint32_t server = static_cast<uint32_t>(impl.servers.size());
+    impl.servers.push_back({peer->id, address});
+    if (server == 0) {
+      for (const wire::TableInfo& t : infos) {
+        Impl::Table table;
+        table.name = t.name;
+        table.geometry = t.geometry;
+        table.geometry.partition = 0;
+        table.server.assign(t.geometry.num_partitions, UINT32_MAX);
+        table.region_key.assign(t.geometry.num_partitions, 0);
+        impl.tables.push_back(std::move(table));
+      }
+    }
+    if (infos.size() != impl.tables.size()) {
+      return Status::FailedPrecondition(ctx + ": serves " + std::to_string(infos.size()) +
+                                        " tx tables, the first server " +
+                                        std::to_string(impl.tables.size()));
+    }
+    for (size_t i = 0; i < infos.size(); ++i) {
+      Impl::Table& table = impl.tables[i];
+      tx::TxGeometry g = infos[i].geometry;
+      const uint16_t part = g.partition;
+      g.partition = 0;
+      if (infos[i].name != table.name || std::memcmp(&g, &table.geometry, sizeof(g)) != 0) {
+        return Status::FailedPrecondition(ctx + ": table " + infos[i].name +
+                                          " differs from the first server's table " +
+                                          std::to_string(i));
+      }
+      if (table.server[part] != UINT32_MAX) {
+        return Status::FailedPrecondition(ctx + ": partition " + std::to_string(part) +
+                                          " of table " + table.name + " served twice");
+      }
+      table.server[part] = server;
+      table.region_key[part] = infos[i].region_key;
+    }
+  }
+  for (const Impl::Table& t : impl.tables) {
+    for (size_t p = 0; p < t.server.size(); ++p) {
+      if (t.server[p] == UINT32_MAX) {
+        return Status::FailedPrecondition("TxClient: no server holds partition " +
+                                          std::to_string(p) + " of table " + t.name);
+      }
+    }
+  }
+  return c;
+}
+
+Result<uint16_t> TxClient::table(std::string_view name) const {
+  for (size_t i = 0; i < impl_->tables.size(); ++i) {
+    if (impl_->tables[i].name == name) return static_cast<uint16_t>(i);
+  }
+  return Status::NotFound("tx table '" + std::string(name) + "' not served");
+}
+uint32_t TxClient::key_size(uint16_t table) const {
+  return table < impl_->tables.size() ? impl_->tables[table].geometry.key_size : 0;
+}
+uint32_t TxClient::value_size(uint16_t table) const {
+  return table < impl_->tables.size() ? impl_->tables[table].geometry.value_size : 0;
+}
+
+TxClientStats TxClient::stats() const {
+  const auto& c = impl_->counters;
+  const auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  TxClientStats s;
+  s.one_sided_hits = ld(c.hits);
+  s.one_sided_misses = ld(c.misses);
+  s.rpc_lookups = ld(c.rpc_lookups);
+  s.one_sided_validations = ld(c.os_validations);
+  s.rpc_validations = ld(c.rpc_validations);
+  s.commits = ld(c.commits);
+  for (size_t i = 0; i < kTxAbortReasons; ++i) s.aborts[i] = ld(c.aborts[i]);
+  return s;
+}
+
+// ---- Tx ----------------------------------------------------------------------------------------
+
+struct Tx::State {
+  TxClient::Impl* c = nullptr;
+  Scheduler* sched = nullptr;
+  uint64_t txid = 0;
+  bool active = false;
+  TxAbortReason reason = TxAbortReason::kNone;
+
+  enum Kind : uint8_t { kRead, kUpdate, kInsert, kRemove };
+  struct Item {
+    Kind kind = kRead;
+    uint16_t table = 0;
+    uint32_t partition = 0;
+    std::vector<std::byte> key;
+    std::vector<std::byte> value;
+    uint64_t offset = 0;  // item offset (validation re-reads it)
+    uint64_t version = 0;
+  };
+  // (table, key) -> item; node-based so value spans stay valid until start().
+  std::map<std::string, Item> items;
+  std::vector<std::byte> rpc_reply;
+
+  const TxClient::Impl::Table* TableOf(uint16_t table) const {
+    return table < c->tables.size() ? &c->tables[table] : nullptr;
+  }
+  Status CheckKey(uint16_t table, std::span<const std::byte> key, const char* what) const {
+    const auto* t = TableOf(table);
+    if (t == nullptr) return Status::NotFound(std::string(what) + ": unknown tx table id");
+    if (key.size() != t->geometry.key_size) {
+      return Status::InvalidArgument(std::string(what) + ": key of " + std::to_string(key.size()) +
+                                     " bytes, table " + t->name + " has " +
+                                     std::to_string(t->geometry.key_size));
+    }
+    if (!active) return Status::FailedPrecondition(std::string(what) + ": no transaction; start()");
+    return Status::OK();
+  }
+  PeerId PeerOf(const TxClient::Impl::Table& t, uint32_t part) const {
+    return c->servers[t.server[part]].peer;
+  }
+  RemoteRef Ref(const TxClient::Impl::Table& t, uint32_t part, uint64_t offset) const {
+    return RemoteRef{PeerOf(t, part), t.region_key[part], offset};
+  }
+};
+
+Tx::Tx(TxClient& client, Scheduler& sched) : s_(std::make_unique<State>()) {
+  s_->c = &client.impl();
+  s_->sched = &sched;
+  s_->rpc_reply.resize(s_->c->max_rpc_bytes);
+}
+Tx::~Tx() = default;
+
+void Tx::start() {
+  s_->items.clear();
+  s_->txid = s_->c->txid_base + s_->c->next_tx.fetch_add(1, std::memory_order_relaxed);
+  s_->active = true;
+  s_->reason = TxAbortReason::kNone;
+}
+uint64_t Tx::id() const {
+  return s_->txid;
+}
+TxAbortReason Tx::abort_reason() const {
+  return s_->reason;
+}
+
+namespace {
+
+// One consistent copy of an item at `offset` (ordered: one read; else seqlock). kOk fills *view
+// pointing into *buf.
+Task<Result<tx::ItemCheck>> ReadItem(Scheduler& sched, bool ordered, const tx::TxGeometry& g,
+                                     RemoteRef ref, std::span<const std::byte> key,
+                                     std::vector<std::byte>* buf, tx::ItemView* view) {
+  buf->resize(tx::ItemBytes(g));
+  if (ordered) {
+    Status st = co_await sched.read(ref, buf->data(), buf->size());
+    if (!st.ok()) co_return st;
+    co_return tx::CheckItemCopy(g, *buf, key, nullptr, view);
+  }
+  uint64_t before = 0, after = 0;
+  Status st = co_await sched.read(ref, &before, 8);
+  if (!st.ok()) co_return st;
+  st = co_await sched.read(ref, buf->data(), buf->size());
+  if (!st.ok()) co_return st;
+  st = co_await sched.read(ref, &after, 8);
+  if (!st.ok()) co_return st;
+  const tx::SeqlockRecheck recheck{before, after};
+  co_return tx::CheckItemCopy(g, *buf, key, &recheck, view);
+}
+
+}  // namespace
+
+Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<const std::byte> key) {
+  State& s = *s_;
+  FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx read"));
+  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  if (auto it = s.items.find(ck); it != s.items.end()) {
+    if (it->second.kind == State::kRemove)
+      co_return Status::NotFound("tx read: removed by this tx");
+    co_return std::span<const std::byte>(it->second.value);
+  }
+  TxClient::Impl& c = *s.c;
+  const auto& t = *s.TableOf(table);
+  const tx::TxGeometry& g = t.geometry;
+  State::Item item;
+  item.kind = State::kRead;
+  item.table = table;
+  item.partition = c.PartitionOf(t, key);
+  item.key.assign(key.begin(), key.end());
+  bool got = false;
+  uint64_t lock_txid = 0;
+  if (c.options.one_sided_reads) {
+    std::vector<std::byte> buf;
+    tx::ItemView view;
+    std::optional<uint64_t> offset = c.Cached(table, key);
+    if (!offset) {
+      // Guess: the main bucket. Locate the slot in one bucket copy.
+      const uint32_t bucket = c.BucketOf(t, key);
+      buf.resize(tx::BucketBytes(g));
+      Status st = co_await s.sched->read(s.Ref(t, item.partition, tx::BucketOffset(g, bucket)),
+                                         buf.data(), buf.size());
+      if (!st.ok()) co_return st;
+      const tx::BucketMatch m = tx::ParseBucketCopy(g, buf, key);
+      if (m.kind == tx::BucketMatch::kFound) {
+        offset = tx::ItemOffset(g, bucket, static_cast<uint32_t>(m.slot));
+        if (c.ordered) {
+          // An ordered bucket copy is as good as an item copy.
+          item.value.assign(m.view.value.begin(), m.view.value.end());
+          item.version = m.view.version;
+          item.offset = *offset;
+          lock_txid = m.view.lock_txid;
+          got = true;
+          c.Cache(table, key, *offset);
+        }
+      }
+    }
+    for (int attempt = 0; !got && offset && attempt < kCopyRetries; ++attempt) {
+      if (!tx::IsItemOffset(g, *offset)) break;
+      Result<tx::ItemCheck> r = co_await ReadItem(
+          *s.sched, c.ordered, g, s.Ref(t, item.partition, *offset), key, &buf, &view);
+      if (!r.ok()) co_return r.status();
+      if (*r == tx::ItemCheck::kOk) {
+        item.value.assign(view.value.begin(), view.value.end());
+        item.version = view.version;
+        item.offset = *offset;
+        lock_txid = view.lock_txid;
+        got = true;
+        c.Cache(table, key, *offset);
+      } else if (*r != tx::ItemCheck::kBusy && *r != tx::ItemCheck::kTorn) {
+        c.Uncache(table, key);  // stale address (deleted, reused by another key)
+        break;
+      }
+    }
+    (got ? c.counters.hits : c.counters.misses).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!got) {
+    c.counters.rpc_lookups.fetch_add(1, std::memory_order_relaxed);
+    const auto req = wire::EncodeKeyRequest(table, key, 0, 0);
+    Result<std::span<const std::byte>> r = co_await CallRpc(
+        *s.sched, s.PeerOf(t, item.partition), wire::kOpLookup, req, s.rpc_reply, "TX_LOOKUP");
+    if (!r.ok()) {
+      if (r.status().code() == Code::kNotFound) s.reason = TxAbortReason::kNotFound;
+      co_return r.status();
+    }
+    Result<wire::ItemResult> ir = wire::DecodeItemReply(*r, g.value_size);
+    if (!ir.ok()) co_return ir.status();
+    item.value.assign(ir->value.begin(), ir->value.end());
+    item.version = ir->item.version;
+    item.offset = ir->item.offset;
+    lock_txid = ir->item.lock_txid;
+    if (tx::IsItemOffset(g, item.offset)) c.Cache(table, key, item.offset);
+  }
+  if (lock_txid != 0 && lock_txid != s.txid) {
+    Status st = AbortedFor(TxAbortReason::kLocked,
+                           "tx read: held by transaction " + std::to_string(lock_txid));
+    s.reason = TxAbortReason::kLocked;
+    (void)co_await abort();
+    co_return st;
+  }
+  auto [it, inserted] = s.items.emplace(ck, std::move(item));
+  (void)inserted;
+  co_return std::span<const std::byte>(it->second.value);
+}
+
+Task<Result<std::span<std::byte>>> Tx::write(uint16_t table, std::span<const std::byte> key) {
+  State& s = *s_;
+  FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx write"));
+  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  auto it = s.items.find(ck);
+  if (it != s.items.end() && it->second.kind != State::kRead) {
+    if (it->second.kind == State::kRemove)
+      co_return Status::NotFound("tx write: removed by this tx");
+    co_return std::span<std::byte>(it->second.value);
+  }
+  TxClient::Impl& c = *s.c;
+  const auto& t = *s.TableOf(table);
+  const uint32_t part = c.PartitionOf(t, key);
+  const auto req = wire::EncodeKeyRequest(
+      table, key, s.txid, static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count()));
+  Result<std::span<const std::byte>> r =
+      co_await CallRpc(*s.sched, s.PeerOf(t, part), wire::kOpLock, req, s.rpc_reply, "TX_LOCK");
+  if (!r.ok()) {
+    Status st = r.status();
+    const TxAbortReason reason = TxAbortReasonOf(st);
+    if (st.code() == Code::kAborted) {
+      s.reason = reason;
+      (void)co_await abort();
+    } else if (reason == TxAbortReason::kNotFound) {
+      s.reason = reason;
+    }
+    co_return st;
+  }
+  Result<wire::ItemResult> ir = wire::DecodeItemReply(*r, t.geometry.value_size);
+  if (!ir.ok()) co_return ir.status();
+  if (tx::IsItemOffset(t.geometry, ir->item.offset)) c.Cache(table, key, ir->item.offset);
+  if (it != s.items.end() && it->second.version != ir->item.version) {
+    // Read earlier at another version: the read is already invalid.
+    s.reason = TxAbortReason::kValidation;
+    (void)co_await abort();
+    co_return AbortedFor(TxAbortReason::kValidation, "tx write: changed since this tx read it");
+  }
+  State::Item& item = s.items[ck];
+  item.kind = State::kUpdate;
+  item.table = table;
+  item.partition = part;
+  item.key.assign(key.begin(), key.end());
+  item.value.assign(ir->value.begin(), ir->value.end());
+  item.offset = ir->item.offset;
+  item.version = ir->item.version;
+  co_return std::span<std::byte>(item.value);
+}
+
+Task<Status> Tx::insert(uint16_t table, std::span<const std::byte> key,
+                        std::span<const std::byte> value) {
+  State& s = *s_;
+  FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx insert"));
+  TxClient::Impl& c = *s.c;
+  const auto& t = *s.TableOf(table);
+  if (value.size() > t.geometry.value_size) {
+    co_return Status::InvalidArgument("tx insert: value of " + std::to_string(value.size()) +
+                                      " bytes, table " + t.name + " holds " +
+                                      std::to_string(t.geometry.value_size));
+  }
+  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  if (s.items.count(ck) != 0) {
+    co_return Status::InvalidArgument("tx insert: key already used by this transaction");
+  }
+  const uint32_t part = c.PartitionOf(t, key);
+  const auto req = wire::EncodeKeyRequest(
+      table, key, s.txid, static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count()));
+  Result<std::span<const std::byte>> r = co_await CallRpc(
+      *s.sched, s.PeerOf(t, part), wire::kOpLockInsert, req, s.rpc_reply, "TX_LOCK_INSERT");
+  if (!r.ok()) {
+    Status st = r.status();
+    if (st.code() == Code::kAborted) {
+      s.reason = TxAbortReasonOf(st);
+      (void)co_await abort();
+    }
+    co_return st;
+  }
+  if (r->size() != sizeof(wire::ItemReply)) {
+    co_return Status::Protocol("TX_LOCK_INSERT: reply of " + std::to_string(r->size()) + " bytes");
+  }
+  wire::ItemReply ir;
+  std::memcpy(&ir, r->data(), sizeof(ir));
+  State::Item& item = s.items[ck];
+  item.kind = State::kInsert;
+  item.table = table;
+  item.partition = part;
+  item.key.assign(key.begin(), key.end());
+  item.value.assign(t.geometry.value_size, std::byte{0});
+  std::memcpy(item.value.data(), value.data(), value.size());
+  item.offset = ir.offset;
+  co_return Status::OK();
+}
+
+Task<Status> Tx::remove(uint16_t table, std::span<const std::byte> key) {
+  Result<std::span<std::byte>> w = co_await write(table, key);
+  if (!w.ok()) co_return w.status();
+  s_->items[TxClient::Impl::CacheKey(table, key)].kind = State::kRemove;
+  co_return Status::OK();
+}
+
+Task<Status> Tx::abort() {
+  State& s = *s_;
+  if (!s.active) co_return Status::OK();
+  s.active = false;
+  if (s.reason == TxAbortReason::kNone) s.reason = TxAbortReason::kUser;
+  TxClient::Impl& c = *s.c;
+  // One TX_UNLOCK per (table, partition) holding locks.
+  std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::BatchEntry>> groups;
+  for (auto& [ck, item] : s.items) {
+    if (item.kind == State::kRead) continue;
+    groups[{item.table, item.partition}].push_back({wire::kUnlockOnly, item.key, {}});
+  }
+  Status first = Status::OK();
+  for (auto& [tp, entries] : groups) {
+    const auto& t = *s.TableOf(tp.first);
+    for (size_t at = 0; at < entries.size(); at += wire::kMaxBatchItems) {
+      const size_t n = std::min(wire::kMaxBatchItems, entries.size() - at);
+      const auto req =
+          wire::EncodeBatchRequest(tp.first, s.txid, std::span(entries).subspan(at, n));
+      Result<std::span<const std::byte>> r = co_await CallRpc(
+          *s.sched, s.PeerOf(t, tp.second), wire::kOpUnlock, req, s.rpc_reply, "TX_UNLOCK");
+      // A lock already gone (lease ran out, reaped) is fine for an abort.
+      if (!r.ok() && r.status().code() != Code::kAborted && first.ok()) first = r.status();
+    }
+  }
+  c.counters.aborts[static_cast<size_t>(s.reason)].fetch_add(1, std::memory_order_relaxed);
+  co_return first;
+}
+
+Task<Status> Tx::commit() {
+  State& s = *s_;
+  if (!s.active) co_return Status::FailedPrecondition("tx commit: no transaction; start()");
+  TxClient::Impl& c = *s.c;
+  size_t reads = 0, writes = 0;
+  for (auto& [ck, item] : s.items) (item.kind == State::kRead ? reads : writes)++;
+  // Validation of the read set (writes hold their locks already). A read-only transaction of one
+  // item needs none: its one consistent copy is its snapshot.
+  const bool validate = !c.options.faults.skip_validation && !(writes == 0 && reads <= 1);
+  if (validate && reads > 0) {
+    if (c.ordered) {
+      std::vector<std::byte> buf;
+      for (auto& [ck, item] : s.items) {
+        if (item.kind != State::kRead) continue;
+        const auto& t = *s.TableOf(item.table);
+        bool ok = false, decided = false;
+        for (int attempt = 0; attempt < kCopyRetries && !decided; ++attempt) {
+          tx::ItemView view;
+          Result<tx::ItemCheck> r =
+              co_await ReadItem(*s.sched, true, t.geometry, s.Ref(t, item.partition, item.offset),
+                                item.key, &buf, &view);
+          if (!r.ok()) {
+            s.reason = TxAbortReason::kOther;
+            (void)co_await abort();
+            co_return r.status();
+          }
+          if (*r == tx::ItemCheck::kBusy || *r == tx::ItemCheck::kTorn) continue;
+          decided = true;
+          ok = *r == tx::ItemCheck::kOk && tx::ValidatesAgainst(view, item.version, s.txid);
+        }
+        c.counters.os_validations.fetch_add(1, std::memory_order_relaxed);
+        if (!ok) {
+          s.reason = TxAbortReason::kValidation;
+          Status st = AbortedFor(s.reason, "read set changed");
+          (void)co_await abort();
+          co_return st;
+        }
+      }
+    } else {
+      std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::ValidateItem>> groups;
+      for (auto& [ck, item] : s.items) {
+        if (item.kind == State::kRead) {
+          groups[{item.table, item.partition}].push_back({item.version, item.key});
+        }
+      }
+      for (auto& [tp, entries] : groups) {
+        const auto& t = *s.TableOf(tp.first);
+        for (size_t at = 0; at < entries.size(); at += wire::kMaxBatchItems) {
+          const size_t n = std::min(wire::kMaxBatchItems, entries.size() - at);
+          const auto req =
+              wire::EncodeValidateRequest(tp.first, s.txid, std::span(entries).subspan(at, n));
+          c.counters.rpc_validations.fetch_add(1, std::memory_order_relaxed);
+          Result<std::span<const std::byte>> r = co_await CallRpc(
+              *s.sched, s.PeerOf(t, tp.second), wire::kOpValidate, req, s.rpc_reply, "TX_VALIDATE");
+          if (!r.ok()) {
+            if (r.status().code() == Code::kAborted) {
+              {
+                s.reason = TxAbortReason::kValidation;
+                Status st = AbortedFor(s.reason, std::string(r.status().message()));
+                (void)co_await abort();
+                co_return st;
+              }
+            }
+            s.reason = TxAbortReason::kOther;
+            (void)co_await abort();
+            co_return r.status();
+          }
+        }
+      }
+    }
+  }
+  // Commit: one TX_COMMIT per (table, partition) holding writes. With one participant this is
+  // atomic at its owner (CommitAll); with several, each commits on its own (no prepare/decide:
+  // docs/tx.md "Not built").
+  std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::BatchEntry>> groups;
+  for (auto& [ck, item] : s.items) {
+    if (item.kind == State::kRead) continue;
+    groups[{item.table, item.partition}].push_back(
+        {item.kind == State::kRemove ? wire::kRemove : wire::kWrite, item.key,
+         item.kind == State::kRemove ? std::span<const std::byte>() : item.value});
+  }
+  size_t committed = 0;
+  for (auto& [tp, entries] : groups) {
+    const auto& t = *s.TableOf(tp.first);
+    if (entries.size() > wire::kMaxBatchItems) {
+      {
+        s.reason = TxAbortReason::kOther;
+        Status st = AbortedFor(s.reason, "more than 64 writes on one partition");
+        (void)co_await abort();
+        co_return st;
+      }
+    }
+    const auto req = wire::EncodeBatchRequest(tp.first, s.txid, entries);
+    Result<std::span<const std::byte>> r = co_await CallRpc(
+        *s.sched, s.PeerOf(t, tp.second), wire::kOpCommit, req, s.rpc_reply, "TX_COMMIT");
+    if (!r.ok()) {
+      if (committed > 0) {
+        s.active = false;
+        s.reason = TxAbortReason::kOther;
+        co_return Status::Internal("tx commit: partial commit (" + std::to_string(committed) +
+                                   " of " + std::to_string(groups.size()) +
+                                   " participants committed): " + r.status().ToString());
+      }
+      const TxAbortReason reason =
+          r.status().code() == Code::kAborted ? TxAbortReasonOf(r.status()) : TxAbortReason::kOther;
+      s.reason = reason;
+      (void)co_await abort();
+      co_return r.status();
+    }
+    ++committed;
+    for (auto& e : entries) {
+      if (e.op == wire::kRemove) c.Uncache(tp.first, e.key);
+    }
+  }
+  // Inserted items: their reservation offset is the item's address.
+  for (auto& [ck, item] : s.items) {
+    if (item.kind == State::kInsert &&
+        tx::IsItemOffset(s.TableOf(item.table)->geometry, item.offset)) {
+      c.Cache(item.table, item.key, item.offset);
+    }
+  }
+  s.active = false;
+  c.counters.commits.fetch_add(1, std::memory_order_relaxed);
+  co_return Status::OK();
+}
+
+// ---- BlockingTx --------------------------------------------------------------------------------
+
+Result<std::unique_ptr<BlockingTx>> BlockingTx::Create(TxClient& client, Node& node) {
+  std::unique_ptr<BlockingTx> b(new BlockingTx());
+  FARMEM_ASSIGN_OR_RETURN(b->sched_, node.make_scheduler());
+  b->tx_ = std::make_unique<Tx>(client, *b->sched_);
+  return b;
+}
+
+Result<std::vector<std::byte>> BlockingTx::read(uint16_t table, std::span<const std::byte> key) {
+  Result<std::span<const std::byte>> r = sched_->block_on(tx_->read(table, key));
+  if (!r.ok()) return r.status();
+  return std::vector<std::byte>(r->begin(), r->end());
+}
+Result<std::span<std::byte>> BlockingTx::write(uint16_t table, std::span<const std::byte> key) {
+  return sched_->block_on(tx_->write(table, key));
+}
+Status BlockingTx::insert(uint16_t table, std::span<const std::byte> key,
+                          std::span<const std::byte> value) {
+  return sched_->block_on(tx_->insert(table, key, value));
+}
+Status BlockingTx::remove(uint16_t table, std::span<const std::byte> key) {
+  return sched_->block_on(tx_->remove(table, key));
+}
+Status BlockingTx::commit() {
+  return sched_->block_on(tx_->commit());
+}
+Status BlockingTx::abort() {
+  return sched_->block_on(tx_->abort());
+}
+
+}  // namespace farmem

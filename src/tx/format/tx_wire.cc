@@ -1,0 +1,248 @@
+// Encoders and decoders of the transaction RPC bodies (tx_wire.h): every length and field of a
+// request is checked here before the service touches a table. Pure functions, any thread.
+#include "tx/format/tx_wire.h"
+
+#include <cstring>
+#include <string>
+
+namespace farmem::tx_wire {
+namespace {
+
+template <typename T>
+T Load(std::span<const std::byte> bytes) {
+  T v;
+  std::memcpy(&v, bytes.data(), sizeof(T));
+  return v;
+}
+template <typename T>
+void Append(std::vector<std::byte>& out, const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+void AppendBytes(std::vector<std::byte>& out, std::span<const std::byte> b) {
+  out.insert(out.end(), b.begin(), b.end());
+}
+
+Status CheckKeyLen(uint32_t key_len, const char* what) {
+  if (key_len < tx::kMinKeySize || key_len > tx::kMaxKeySize || key_len % 8 != 0) {
+    return Status::Protocol(std::string(what) + ": key_len " + std::to_string(key_len) +
+                            " is not a multiple of 8 in [8, 64]");
+  }
+  return Status::OK();
+}
+Status CheckCount(uint32_t count, const char* what) {
+  if (count == 0 || count > kMaxBatchItems) {
+    return Status::Protocol(std::string(what) + ": count " + std::to_string(count) +
+                            " outside [1, " + std::to_string(kMaxBatchItems) + "]");
+  }
+  return Status::OK();
+}
+bool ValidName(std::string_view n) {
+  if (n.empty() || n.size() > kMaxTableName) return false;
+  for (char c : n) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TableInfoEntry EncodeTableInfo(std::string_view name, uint64_t region_key, uint64_t region_bytes,
+                               const tx::TxGeometry& g) {
+  TableInfoEntry e;
+  std::memset(&e, 0, sizeof(e));
+  std::memcpy(e.name, name.data(), std::min(name.size(), kMaxTableName));
+  e.region_key = region_key;
+  e.region_bytes = region_bytes;
+  e.key_size = g.key_size;
+  e.value_size = g.value_size;
+  e.width = g.width;
+  e.num_buckets = g.num_buckets;
+  e.overflow_buckets = g.overflow_buckets;
+  e.partition = g.partition;
+  e.num_partitions = g.num_partitions;
+  e.hash_seed = g.hash_seed;
+  return e;
+}
+
+std::vector<std::byte> EncodeTableInfoReply(std::span<const TableInfo> tables) {
+  std::vector<std::byte> out;
+  Append(out, TableInfoReply{static_cast<uint32_t>(tables.size()), 0});
+  for (const TableInfo& t : tables) {
+    Append(out, EncodeTableInfo(t.name, t.region_key, t.region_bytes, t.geometry));
+  }
+  return out;
+}
+
+Result<std::vector<TableInfo>> DecodeTableInfoReply(std::span<const std::byte> bytes) {
+  if (bytes.size() < sizeof(TableInfoReply)) {
+    return Status::Protocol("TX_TABLE_INFO reply: shorter than its header");
+  }
+  const auto h = Load<TableInfoReply>(bytes);
+  if (h.reserved != 0) return Status::Protocol("TX_TABLE_INFO reply: reserved field not 0");
+  if (h.num_tables > kMaxTables) {
+    return Status::Protocol("TX_TABLE_INFO reply: " + std::to_string(h.num_tables) +
+                            " tables, more than " + std::to_string(kMaxTables));
+  }
+  if (bytes.size() != sizeof(TableInfoReply) + uint64_t{h.num_tables} * sizeof(TableInfoEntry)) {
+    return Status::Protocol("TX_TABLE_INFO reply: length does not match its table count");
+  }
+  std::vector<TableInfo> out;
+  for (uint32_t i = 0; i < h.num_tables; ++i) {
+    const auto e =
+        Load<TableInfoEntry>(bytes.subspan(sizeof(TableInfoReply) + i * sizeof(TableInfoEntry)));
+    const size_t name_len = strnlen(e.name, sizeof(e.name));
+    if (name_len == sizeof(e.name)) {
+      return Status::Protocol("TX_TABLE_INFO reply: table name not NUL-terminated");
+    }
+    TableInfo t;
+    t.name.assign(e.name, name_len);
+    if (!ValidName(t.name)) return Status::Protocol("TX_TABLE_INFO reply: bad table name");
+    t.region_key = e.region_key;
+    t.region_bytes = e.region_bytes;
+    t.geometry.key_size = e.key_size;
+    t.geometry.value_size = e.value_size;
+    t.geometry.width = e.width;
+    t.geometry.num_buckets = e.num_buckets;
+    t.geometry.overflow_buckets = e.overflow_buckets;
+    t.geometry.partition = e.partition;
+    t.geometry.num_partitions = e.num_partitions;
+    t.geometry.hash_seed = e.hash_seed;
+    if (Status st = tx::ValidateGeometry(t.geometry); !st.ok()) {
+      return Status::Protocol("TX_TABLE_INFO reply: table " + t.name + ": " +
+                              std::string(st.message()));
+    }
+    if (t.region_bytes != tx::RegionBytes(t.geometry)) {
+      return Status::Protocol("TX_TABLE_INFO reply: table " + t.name +
+                              ": region length does not match its geometry");
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<std::byte> EncodeKeyRequest(uint16_t table, std::span<const std::byte> key,
+                                        uint64_t txid, uint64_t lease_ns) {
+  std::vector<std::byte> out;
+  Append(out, KeyRequest{table, static_cast<uint16_t>(key.size()), 0, txid, lease_ns});
+  AppendBytes(out, key);
+  return out;
+}
+
+Result<KeyOp> DecodeKeyRequest(std::span<const std::byte> bytes, bool needs_txid) {
+  if (bytes.size() < sizeof(KeyRequest)) return Status::Protocol("tx key request: too short");
+  const auto r = Load<KeyRequest>(bytes);
+  if (r.reserved != 0) return Status::Protocol("tx key request: reserved field not 0");
+  if (Status st = CheckKeyLen(r.key_len, "tx key request"); !st.ok()) return st;
+  if (bytes.size() != sizeof(KeyRequest) + r.key_len) {
+    return Status::Protocol("tx key request: body length is not header + key_len");
+  }
+  if (needs_txid && (r.txid == 0 || r.lease_ns == 0)) {
+    return Status::Protocol("tx lock request: txid and lease_ns must not be 0");
+  }
+  if (!needs_txid && (r.txid != 0 || r.lease_ns != 0)) {
+    return Status::Protocol("TX_LOOKUP: txid and lease_ns must be 0");
+  }
+  return KeyOp{r.table, r.txid, r.lease_ns, bytes.subspan(sizeof(KeyRequest), r.key_len)};
+}
+
+std::vector<std::byte> EncodeValidateRequest(uint16_t table, uint64_t txid,
+                                             std::span<const ValidateItem> items) {
+  std::vector<std::byte> out;
+  const uint16_t key_len = items.empty() ? 0 : static_cast<uint16_t>(items[0].key.size());
+  Append(out, ValidateRequest{table, key_len, static_cast<uint16_t>(items.size()), 0, txid});
+  for (const ValidateItem& i : items) {
+    Append(out, i.version);
+    AppendBytes(out, i.key);
+  }
+  return out;
+}
+
+Result<ValidateOp> DecodeValidateRequest(std::span<const std::byte> bytes) {
+  if (bytes.size() < sizeof(ValidateRequest)) return Status::Protocol("TX_VALIDATE: too short");
+  const auto r = Load<ValidateRequest>(bytes);
+  if (r.reserved != 0) return Status::Protocol("TX_VALIDATE: reserved field not 0");
+  if (Status st = CheckKeyLen(r.key_len, "TX_VALIDATE"); !st.ok()) return st;
+  if (Status st = CheckCount(r.count, "TX_VALIDATE"); !st.ok()) return st;
+  const size_t item_bytes = 8 + size_t{r.key_len};
+  if (bytes.size() != sizeof(ValidateRequest) + r.count * item_bytes) {
+    return Status::Protocol("TX_VALIDATE: body length is not header + count * (8 + key_len)");
+  }
+  ValidateOp op{r.table, r.txid, {}};
+  for (size_t i = 0; i < r.count; ++i) {
+    auto at = bytes.subspan(sizeof(ValidateRequest) + i * item_bytes, item_bytes);
+    op.items.push_back(ValidateItem{Load<uint64_t>(at), at.subspan(8)});
+  }
+  return op;
+}
+
+std::vector<std::byte> EncodeBatchRequest(uint16_t table, uint64_t txid,
+                                          std::span<const BatchEntry> items) {
+  std::vector<std::byte> out;
+  Append(out, BatchHeader{table, static_cast<uint16_t>(items.size()), 0, txid});
+  for (const BatchEntry& e : items) {
+    const uint16_t vlen = e.op == kWrite ? static_cast<uint16_t>(e.value.size()) : 0;
+    Append(out, BatchItem{e.op, 0, static_cast<uint16_t>(e.key.size()), vlen, 0});
+    AppendBytes(out, e.key);
+    if (e.op == kWrite) AppendBytes(out, e.value);
+  }
+  return out;
+}
+
+Result<BatchOpRequest> DecodeBatchRequest(std::span<const std::byte> bytes, bool commit) {
+  const char* what = commit ? "TX_COMMIT" : "TX_UNLOCK";
+  if (bytes.size() < sizeof(BatchHeader))
+    return Status::Protocol(std::string(what) + ": too short");
+  const auto h = Load<BatchHeader>(bytes);
+  if (h.reserved != 0) return Status::Protocol(std::string(what) + ": reserved field not 0");
+  if (h.txid == 0) return Status::Protocol(std::string(what) + ": txid 0");
+  if (Status st = CheckCount(h.count, what); !st.ok()) return st;
+  BatchOpRequest req{h.table, h.txid, {}};
+  size_t at = sizeof(BatchHeader);
+  for (size_t i = 0; i < h.count; ++i) {
+    if (bytes.size() - at < sizeof(BatchItem)) {
+      return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + " truncated");
+    }
+    const auto it = Load<BatchItem>(bytes.subspan(at));
+    at += sizeof(BatchItem);
+    if (it.reserved != 0 || it.reserved2 != 0) {
+      return Status::Protocol(std::string(what) + ": reserved field not 0");
+    }
+    const bool known = it.op == kWrite || it.op == kRemove || (!commit && it.op == kUnlockOnly);
+    if (!known) {
+      return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + ": bad op " +
+                              std::to_string(it.op));
+    }
+    if (Status st = CheckKeyLen(it.key_len, what); !st.ok()) return st;
+    if (it.op != kWrite && it.value_len != 0) {
+      return Status::Protocol(std::string(what) + ": value on a non-write item");
+    }
+    if (it.value_len > tx::kMaxValueSize) {
+      return Status::Protocol(std::string(what) + ": value_len over " +
+                              std::to_string(tx::kMaxValueSize));
+    }
+    if (bytes.size() - at < size_t{it.key_len} + it.value_len) {
+      return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + " truncated");
+    }
+    BatchEntry e;
+    e.op = static_cast<BatchOp>(it.op);
+    e.key = bytes.subspan(at, it.key_len);
+    at += it.key_len;
+    e.value = bytes.subspan(at, it.value_len);
+    at += it.value_len;
+    req.items.push_back(e);
+  }
+  if (at != bytes.size()) return Status::Protocol(std::string(what) + ": trailing bytes");
+  return req;
+}
+
+Result<ItemResult> DecodeItemReply(std::span<const std::byte> bytes, uint32_t value_size) {
+  if (bytes.size() != sizeof(ItemReply) + value_size) {
+    return Status::Protocol("tx item reply: length is not 24 + value_size");
+  }
+  return ItemResult{Load<ItemReply>(bytes), bytes.subspan(sizeof(ItemReply))};
+}
+
+}  // namespace farmem::tx_wire
