@@ -240,7 +240,7 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   auto tier = Resolve(
       {"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8", "--tier-dram-mib", "4"});
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  EXPECT_EQ(tier->services, (std::vector<std::string>{"pools", "objects", "tier"}));
+  EXPECT_EQ(tier->services, (std::vector<std::string>{"pools", "objects", "tx", "tier"}));
   auto no_tier = Resolve({"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8",
                           "--tier-dram-mib", "4", "--services", "pools"});
   ASSERT_TRUE(no_tier.ok()) << no_tier.status().ToString();
