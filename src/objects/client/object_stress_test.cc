@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/failures_test_util.h"
 #include "objects/client/object_test_util.h"
 
 namespace farmem {
@@ -42,27 +43,7 @@ double StressSeconds(double fallback = 5.0) {
   return s > 0 ? s : fallback;
 }
 
-// Collects failures from many threads; the first few messages are kept for the report.
-class Failures {
- public:
-  void Add(const std::string& msg) {
-    count_.fetch_add(1);
-    std::lock_guard lock(mu_);
-    if (messages_.size() < 10) messages_.push_back(msg);
-  }
-  uint64_t count() const { return count_.load(); }
-  std::string Report() const {
-    std::lock_guard lock(mu_);
-    std::string out;
-    for (const auto& m : messages_) out += m + "\n";
-    return out;
-  }
-
- private:
-  std::atomic<uint64_t> count_{0};
-  mutable std::mutex mu_;
-  std::vector<std::string> messages_;
-};
+using farmem::testing::Failures;
 
 class ObjectStress : public ::testing::TestWithParam<std::string> {};
 

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/failures_test_util.h"
 #include "farmem/tier.h"
 #include "tier/service/tier_service_test_util.h"
 
@@ -51,26 +52,7 @@ uint64_t Tag(uint64_t index, uint64_t seq) {
   return index | seq << 24 | Check16(index, seq) << 48;
 }
 
-class Failures {
- public:
-  void Add(const std::string& m) {
-    count_.fetch_add(1);
-    std::lock_guard lock(mu_);
-    if (messages_.size() < 10) messages_.push_back(m);
-  }
-  uint64_t count() const { return count_.load(); }
-  std::string Report() const {
-    std::lock_guard lock(mu_);
-    std::string out;
-    for (const auto& m : messages_) out += m + "\n";
-    return out;
-  }
-
- private:
-  std::atomic<uint64_t> count_{0};
-  mutable std::mutex mu_;
-  std::vector<std::string> messages_;
-};
+using farmem::testing::Failures;
 
 class TierStress : public ::testing::TestWithParam<std::string> {};
 
