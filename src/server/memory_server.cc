@@ -26,15 +26,15 @@ std::string BuiltNames() {
   return names;
 }
 
-// The services `config` selects, in order: its list (or every built one), minus the object
-// store when objects.enabled is false and, by default, minus the tiered region when no
-// --tier-file is given (listed by name without one, its validation refuses it).
+// The services `config` selects, in order: its list (or every built one, minus those whose
+// `configured` says `config` does not ask for them), minus the object store when
+// objects.enabled is false. Listed by name without their configuration (a tier file, tx
+// tables), their validation refuses them.
 std::vector<const ServiceDescriptor*> Selected(const ServerConfig& config) {
   std::vector<const ServiceDescriptor*> out;
   if (config.services.empty()) {
-    out = BuiltServices();
-    if (config.tier.file.empty()) {
-      std::erase_if(out, [](const ServiceDescriptor* d) { return d->name == "tier"; });
+    for (const ServiceDescriptor* d : BuiltServices()) {
+      if (!d->configured || d->configured(config)) out.push_back(d);
     }
   } else {
     for (const std::string& name : config.services) {

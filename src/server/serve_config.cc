@@ -57,9 +57,9 @@ void AddServeFlags(CLI::App& app, ServeFlags& flags) {
         "freed at most this long after its last keepalive");
   std::string names;
   for (const ServiceDescriptor* d : BuiltServices()) {
-    // The tiered region runs only with --tier-file: ResolveServeConfig adds it to the default
-    // list then (an explicit --services must name it).
-    if (d->name != "tier") flags.config.services.push_back(d->name);
+    // Services that run only when configured (ServiceDescriptor::configured) are added to the
+    // default list by ResolveServeConfig once flags and config file are read.
+    if (!d->configured) flags.config.services.push_back(d->name);
     names += (names.empty() ? "" : ",") + d->name;
   }
   f.add_list("services", &flags.config.services,
@@ -88,10 +88,16 @@ Result<ServerConfig> ResolveServeConfig(ServeFlags& flags) {
     if (const char* env = std::getenv("FARMEM_CLUSTER_PASSWORD")) o.cluster_password = env;
   }
   FARMEM_RETURN_IF_ERROR(f.finish());
-  if (!flags.config.tier.file.empty() && !f.given("services")) {
-    // The default list (or one from the config file) gets the tiered region when a file is set.
+  if (!f.given("services")) {
+    // The default list (or one from the config file) gets each service that runs only when
+    // configured and is: the tiered region with --tier-file, tx with --tx-table.
     std::vector<std::string>& list = flags.config.services;
-    if (std::find(list.begin(), list.end(), "tier") == list.end()) list.push_back("tier");
+    for (const ServiceDescriptor* d : BuiltServices()) {
+      if (d->configured && d->configured(flags.config) &&
+          std::find(list.begin(), list.end(), d->name) == list.end()) {
+        list.push_back(d->name);
+      }
+    }
   }
 
   FARMEM_ASSIGN_OR_RETURN(auto listen, net::ParseHostPort(o.listen));

@@ -222,7 +222,7 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   unsetenv("FARMEM_TOKEN");
   auto all = Resolve({});
   ASSERT_TRUE(all.ok()) << all.status().ToString();
-  EXPECT_EQ(all->services, (std::vector<std::string>{"pools", "objects", "tx"}));
+  EXPECT_EQ(all->services, (std::vector<std::string>{"pools", "objects"}));
   auto pools = Resolve({"--services", "pools"});
   ASSERT_TRUE(pools.ok()) << pools.status().ToString();
   EXPECT_EQ(pools->services, (std::vector<std::string>{"pools"}));
@@ -240,11 +240,19 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   auto tier = Resolve(
       {"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8", "--tier-dram-mib", "4"});
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  EXPECT_EQ(tier->services, (std::vector<std::string>{"pools", "objects", "tx", "tier"}));
+  EXPECT_EQ(tier->services, (std::vector<std::string>{"pools", "objects", "tier"}));
   auto no_tier = Resolve({"--tier-file", "/var/tmp/t.data", "--tier-capacity-mib", "8",
                           "--tier-dram-mib", "4", "--services", "pools"});
   ASSERT_TRUE(no_tier.ok()) << no_tier.status().ToString();
   EXPECT_EQ(no_tier->services, (std::vector<std::string>{"pools"}));
+  // So do --tx-table and the tx service; both configured: both, in build order.
+  auto tx = Resolve({"--tx-table", "acct:8:8:64"});
+  ASSERT_TRUE(tx.ok()) << tx.status().ToString();
+  EXPECT_EQ(tx->services, (std::vector<std::string>{"pools", "objects", "tx"}));
+  auto both = Resolve({"--tx-table", "acct:8:8:64", "--tier-file", "/var/tmp/t.data",
+                       "--tier-capacity-mib", "8", "--tier-dram-mib", "4"});
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->services, (std::vector<std::string>{"pools", "objects", "tier", "tx"}));
 }
 
 TEST(ServeConfigTest, ParseHostPort) {

@@ -73,6 +73,10 @@ struct ServiceDescriptor {
   // Builds the service (not started yet) in `env`.
   std::function<Result<std::unique_ptr<Service>>(const ServerConfig& config, ServiceEnv& env)>
       create;
+  // Empty: the service is in the default list (no --services). Set: it is there only when this
+  // says `config` asks for it (the tiered region needs --tier-file, tx its --tx-table), so a
+  // farmemd runs nothing its user did not configure; an explicit --services list must name it.
+  std::function<bool(const ServerConfig& config)> configured;
 };
 
 }  // namespace farmem

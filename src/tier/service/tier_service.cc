@@ -426,6 +426,7 @@ const ServiceDescriptor& TierServiceDescriptor() {
         FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<TierService> s, TierService::Create(c, env.node));
         return std::unique_ptr<Service>(std::move(s));
       },
+      [](const ServerConfig& c) { return !c.tier.file.empty(); },
   };
   return d;
 }

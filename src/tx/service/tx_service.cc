@@ -400,6 +400,7 @@ const ServiceDescriptor& TxServiceDescriptor() {
         FARMEM_ASSIGN_OR_RETURN(std::unique_ptr<TxService> s, TxService::Create(c, env.node));
         return std::unique_ptr<Service>(std::move(s));
       },
+      [](const ServerConfig& c) { return !c.tx.tables.empty(); },
   };
   return d;
 }
