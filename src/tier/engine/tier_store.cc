@@ -196,6 +196,7 @@ Status TierStore::Init(const TierOptions& o) {
     return Status::InvalidArgument("io_rings must be in 1..64");
   }
   grace_ = o.grace;
+  faults_ = o.faults;
 
   // One mapping per unit at worst (cold units each map the magic memfd at offset 0, so adjacent
   // ones do not merge), on top of what the process holds already.
@@ -430,7 +431,7 @@ Result<int32_t> TierStore::DetachLocked(uint32_t u, Unit& s) {
   SetBits(u, false);
   if (s.dirty.load(std::memory_order_relaxed)) {
     Status st = WriteBackLocked(u, s);
-    if (!st.ok()) {
+    if (!st.ok() && !faults_.demote_despite_failed_writeback) {
       SetBits(u, true);  // stays resident: the frame holds the only copy
       return st;
     }

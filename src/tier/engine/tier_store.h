@@ -65,6 +65,14 @@
 
 namespace farmem::tier {
 
+// Test-only: each field removes one protection, so tests can show that they catch its absence
+// (docs/tier.md, "Tests"; FARMEM_TIER_FAULT in the tests). Never set outside tests.
+struct TierStoreFaults {
+  // A demotion whose write-back failed (ENOSPC, EIO) goes on: the unit is mapped cold and its
+  // frame freed, losing the only copy of the dirty data (I2 keeps it resident instead).
+  bool demote_despite_failed_writeback = false;
+};
+
 struct TierOptions {
   std::string path;          // backing file (created, extended to capacity; not tmpfs)
   uint64_t capacity = 0;     // bytes, multiple of unit_size
@@ -79,6 +87,7 @@ struct TierOptions {
   // next demotion retries. Empty: no copier to wait for.
   std::function<Status()> grace;
   unsigned io_rings = 2;  // io_uring instances (concurrent file IOs)
+  TierStoreFaults faults;
 };
 
 // Counters, each read on its own (not one consistent snapshot while promotions run).
@@ -188,6 +197,7 @@ class TierStore {
   uint64_t frames_ = 0;
   uint32_t fill_percent_ = 85;
   std::function<Status()> grace_;
+  TierStoreFaults faults_;
   int file_fd_ = -1;
   int magic_fd_ = -1;
   int frame_fd_ = -1;
