@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,9 +42,12 @@ struct TierEnv {
   std::string address;
 
   // Starts both ends (service period thread included); ADD_FAILURE and service == nullptr on error.
+  // `adjust` may change the server's config (backing file, direct IO) before the service opens.
   static std::unique_ptr<TierEnv> Start(const std::string& backend, uint64_t units,
                                         uint64_t budget_units, TierMode mode = TierMode::kFull,
-                                        uint32_t period_ms = 60000, uint32_t unit_kib = 16) {
+                                        uint32_t period_ms = 60000, uint32_t unit_kib = 16,
+                                        const std::function<void(ServerConfig&)>& adjust = {},
+                                        TierStoreFaults faults = {}) {
     auto env = std::make_unique<TierEnv>();
     if (!env->dir.ok()) {
       ADD_FAILURE() << "no temp dir";
@@ -51,13 +55,14 @@ struct TierEnv {
     }
     ServerConfig sc = TierServerConfig(backend, env->dir.File("tier.data"), units, budget_units,
                                        unit_kib, mode, period_ms);
+    if (adjust) adjust(sc);
     auto n = Node::Create(sc.node);
     if (!n.ok()) {
       ADD_FAILURE() << "server node: " << n.status().ToString();
       return env;
     }
     env->server_node = std::move(*n);
-    auto s = TierService::Create(sc, *env->server_node);
+    auto s = TierService::Create(sc, *env->server_node, faults);
     if (!s.ok()) {
       ADD_FAILURE() << "tier service: " << s.status().ToString();
       return env;
