@@ -21,14 +21,9 @@ namespace farmem::tier {
 namespace {
 
 using testing::ExpectNoSpace;
+using testing::Random;
 using testing::TierEnv;
 using testing::TinyExt4;
-
-std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
 
 // Every frame is accounted for in STAT: resident + quarantined + free == budget.
 void ExpectBudgetExact(const nlohmann::json& s) {

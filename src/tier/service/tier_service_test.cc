@@ -21,15 +21,10 @@
 namespace farmem::tier {
 namespace {
 
+using testing::Random;
 using testing::TierEnv;
 
 constexpr uint64_t kUnit = 16 << 10;
-
-std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
 
 // Writes `image` over the whole region in 256 KiB pieces.
 void Fill(TieredClient& c, const std::vector<std::byte>& image) {

@@ -8,7 +8,9 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "farmem/node.h"
 #include "farmem/server.h"
@@ -105,6 +107,13 @@ struct TierEnv {
     service.reset();
   }
 };
+
+// n random bytes, as the client API takes them.
+inline std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
 
 inline std::string BackendName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param == "tcp" ? "tcp" : "fabric_shm";
