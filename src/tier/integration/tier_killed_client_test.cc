@@ -2,7 +2,8 @@
 // farmemd (a child process; server/adversarial's Farmemd handle): afterwards farmemd keeps
 // serving, holds nothing for the dead client (no tier RPC in flight, no quarantined frame, every
 // frame accounted for, no session, its connections gone) and the next promotion round completes.
-// The test thread forks the client before it starts any thread of its own.
+// The client is this test binary again (fork + exec of /proc/self/exe running the disabled test
+// DISABLED_DoomedClientProcess), so it starts as a fresh process whatever ran before.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
@@ -81,6 +83,17 @@ Task<void> Lane(Scheduler& sched, TieredClient& c, uint64_t seed, std::atomic<ui
   ::_exit(3);  // unreachable: the lanes never end
 }
 
+constexpr int kReadyFd = 100;
+constexpr const char* kBootstrapEnv = "FARMEM_TIER_DOOMED_CLIENT_OF";
+constexpr const char* kDoomedTest = "TierKilledClient.DISABLED_DoomedClientProcess";
+
+// The doomed client's process (started by the test below; skipped when run by hand).
+TEST(TierKilledClient, DISABLED_DoomedClientProcess) {
+  const char* bootstrap = std::getenv(kBootstrapEnv);
+  if (bootstrap == nullptr) GTEST_SKIP() << "the client process of the test below";
+  RunDoomedClient(bootstrap, kReadyFd);
+}
+
 struct Stat {
   json doc;
   const json& tier() const { return doc["tier"]; }
@@ -96,14 +109,25 @@ TEST(TierKilledClient, SixtyFourOperationsInFlightLeaveNothingBehind) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   Farmemd& farmemd = **d;
 
-  // Fork the client before this process starts any thread (fork copies only the caller).
+  // The client: this binary again, running only DISABLED_DoomedClientProcess, which writes one
+  // byte to descriptor kReadyFd once its operations run. Everything is built before fork: the
+  // child calls only dup2 and execve.
   int pipefd[2];
   ASSERT_EQ(::pipe2(pipefd, O_CLOEXEC), 0);
+  std::string self = "/proc/self/exe", filter = "--gtest_filter=" + std::string(kDoomedTest),
+              disabled = "--gtest_also_run_disabled_tests",
+              env_bootstrap = std::string(kBootstrapEnv) + "=" + farmemd.bootstrap();
+  std::vector<char*> argv{self.data(), filter.data(), disabled.data(), nullptr};
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(env_bootstrap.data());
+  envp.push_back(nullptr);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    ::close(pipefd[0]);
-    RunDoomedClient(farmemd.bootstrap(), pipefd[1]);
+    ::dup2(pipefd[1], kReadyFd);  // dup2 clears O_CLOEXEC on the copy
+    ::execve(self.c_str(), argv.data(), envp.data());
+    ::_exit(127);
   }
   ::close(pipefd[1]);
   pollfd p{pipefd[0], POLLIN, 0};
