@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "farmem/tier.h"
-#include "node/rpc_call.h"
 #include "tier/format/tier_wire.h"
 #include "tier/service/tier_service_test_util.h"
 
@@ -67,15 +66,9 @@ TEST_P(TierBadInput, RawRequestsAtTheEdgesOfTheRegionAreRefusedByTheServer) {
   auto env = TierEnv::Start(GetParam(), 16, 2);
   ASSERT_TRUE(env->service);
   const uint64_t cap = env->service->store().geometry().capacity;
-  auto peer = env->client_node->connect(env->address);
-  ASSERT_TRUE(peer.ok());
-  auto sched = env->client_node->make_scheduler();
-  ASSERT_TRUE(sched.ok());
-  std::vector<std::byte> reply(64 << 10);
-  auto call = [&](uint16_t op, std::vector<std::byte> req) {
-    auto r = (*sched)->block_on(CallRpc(**sched, peer->id, op, req, reply, "raw"));
-    return r.ok() ? Status::OK() : r.status();
-  };
+  auto raw = env->Raw();
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  auto call = [&](uint16_t op, const std::vector<std::byte>& req) { return raw->Call(op, req); };
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   std::vector<std::byte> data(100);
   const std::vector<uint64_t> one{1}, two{3};
@@ -135,22 +128,16 @@ TEST_P(TierBadInput, OneSidedWritesAtomicsAndAccessPastTheEndAreRefused) {
   std::vector<std::byte> before(64, std::byte{0x5a});
   ASSERT_TRUE(c.write(0, before).ok());
 
-  auto peer = env->client_node->connect(env->address);
-  ASSERT_TRUE(peer.ok());
-  auto sched = env->client_node->make_scheduler();
-  ASSERT_TRUE(sched.ok());
-  Scheduler& s = **sched;
-  RegionKey data_key = 0, bitmap_key = 0;
-  for (const RegionInfo& r : peer->regions) {
-    if (r.name == TierService::kDataRegionName) data_key = r.key;
-    if (r.name == TierService::kBitmapRegionName) bitmap_key = r.key;
-  }
+  auto raw = env->Raw();
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  Scheduler& s = *raw->sched;
+  const RegionKey data_key = raw->data_key, bitmap_key = raw->bitmap_key;
   ASSERT_NE(data_key, 0u);
   ASSERT_NE(bitmap_key, 0u);
   const uint64_t bitmap_bytes = env->service->store().bitmap_alloc_bytes();
   uint64_t word = 0x1111111111111111ull;
   for (RegionKey key : {data_key, bitmap_key}) {
-    const RemoteRef at{peer->id, key, 0};
+    const RemoteRef at{raw->peer.id, key, 0};
     const Status w = s.block_on(s.write(at, &word, 8, true));
     EXPECT_EQ(w.code(), Code::kPermissionDenied) << w.ToString();
     const auto faa = s.block_on(s.fetch_add(at, 1));
@@ -161,7 +148,7 @@ TEST_P(TierBadInput, OneSidedWritesAtomicsAndAccessPastTheEndAreRefused) {
   // Reads past the end of either region are refused, not served from whatever follows it.
   std::vector<std::byte> buf(16);
   for (const auto& [key, size] : {std::pair{data_key, cap}, std::pair{bitmap_key, bitmap_bytes}}) {
-    const Status r = s.block_on(s.read(RemoteRef{peer->id, key, size - 8}, buf.data(), 16));
+    const Status r = s.block_on(s.read(RemoteRef{raw->peer.id, key, size - 8}, buf.data(), 16));
     EXPECT_FALSE(r.ok()) << "a one-sided read past the end of region " << key << " succeeded";
     EXPECT_FALSE(r.message().empty());
   }

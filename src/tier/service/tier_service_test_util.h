@@ -16,6 +16,7 @@
 #include "farmem/server.h"
 #include "farmem/tier.h"
 #include "node/node_test_util.h"
+#include "node/rpc_call.h"
 #include "tier/engine/tier_test_util.h"
 #include "tier/service/tier_service.h"
 
@@ -35,6 +36,22 @@ inline ServerConfig TierServerConfig(const std::string& backend, const std::stri
   sc.tier.mode = mode;
   return sc;
 }
+
+// The tier server as seen without TieredClient, for requests it would never send: the peer (and
+// the keys of regions `tier` and `tier-bitmap`, 0 when not exported), a scheduler for one-sided
+// operations, and Call(opcode, request body) -> the RPC's status.
+struct RawTierPeer {
+  PeerInfo peer;
+  std::unique_ptr<Scheduler> sched;
+  RegionKey data_key = 0;
+  RegionKey bitmap_key = 0;
+  std::vector<std::byte> reply = std::vector<std::byte>(64 << 10);
+
+  Status Call(uint16_t opcode, std::span<const std::byte> request) {
+    auto r = sched->block_on(CallRpc(*sched, peer.id, opcode, request, reply, "raw"));
+    return r.ok() ? Status::OK() : r.status();
+  }
+};
 
 struct TierEnv {
   TempDir dir;
@@ -98,6 +115,17 @@ struct TierEnv {
 
   Result<std::unique_ptr<TieredClient>> Connect(TieredClientOptions options = {}) {
     return TieredClient::Connect(*client_node, address, options);
+  }
+
+  Result<RawTierPeer> Raw() {
+    RawTierPeer raw;
+    FARMEM_ASSIGN_OR_RETURN(raw.peer, client_node->connect(address));
+    FARMEM_ASSIGN_OR_RETURN(raw.sched, client_node->make_scheduler());
+    for (const RegionInfo& r : raw.peer.regions) {
+      if (r.name == TierService::kDataRegionName) raw.data_key = r.key;
+      if (r.name == TierService::kBitmapRegionName) raw.bitmap_key = r.key;
+    }
+    return raw;
   }
 
   ~TierEnv() {
