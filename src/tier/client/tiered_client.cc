@@ -8,13 +8,16 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "node/rpc_call.h"
+#include "tier/client/shm_cma.h"
 #include "tier/format/tier_layout.h"
 #include "tier/format/tier_wire.h"
 
@@ -47,9 +50,18 @@ const char* ModeName(uint8_t m) {
 // Transports whose one-sided copies a pattern check can trust (docs/tier.md "Client"): native
 // TCP copies aligned words in ascending order with atomic loads, inside a CopyEpoch the grace
 // hook waits for; libfabric shm (CMA) pins each page before copying it, so a copy never mixes two
-// frames inside a page. The libfabric tcp provider copies bytewise through socket buffers: RPC.
-bool TrustsOneSidedCopies(std::string_view transport) {
-  return transport == "tcp" || transport == "fabric:shm";
+// frames inside a page — but only with CMA: without it shm copies through bounce buffers with
+// memcpy (shm_cma.h). The libfabric tcp provider copies bytewise through socket buffers: RPC.
+bool TrustsOneSidedCopies(std::string_view transport, const PeerInfo& server) {
+  if (transport == "tcp") return true;
+  if (transport != "fabric:shm") return false;
+  const int pid = tw::ShmServerPid(server.transport_address);
+  if (tw::ShmUsesCma(pid, std::getenv("FI_SHM_DISABLE_CMA"))) return true;
+  FARMEM_LOG_WARN(
+      "TieredClient: fabric shm to {} copies without CMA (FI_SHM_DISABLE_CMA or no ptrace "
+      "permission for pid {}): reading by TIER_READ only",
+      server.name, pid);
+  return false;
 }
 
 // Waits for several child tasks of one scheduler: Child() runs a Task<Status>, stores its result
@@ -404,7 +416,7 @@ Result<std::unique_ptr<TieredClient>> TieredClient::Connect(Node& node, const st
   m.info.period_ms = m.wire.period_ms;
   m.info.mode = ModeName(m.wire.mode);
   m.info.one_sided = mode >= tw::TierWireMode::kTiering && !options.rpc_only &&
-                     TrustsOneSidedCopies(node.transport().name()) && m.wire.data_key != 0;
+                     TrustsOneSidedCopies(node.transport().name(), *peer) && m.wire.data_key != 0;
   m.info.bitmap = m.info.one_sided && mode == tw::TierWireMode::kFull;
   m.counting = mode >= tw::TierWireMode::kHotspot;
   m.counts = std::make_unique<std::atomic<uint32_t>[]>(m.counting ? m.info.unit_count : 0);

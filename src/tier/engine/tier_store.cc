@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,6 +197,7 @@ Status TierStore::Init(const TierOptions& o) {
     return Status::InvalidArgument("io_rings must be in 1..64");
   }
   grace_ = o.grace;
+  faults_ = o.faults;
 
   // One mapping per unit at worst (cold units each map the magic memfd at offset 0, so adjacent
   // ones do not merge), on top of what the process holds already.
@@ -247,6 +249,10 @@ Status TierStore::Init(const TierOptions& o) {
         ftruncate(file_fd_, static_cast<off_t>(geo_.capacity)) != 0) {
       return Status::FromErrno("extending " + o.path + " to the tier capacity", errno);
     }
+  }
+  if (o.cached_reads && o.direct_io) {
+    cached_fd_ = open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (cached_fd_ < 0) return Status::FromErrno("open " + o.path + " (cached reads)", errno);
   }
   FARMEM_ASSIGN_OR_RETURN(io_, IoRings::Create(o.io_rings, 8));
 
@@ -306,7 +312,7 @@ TierStore::~TierStore() {
   if (base_ != nullptr) munmap(base_, geo_.capacity);
   if (frames_rw_ != nullptr) munmap(frames_rw_, frames_ * geo_.unit_size);
   if (bitmap_ != nullptr) munmap(bitmap_, bitmap_len_);
-  for (int fd : {file_fd_, magic_fd_, frame_fd_}) {
+  for (int fd : {file_fd_, cached_fd_, magic_fd_, frame_fd_}) {
     if (fd >= 0) close(fd);
   }
 }
@@ -430,7 +436,7 @@ Result<int32_t> TierStore::DetachLocked(uint32_t u, Unit& s) {
   SetBits(u, false);
   if (s.dirty.load(std::memory_order_relaxed)) {
     Status st = WriteBackLocked(u, s);
-    if (!st.ok()) {
+    if (!st.ok() && !faults_.demote_despite_failed_writeback) {
       SetBits(u, true);  // stays resident: the frame holds the only copy
       return st;
     }
@@ -563,9 +569,22 @@ Status TierStore::ColdRead(uint64_t offset, uint8_t* out, size_t n) {
   if (buf.p == nullptr) return Status::ResourceExhausted("no memory for a tier read buffer");
   {
     StripeLocks locks(stripes_.get(), kStripes, a / kPageSize, b / kPageSize, false);
-    FARMEM_RETURN_IF_ERROR(io_->Read(file_fd_, buf.p, b - a, a));
+    // Cached reads: a buffered RWF_NOWAIT read returns at once, either every byte from the page
+    // cache or EAGAIN / a short count (some page is not cached), and then the O_DIRECT read. The
+    // stripe locks order it against cold writes of the same blocks, whose O_DIRECT writes
+    // invalidate the cached pages they cover.
+    bool hit = false;
+    if (cached_fd_ >= 0) {
+      iovec iov{buf.p, b - a};
+      hit = preadv2(cached_fd_, &iov, 1, static_cast<off_t>(a), RWF_NOWAIT) ==
+            static_cast<ssize_t>(b - a);
+      (hit ? cached_read_hits_ : cached_read_misses_).fetch_add(1, std::memory_order_relaxed);
+    }
+    if (!hit) {
+      FARMEM_RETURN_IF_ERROR(io_->Read(file_fd_, buf.p, b - a, a));
+      io_read_bytes_.fetch_add(b - a, std::memory_order_relaxed);
+    }
   }
-  io_read_bytes_.fetch_add(b - a, std::memory_order_relaxed);
   std::memcpy(out, buf.p + (offset - a), n);
   return Status::OK();
 }
@@ -703,6 +722,8 @@ TierStats TierStore::Stats() const {
   s.read_bytes_file = read_bytes_file_.load(std::memory_order_relaxed);
   s.writes_dram = writes_dram_.load(std::memory_order_relaxed);
   s.writes_file = writes_file_.load(std::memory_order_relaxed);
+  s.cached_read_hits = cached_read_hits_.load(std::memory_order_relaxed);
+  s.cached_read_misses = cached_read_misses_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -65,12 +65,25 @@
 
 namespace farmem::tier {
 
+// Test-only: each field removes one protection, so tests can show that they catch its absence
+// (docs/tier.md, "Tests"; FARMEM_TIER_FAULT in the tests). Never set outside tests.
+struct TierStoreFaults {
+  // A demotion whose write-back failed (ENOSPC, EIO) goes on: the unit is mapped cold and its
+  // frame freed, losing the only copy of the dirty data (I2 keeps it resident instead).
+  bool demote_despite_failed_writeback = false;
+};
+
 struct TierOptions {
   std::string path;          // backing file (created, extended to capacity; not tmpfs)
   uint64_t capacity = 0;     // bytes, multiple of unit_size
   uint64_t dram_budget = 0;  // bytes, non-zero multiple of unit_size (may exceed capacity)
   uint64_t unit_size = kDefaultUnitSize;  // power of two, 4 KiB .. 16 MiB
   bool direct_io = true;                  // O_DIRECT: the page cache never becomes a second tier
+  // The paper's hybrid tiering IO (docs/tier.md "Cached reads"): a cold read first tries a
+  // buffered read with RWF_NOWAIT on a second, buffered descriptor, which succeeds only when every
+  // page of it is in the page cache; otherwise (EAGAIN, short) the O_DIRECT read. Writes stay
+  // O_DIRECT (they invalidate cached pages). Only with direct_io. Off by default: see the docs.
+  bool cached_reads = false;
   uint32_t fill_percent = 85;  // RunPeriod keeps at most this share of the budget resident
   uint64_t magic_word = 0;     // 0: drawn at Open (DrawMagicWord); else IsValidMagic
   // Called after a demoted unit's magic mapping is in place and before its frame is punched and
@@ -79,6 +92,7 @@ struct TierOptions {
   // next demotion retries. Empty: no copier to wait for.
   std::function<Status()> grace;
   unsigned io_rings = 2;  // io_uring instances (concurrent file IOs)
+  TierStoreFaults faults;
 };
 
 // Counters, each read on its own (not one consistent snapshot while promotions run).
@@ -100,8 +114,10 @@ struct TierStats {
   uint64_t reads_file = 0;      // ... served from the file
   uint64_t read_bytes_dram = 0;
   uint64_t read_bytes_file = 0;
-  uint64_t writes_dram = 0;  // unit parts of Write copied into a frame
-  uint64_t writes_file = 0;  // ... written to the file
+  uint64_t writes_dram = 0;         // unit parts of Write copied into a frame
+  uint64_t writes_file = 0;         // ... written to the file
+  uint64_t cached_read_hits = 0;    // cold reads served by a buffered RWF_NOWAIT read
+  uint64_t cached_read_misses = 0;  // ... that fell back to O_DIRECT (not all pages cached)
 };
 
 // What RunPeriod did.
@@ -188,7 +204,9 @@ class TierStore {
   uint64_t frames_ = 0;
   uint32_t fill_percent_ = 85;
   std::function<Status()> grace_;
+  TierStoreFaults faults_;
   int file_fd_ = -1;
+  int cached_fd_ = -1;  // buffered, read-only; only with cached_reads
   int magic_fd_ = -1;
   int frame_fd_ = -1;
   uint8_t* base_ = nullptr;
@@ -209,6 +227,7 @@ class TierStore {
   std::atomic<uint64_t> io_read_bytes_{0}, io_write_bytes_{0};
   std::atomic<uint64_t> reads_dram_{0}, reads_file_{0}, read_bytes_dram_{0}, read_bytes_file_{0};
   std::atomic<uint64_t> writes_dram_{0}, writes_file_{0};
+  std::atomic<uint64_t> cached_read_hits_{0}, cached_read_misses_{0};
 };
 
 }  // namespace farmem::tier

@@ -91,7 +91,8 @@ Status ValidateTierConfig(const ServerConfig& config) {
   return Status::OK();
 }
 
-Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& config, Node& node) {
+Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& config, Node& node,
+                                                         tw::TierStoreFaults faults) {
   if (config.tier.file.empty()) {
     return Status::InvalidArgument("the tier service needs --tier-file PATH");
   }
@@ -112,6 +113,7 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.unit_size = uint64_t{c.unit_kib} << 10;
   o.direct_io = c.direct_io;
   o.fill_percent = c.fill_percent;
+  o.faults = faults;
   // The grace period of a demotion: every one-sided copy the transport's threads were making
   // when the unit was remapped has finished before its frame is punched and reused.
   const auto timeout = config.node.transport.op_timeout;
@@ -247,11 +249,12 @@ Status TierService::Handle(const RpcCall& call, std::vector<std::byte>& reply) {
                                                    N(call.request.size()) + " bytes");
       break;
     case tw::kOpTierRead:
-      st = Read(call, reply);
+    case tw::kOpTierWrite: {
+      rpc_in_flight_.fetch_add(1, std::memory_order_relaxed);
+      st = call.opcode == tw::kOpTierRead ? Read(call, reply) : Write(call);
+      rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
       break;
-    case tw::kOpTierWrite:
-      st = Write(call);
-      break;
+    }
     case tw::kOpTierCounters:
       st = Counters(call);
       break;
@@ -363,6 +366,7 @@ nlohmann::json TierService::Stats() const {
   j["rpc_read_bytes"] = ld(rpc_read_bytes_);
   j["rpc_writes"] = ld(rpc_writes_);
   j["rpc_write_bytes"] = ld(rpc_write_bytes_);
+  j["rpc_in_flight"] = rpc_in_flight_.load(std::memory_order_relaxed);
   return j;
 }
 

@@ -39,8 +39,10 @@ class TierService final : public Service {
 
   // Validates config.tier, opens the store (file, mappings) and exports its range (read-only)
   // and, in mode full, the bitmap through `node` (which must outlive the service and be stopped
-  // before it is destroyed). In mode tiering, fills the budget with the first units.
-  static Result<std::unique_ptr<TierService>> Create(const ServerConfig& config, Node& node);
+  // before it is destroyed). In mode tiering, fills the budget with the first units. `faults`
+  // is test-only (tier_store.h); farmemd never sets it.
+  static Result<std::unique_ptr<TierService>> Create(const ServerConfig& config, Node& node,
+                                                     tier::TierStoreFaults faults = {});
   ~TierService() override;
   TierService(const TierService&) = delete;
   TierService& operator=(const TierService&) = delete;
@@ -84,6 +86,9 @@ class TierService final : public Service {
   std::mutex period_mu_;                             // one period at a time
   std::atomic<uint64_t> periods_{0}, period_errors_{0}, counter_pushes_{0};
   std::atomic<uint64_t> rpc_reads_{0}, rpc_read_bytes_{0}, rpc_writes_{0}, rpc_write_bytes_{0};
+  // TIER_READ / TIER_WRITE handlers running now (file IO in progress): 0 when idle, whatever
+  // happened to the clients that sent them (STAT "rpc_in_flight").
+  std::atomic<int64_t> rpc_in_flight_{0};
 
   std::mutex thread_mu_;
   std::condition_variable thread_cv_;

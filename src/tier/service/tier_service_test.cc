@@ -14,22 +14,16 @@
 
 #include "farmem/server.h"
 #include "farmem/tier.h"
-#include "node/rpc_call.h"
 #include "tier/format/tier_wire.h"
 #include "tier/service/tier_service_test_util.h"
 
 namespace farmem::tier {
 namespace {
 
+using testing::Random;
 using testing::TierEnv;
 
 constexpr uint64_t kUnit = 16 << 10;
-
-std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
 
 // Writes `image` over the whole region in 256 KiB pieces.
 void Fill(TieredClient& c, const std::vector<std::byte>& image) {
@@ -216,15 +210,9 @@ TEST_P(TierServiceTest, BadRangesAndMalformedRequestsAreClearErrors) {
   EXPECT_NE(st.message().find("outside the region"), std::string_view::npos) << st.ToString();
 
   // Raw requests the client would never send: the server refuses them with a clear code.
-  auto peer = env->client_node->connect(env->address);
-  ASSERT_TRUE(peer.ok());
-  auto sched = env->client_node->make_scheduler();
-  ASSERT_TRUE(sched.ok());
-  std::vector<std::byte> reply(64 << 10);
-  auto call = [&](uint16_t op, std::vector<std::byte> req) {
-    auto r = (*sched)->block_on(CallRpc(**sched, peer->id, op, req, reply, "raw"));
-    return r.ok() ? Status::OK() : r.status();
-  };
+  auto raw = env->Raw();
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  auto call = [&](uint16_t op, const std::vector<std::byte>& req) { return raw->Call(op, req); };
   EXPECT_EQ(call(kOpTierRead, EncodeTierReadRequest(0, 10, std::vector<uint64_t>{1, 0})).code(),
             Code::kProtocol);
   EXPECT_EQ(call(kOpTierRead, EncodeTierReadRequest(0, 10, std::vector<uint64_t>{2})).code(),
@@ -239,16 +227,12 @@ TEST_P(TierServiceTest, BadRangesAndMalformedRequestsAreClearErrors) {
       Code::kOutOfRange);
   EXPECT_EQ(call(kOpTierInfo, std::vector<std::byte>(3)).code(), Code::kProtocol);
   // One-sided writes to the read-only regions are refused.
-  RegionKey data_key = 0, bitmap_key = 0;
-  for (const RegionInfo& r : peer->regions) {
-    if (r.name == TierService::kDataRegionName) data_key = r.key;
-    if (r.name == TierService::kBitmapRegionName) bitmap_key = r.key;
-  }
-  ASSERT_NE(data_key, 0u);
-  ASSERT_NE(bitmap_key, 0u);
+  ASSERT_NE(raw->data_key, 0u);
+  ASSERT_NE(raw->bitmap_key, 0u);
+  Scheduler& s = *raw->sched;
   uint64_t word = 1;
-  for (RegionKey key : {data_key, bitmap_key}) {
-    Status ws = (*sched)->block_on((*sched)->write(RemoteRef{peer->id, key, 0}, &word, 8, true));
+  for (RegionKey key : {raw->data_key, raw->bitmap_key}) {
+    Status ws = s.block_on(s.write(RemoteRef{raw->peer.id, key, 0}, &word, 8, true));
     EXPECT_EQ(ws.code(), Code::kPermissionDenied) << ws.ToString();
   }
   // The server still serves.

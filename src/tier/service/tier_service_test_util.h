@@ -6,13 +6,17 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "farmem/node.h"
 #include "farmem/server.h"
 #include "farmem/tier.h"
 #include "node/node_test_util.h"
+#include "node/rpc_call.h"
 #include "tier/engine/tier_test_util.h"
 #include "tier/service/tier_service.h"
 
@@ -33,6 +37,22 @@ inline ServerConfig TierServerConfig(const std::string& backend, const std::stri
   return sc;
 }
 
+// The tier server as seen without TieredClient, for requests it would never send: the peer (and
+// the keys of regions `tier` and `tier-bitmap`, 0 when not exported), a scheduler for one-sided
+// operations, and Call(opcode, request body) -> the RPC's status.
+struct RawTierPeer {
+  PeerInfo peer;
+  std::unique_ptr<Scheduler> sched;
+  RegionKey data_key = 0;
+  RegionKey bitmap_key = 0;
+  std::vector<std::byte> reply = std::vector<std::byte>(64 << 10);
+
+  Status Call(uint16_t opcode, std::span<const std::byte> request) {
+    auto r = sched->block_on(CallRpc(*sched, peer.id, opcode, request, reply, "raw"));
+    return r.ok() ? Status::OK() : r.status();
+  }
+};
+
 struct TierEnv {
   TempDir dir;
   std::unique_ptr<Node> server_node;
@@ -41,9 +61,12 @@ struct TierEnv {
   std::string address;
 
   // Starts both ends (service period thread included); ADD_FAILURE and service == nullptr on error.
+  // `adjust` may change the server's config (backing file, direct IO) before the service opens.
   static std::unique_ptr<TierEnv> Start(const std::string& backend, uint64_t units,
                                         uint64_t budget_units, TierMode mode = TierMode::kFull,
-                                        uint32_t period_ms = 60000, uint32_t unit_kib = 16) {
+                                        uint32_t period_ms = 60000, uint32_t unit_kib = 16,
+                                        const std::function<void(ServerConfig&)>& adjust = {},
+                                        TierStoreFaults faults = {}) {
     auto env = std::make_unique<TierEnv>();
     if (!env->dir.ok()) {
       ADD_FAILURE() << "no temp dir";
@@ -51,13 +74,14 @@ struct TierEnv {
     }
     ServerConfig sc = TierServerConfig(backend, env->dir.File("tier.data"), units, budget_units,
                                        unit_kib, mode, period_ms);
+    if (adjust) adjust(sc);
     auto n = Node::Create(sc.node);
     if (!n.ok()) {
       ADD_FAILURE() << "server node: " << n.status().ToString();
       return env;
     }
     env->server_node = std::move(*n);
-    auto s = TierService::Create(sc, *env->server_node);
+    auto s = TierService::Create(sc, *env->server_node, faults);
     if (!s.ok()) {
       ADD_FAILURE() << "tier service: " << s.status().ToString();
       return env;
@@ -93,6 +117,17 @@ struct TierEnv {
     return TieredClient::Connect(*client_node, address, options);
   }
 
+  Result<RawTierPeer> Raw() {
+    RawTierPeer raw;
+    FARMEM_ASSIGN_OR_RETURN(raw.peer, client_node->connect(address));
+    FARMEM_ASSIGN_OR_RETURN(raw.sched, client_node->make_scheduler());
+    for (const RegionInfo& r : raw.peer.regions) {
+      if (r.name == TierService::kDataRegionName) raw.data_key = r.key;
+      if (r.name == TierService::kBitmapRegionName) raw.bitmap_key = r.key;
+    }
+    return raw;
+  }
+
   ~TierEnv() {
     if (client_node) client_node->stop();
     if (service) service->stop();
@@ -100,6 +135,13 @@ struct TierEnv {
     service.reset();
   }
 };
+
+// n random bytes, as the client API takes them.
+inline std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
 
 inline std::string BackendName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param == "tcp" ? "tcp" : "fabric_shm";

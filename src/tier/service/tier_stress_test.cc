@@ -5,7 +5,9 @@
 // writes (each word names its own index, a sequence number and a checksum) into 64-byte chunks
 // they own (interleaved, so cold writes of different writers share 4 KiB blocks). Checked: no
 // stale word (older than the last write acknowledged before the read began), no torn, foreign or
-// pattern word, and at the end no lost write. FARMEM_STRESS_SECONDS sets the duration (3 s).
+// pattern word, and at the end no lost write; at every sample (~5 ms) the budget holds and at most
+// 1 % of the backing file is in the page cache (mincore). FARMEM_STRESS_SECONDS sets the duration
+// (3 s); FARMEM_TIER_FAULT=buffered runs the server without O_DIRECT (the page-cache check fails).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -54,10 +56,20 @@ uint64_t Tag(uint64_t index, uint64_t seq) {
 
 using farmem::testing::Failures;
 
+// FARMEM_TIER_FAULT=buffered: the server's file IO goes through the page cache.
+bool BufferedFault() {
+  const char* e = std::getenv("FARMEM_TIER_FAULT");
+  const bool on = e != nullptr && std::string(e) == "buffered";
+  if (on) std::printf("[ fault    ] FARMEM_TIER_FAULT=buffered\n");
+  return on;
+}
+
 class TierStress : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
-  auto env = TierEnv::Start(GetParam(), kUnits, 2, TierMode::kFull, 3, kUnitKib);
+  const bool buffered = BufferedFault();
+  auto env = TierEnv::Start(GetParam(), kUnits, 2, TierMode::kFull, 3, kUnitKib,
+                            [&](ServerConfig& sc) { sc.tier.direct_io = !buffered; });
   ASSERT_TRUE(env->service);
   TieredClientOptions opts;
   opts.period = std::chrono::milliseconds(3);
@@ -83,6 +95,22 @@ TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(StressSeconds());
 
   std::vector<std::thread> threads;
+  // Sampler: the budget and the page cache of the backing file (<= 1 % of its pages) at every
+  // sample, not only at the end.
+  std::atomic<int64_t> max_cached{0};
+  std::atomic<uint64_t> samples{0};
+  threads.emplace_back([&] {
+    const std::string file = env->service->config().file;
+    while (!stop.load()) {
+      const uint64_t resident = env->service->store().Stats().resident_units;
+      if (resident > 2) fail.Add("budget: " + std::to_string(resident) + " units resident");
+      const int64_t cached = testing::CachedPages(file, kBytes);
+      if (cached < 0) fail.Add("mincore of the backing file failed");
+      if (cached > max_cached.load()) max_cached.store(cached);
+      samples.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
   // Churn: random promotions and demotions on top of the 3 ms period thread.
   threads.emplace_back([&] {
     std::mt19937_64 rng(1);
@@ -189,9 +217,11 @@ TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
       }
     });
   }
-  for (size_t i = 1; i < threads.size(); ++i) threads[i].join();
+  // threads[0] samples and threads[1] churns until `stop`; the others end at the deadline.
+  for (size_t i = 2; i < threads.size(); ++i) threads[i].join();
   stop.store(true);
   threads[0].join();
+  threads[1].join();
 
   // No lost write: every word holds exactly its last acknowledged write.
   std::vector<uint64_t> final_words(kWords);
@@ -211,14 +241,16 @@ TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
   std::printf(
       "reads %llu words %llu writes %llu churn %llu promotions %llu demotions %llu "
       "writebacks %llu; client0: hits %llu skips %llu pattern misses %llu false "
-      "positives %llu rpc reads %llu bitmap pulls %llu\n",
+      "positives %llu rpc reads %llu bitmap pulls %llu; page cache max %lld of %llu pages in "
+      "%llu samples\n",
       (unsigned long long)reads.load(), (unsigned long long)words_checked.load(),
       (unsigned long long)writes.load(), (unsigned long long)churns.load(),
       (unsigned long long)ts.promotions, (unsigned long long)ts.demotions,
       (unsigned long long)ts.writebacks, (unsigned long long)cs.one_sided_hits,
       (unsigned long long)cs.bitmap_skips, (unsigned long long)cs.pattern_misses,
       (unsigned long long)cs.false_positives, (unsigned long long)cs.rpc_reads,
-      (unsigned long long)cs.bitmap_pulls);
+      (unsigned long long)cs.bitmap_pulls, (long long)max_cached.load(),
+      (unsigned long long)(kBytes / 4096), (unsigned long long)samples.load());
   EXPECT_EQ(fail.count(), 0u) << fail.Report();
   EXPECT_EQ(lost, 0u);
   EXPECT_GT(reads.load(), 100u);
@@ -226,6 +258,10 @@ TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
   EXPECT_GT(ts.promotions, 20u);
   EXPECT_GT(ts.demotions, 20u);
   EXPECT_LE(ts.resident_units, 2u);
+  EXPECT_GT(samples.load(), 0u);
+  EXPECT_LE(max_cached.load() * 100, int64_t(kBytes / 4096))
+      << "backing file pages in the page cache: " << max_cached.load() << " of " << kBytes / 4096
+      << " (more than 1 %)";
   EXPECT_GT(cs.one_sided_hits + clients[1]->stats().one_sided_hits, 0u);
 }
 
