@@ -321,6 +321,36 @@ TEST_P(TxRecovery, TheStatusFenceAndTheLeaseRefuseALateCommit) {
       Code::kNotFound);
 }
 
+// Several tables on one server: one participant, one TX_DECIDE with every table's writes,
+// installed at once; no prepare, no decision kept.
+TEST(TxRecoveryOneServer, WritesToTwoTablesCommitInOneDecide) {
+  auto cluster = TxCluster::Start("tcp", 1, {"a:8:8:16", "b:8:8:16"}, kLeaseMs);
+  ASSERT_TRUE(cluster->node);
+  auto client = cluster->Connect();
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto t = BlockingTx::Create(**client, *cluster->node);
+  ASSERT_TRUE(t.ok());
+  BlockingTx& tx = **t;
+  std::vector<std::byte> v(8, std::byte{5});
+  tx.start();
+  ASSERT_TRUE(tx.insert(0, Key(1), v).ok());
+  ASSERT_TRUE(tx.insert(1, Key(1), v).ok());
+  Status st = tx.commit();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  tx.start();
+  auto a = tx.read(0, Key(1));
+  auto b = tx.read(1, Key(1));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(U64(*a), U64(v));
+  EXPECT_EQ(U64(*b), U64(v));
+  EXPECT_TRUE(tx.commit().ok());
+  const auto stat = cluster->servers[0].service->Stats();
+  EXPECT_EQ(stat["decides"].get<uint64_t>(), 1u);
+  EXPECT_EQ(stat["prepares"].get<uint64_t>(), 0u);
+  EXPECT_EQ(stat["decisions"].get<uint64_t>(), 0u);
+  EXPECT_EQ(stat["commits"].get<uint64_t>(), 0u);  // no TX_COMMIT
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TxRecovery, ::testing::Values("tcp", "fabric:shm"),
                          [](const auto& info) {
                            return info.param == "tcp" ? std::string("tcp")
