@@ -20,6 +20,7 @@
 #include "farmem/tx.h"
 #include "node/rpc_call.h"
 #include "tx/client/tx_history.h"
+#include "tx/client/tx_test_env.h"
 #include "tx/service/tx_cluster_test_util.h"
 
 namespace farmem::tx_test {
@@ -33,11 +34,6 @@ constexpr int kCoroutines = 4;
 constexpr int kOps = 120;
 constexpr size_t kAuditReads = 8;
 
-std::vector<std::byte> Key(uint64_t k) {
-  std::vector<std::byte> out(8);
-  std::memcpy(out.data(), &k, 8);
-  return out;
-}
 uint64_t Word(std::span<const std::byte> b, size_t i) {
   uint64_t v = 0;
   std::memcpy(&v, b.data() + i * 8, 8);
@@ -201,11 +197,7 @@ TEST_P(TxHistoryStress, WithoutLockingTheCheckerFindsALostUpdate) {
   EXPECT_NE(st.message().find("lost update"), std::string::npos) << st.ToString();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TxHistoryStress, ::testing::Values("tcp", "fabric:shm"),
-                         [](const auto& info) {
-                           return info.param == "tcp" ? std::string("tcp")
-                                                      : std::string("fabric_shm");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, TxHistoryStress, kTxBackends, TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test

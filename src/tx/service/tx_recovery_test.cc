@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "farmem/tx.h"
+#include "tx/client/tx_test_env.h"
 #include "tx/format/tx_layout.h"
 #include "tx/format/tx_wire.h"
 #include "tx/service/tx_cluster_test_util.h"
@@ -31,16 +32,6 @@ constexpr uint64_t kAccounts = 8;
 constexpr uint64_t kStart = 100;
 constexpr uint64_t kAmount = 30;
 
-std::vector<std::byte> Key(uint64_t k) {
-  std::vector<std::byte> out(8);
-  std::memcpy(out.data(), &k, 8);
-  return out;
-}
-uint64_t U64(std::span<const std::byte> b) {
-  uint64_t v = 0;
-  std::memcpy(&v, b.data(), 8);
-  return v;
-}
 std::string Fault() {
   const char* e = std::getenv("FARMEM_TX_FAULT");
   return e ? e : "";
@@ -351,11 +342,7 @@ TEST(TxRecoveryOneServer, WritesToTwoTablesCommitInOneDecide) {
   EXPECT_EQ(stat["commits"].get<uint64_t>(), 0u);  // no TX_COMMIT
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TxRecovery, ::testing::Values("tcp", "fabric:shm"),
-                         [](const auto& info) {
-                           return info.param == "tcp" ? std::string("tcp")
-                                                      : std::string("fabric_shm");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, TxRecovery, kTxBackends, TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test
