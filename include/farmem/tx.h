@@ -42,9 +42,23 @@ enum class TxReadCheck : uint8_t {
   kSeqlock,  // seq word, item, seq word again (SeqlockRecheck); validation by TX_VALIDATE
 };
 
+// Test-only: where a multi-participant commit() stops as if its client died there (nothing more
+// is sent; commit() returns kInternal "test fault: ..."; the locks stay until the servers'
+// leases and recovery deal with them).
+enum class TxDieAt : uint8_t {
+  kNever,
+  kHoldingLocks,      // before any commit message (locks held)
+  kAfterPrepare,      // every TX_PREPARE acknowledged, no decision sent
+  kAfterFirstDecide,  // the first participant committed (the commit point), no other decision
+};
+
 // Test-only protocol steps to leave out (docs/tx.md "Tests"). Never set outside tests.
 struct TxClientFaults {
   bool skip_validation = false;  // commit without validating the read set
+  // Commit as before prepare / decide existed: one TX_COMMIT per (table, partition) in turn, so a
+  // client dying between two of them leaves a partial commit (kAfterFirstDecide: after the first).
+  bool one_phase_commit = false;
+  TxDieAt die_at = TxDieAt::kNever;
 };
 
 struct TxClientOptions {

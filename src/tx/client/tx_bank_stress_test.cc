@@ -183,11 +183,7 @@ TEST_P(TxBankStress, WithoutValidationAuditsSeeWrongTotals) {
   EXPECT_GT(out.bad_audits.load(), 0u) << "validation left out, yet no audit saw a wrong total";
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TxBankStress, ::testing::Values("tcp", "fabric:shm"),
-                         [](const auto& info) {
-                           return info.param == "tcp" ? std::string("tcp")
-                                                      : std::string("fabric_shm");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, TxBankStress, kTxBackends, TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test

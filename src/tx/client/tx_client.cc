@@ -285,6 +285,14 @@ struct Tx::State {
   RemoteRef Ref(const TxClient::Impl::Table& t, uint32_t part, uint64_t offset) const {
     return RemoteRef{PeerOf(t, part), t.region_key[part], offset};
   }
+  // Test fault TxClientFaults::die_at: true when the commit stops at `at`, as if the client died
+  // there (nothing more is sent, the locks stay).
+  bool Died(TxDieAt at, size_t writes) {
+    if (c->options.faults.die_at != at || writes == 0) return false;
+    active = false;
+    reason = TxAbortReason::kOther;
+    return true;
+  }
 };
 
 Tx::Tx(TxClient& client, Scheduler& sched) : s_(std::make_unique<State>()) {
@@ -308,6 +316,18 @@ TxAbortReason Tx::abort_reason() const {
 }
 
 namespace {
+
+// The decision for the prepared participants order[1..upto) of a multi-participant commit.
+// Errors are fine: a prepared participant that misses its decision asks participant 0.
+Task<void> DecideOthers(Scheduler& sched, TxClient::Impl& c, const std::vector<uint32_t>& order,
+                        size_t upto, uint64_t txid, uint8_t decision,
+                        std::vector<std::byte>& reply) {
+  const auto req = wire::EncodeTwoPhaseRequest(txid, 0, decision, 0, {}, {});
+  for (size_t i = 1; i < upto; ++i) {
+    (void)co_await CallRpc(sched, c.servers[order[i]].peer, wire::kOpDecide, req, reply,
+                           "TX_DECIDE");
+  }
+}
 
 // One consistent copy of an item at `offset` (ordered: one read; else seqlock). kOk fills *view
 // pointing into *buf.
@@ -624,45 +644,127 @@ Task<Status> Tx::commit() {
       }
     }
   }
-  // Commit: one TX_COMMIT per (table, partition) holding writes. With one participant this is
-  // atomic at its owner (CommitAll); with several, each commits on its own (no prepare/decide:
-  // docs/tx.md "Not built").
-  std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::BatchEntry>> groups;
+  const TxClientFaults& faults = c.options.faults;
+  if (s.Died(TxDieAt::kHoldingLocks, writes)) {
+    co_return Status::Internal("tx commit: test fault: client stopped holding its locks");
+  }
+  // Writes by participant (server: order[i], part_items[i], ascending server index) and by
+  // (table, partition).
+  std::map<uint32_t, size_t> part_of_server;
+  for (auto& [ck, item] : s.items) {
+    if (item.kind != State::kRead) part_of_server[s.TableOf(item.table)->server[item.partition]];
+  }
+  std::vector<uint32_t> order;
+  for (auto& kv : part_of_server) {
+    kv.second = order.size();
+    order.push_back(kv.first);
+  }
+  std::vector<std::vector<wire::TwoPhaseEntry>> part_items(order.size());
+  std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::BatchEntry>> commit_groups;
   for (auto& [ck, item] : s.items) {
     if (item.kind == State::kRead) continue;
-    groups[{item.table, item.partition}].push_back(
-        {item.kind == State::kRemove ? wire::kRemove : wire::kWrite, item.key,
-         item.kind == State::kRemove ? std::span<const std::byte>() : item.value});
+    const wire::BatchOp op = item.kind == State::kRemove ? wire::kRemove : wire::kWrite;
+    const auto value = op == wire::kRemove ? std::span<const std::byte>() : item.value;
+    part_items[part_of_server.at(s.TableOf(item.table)->server[item.partition])].push_back(
+        {op, item.table, item.key, value});
+    commit_groups[{item.table, item.partition}].push_back({op, item.key, value});
   }
-  size_t committed = 0;
-  for (auto& [tp, entries] : groups) {
-    const auto& t = *s.TableOf(tp.first);
-    if (entries.size() > wire::kMaxBatchItems) {
-      {
-        s.reason = TxAbortReason::kOther;
-        Status st = AbortedFor(s.reason, "more than 64 writes on one partition");
-        (void)co_await abort();
-        co_return st;
-      }
-    }
-    const auto req = wire::EncodeBatchRequest(tp.first, s.txid, entries);
-    Result<std::span<const std::byte>> r = co_await CallRpc(
-        *s.sched, s.PeerOf(t, tp.second), wire::kOpCommit, req, s.rpc_reply, "TX_COMMIT");
-    if (!r.ok()) {
-      if (committed > 0) {
-        s.active = false;
-        s.reason = TxAbortReason::kOther;
-        co_return Status::Internal("tx commit: partial commit (" + std::to_string(committed) +
-                                   " of " + std::to_string(groups.size()) +
-                                   " participants committed): " + r.status().ToString());
-      }
-      const TxAbortReason reason =
-          r.status().code() == Code::kAborted ? TxAbortReasonOf(r.status()) : TxAbortReason::kOther;
-      s.reason = reason;
+  for (const auto& entries : part_items) {
+    if (entries.size() > wire::kMaxBatchItems || order.size() > wire::kMaxParticipants) {
+      s.reason = TxAbortReason::kOther;
+      Status st = AbortedFor(s.reason, "more than 64 writes on one server, or over 16 servers");
       (void)co_await abort();
-      co_return r.status();
+      co_return st;
     }
-    ++committed;
+  }
+  if (commit_groups.size() <= 1 || faults.one_phase_commit) {
+    // Read-only: nothing to send. One (table, partition): the single-participant fast path, one
+    // TX_COMMIT, atomic at its owner (CommitAll). Several only under the test fault
+    // one_phase_commit: one TX_COMMIT each, in turn.
+    size_t committed = 0;
+    for (auto& [tp, entries] : commit_groups) {
+      const auto& t = *s.TableOf(tp.first);
+      if (committed == 1 && s.Died(TxDieAt::kAfterFirstDecide, writes)) {
+        co_return Status::Internal("tx commit: test fault: client stopped after one TX_COMMIT");
+      }
+      const auto req = wire::EncodeBatchRequest(tp.first, s.txid, entries);
+      Result<std::span<const std::byte>> r = co_await CallRpc(
+          *s.sched, s.PeerOf(t, tp.second), wire::kOpCommit, req, s.rpc_reply, "TX_COMMIT");
+      if (!r.ok()) {
+        if (committed > 0) {
+          s.active = false;
+          s.reason = TxAbortReason::kOther;
+          co_return Status::Internal("tx commit: partial commit (test fault one_phase_commit)");
+        }
+        s.reason = r.status().code() == Code::kAborted ? TxAbortReasonOf(r.status())
+                                                       : TxAbortReason::kOther;
+        (void)co_await abort();
+        co_return r.status();
+      }
+      ++committed;
+    }
+  } else {
+    // Several tables on one server, or several servers: prepare -> decide (docs/tx.md
+    // "Multi-participant commit"). Participant 0 (the lowest server index) keeps the decision:
+    // its own writes travel in its TX_DECIDE, installed together with the recorded decision —
+    // the commit point. The others are prepared first and learn the outcome from a TX_DECIDE, or
+    // by asking participant 0 when this client falls silent.
+    std::vector<std::string> addresses;
+    for (uint32_t server : order) addresses.push_back(c.servers[server].address);
+    const auto lease_ns = static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count());
+    size_t asked = 1;
+    Status failed = Status::OK();
+    for (size_t i = 1; i < order.size() && failed.ok(); ++i, ++asked) {
+      const auto prep_req =
+          wire::EncodeTwoPhaseRequest(s.txid, lease_ns, 0, 0, addresses, part_items[i]);
+      Result<std::span<const std::byte>> prep_r =
+          co_await CallRpc(*s.sched, c.servers[order[i]].peer, wire::kOpPrepare, prep_req,
+                           s.rpc_reply, "TX_PREPARE");
+      if (!prep_r.ok()) failed = prep_r.status();
+    }
+    if (!failed.ok()) {
+      // Nothing is decided (participant 0 holds no record, so a prepared participant asking it
+      // is told "abort"): release everything. The refusing participant may have prepared (a
+      // transport error hides that): it gets the abort decision too.
+      co_await DecideOthers(*s.sched, c, order, asked, s.txid, wire::kDecideAbort, s.rpc_reply);
+      s.reason = failed.code() == Code::kAborted ? TxAbortReasonOf(failed) : TxAbortReason::kOther;
+      (void)co_await abort();
+      co_return failed;
+    }
+    if (s.Died(TxDieAt::kAfterPrepare, writes)) {
+      co_return Status::Internal("tx commit: test fault: client stopped after the prepares");
+    }
+    const std::vector<std::string> no_list;
+    const auto first_req =
+        wire::EncodeTwoPhaseRequest(s.txid, 0, wire::kDecideCommit,
+                                    static_cast<uint16_t>(order.size()), no_list, part_items[0]);
+    Result<std::span<const std::byte>> first_r = co_await CallRpc(
+        *s.sched, c.servers[order[0]].peer, wire::kOpDecide, first_req, s.rpc_reply, "TX_DECIDE");
+    if (!first_r.ok() && first_r.status().code() == Code::kAborted) {
+      // Refused (a lease ran out, or a participant's question fenced the transaction): the
+      // decision recorded is "abort"; tell the prepared ones.
+      co_await DecideOthers(*s.sched, c, order, order.size(), s.txid, wire::kDecideAbort,
+                            s.rpc_reply);
+      s.reason = TxAbortReasonOf(first_r.status());
+      (void)co_await abort();
+      co_return first_r.status();
+    }
+    if (!first_r.ok()) {
+      // No answer: participant 0 may or may not have committed. The participants settle it
+      // among themselves (the prepared ones ask participant 0 after their lease).
+      s.active = false;
+      s.reason = TxAbortReason::kOther;
+      c.counters.aborts[static_cast<size_t>(s.reason)].fetch_add(1, std::memory_order_relaxed);
+      co_return Status::Unavailable("tx commit: outcome unknown (the participants resolve it): " +
+                                    first_r.status().ToString());
+    }
+    if (s.Died(TxDieAt::kAfterFirstDecide, writes)) {
+      co_return Status::Internal("tx commit: test fault: client stopped after the first decide");
+    }
+    co_await DecideOthers(*s.sched, c, order, order.size(), s.txid, wire::kDecideCommit,
+                          s.rpc_reply);
+  }
+  for (auto& [tp, entries] : commit_groups) {
     for (auto& e : entries) {
       if (e.op == wire::kRemove) c.Uncache(tp.first, e.key);
     }

@@ -273,11 +273,7 @@ TEST_P(TxClientE2E, RpcOnlyClientAndBadInput) {
   EXPECT_EQ((*t)->commit().code(), Code::kFailedPrecondition);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TxClientE2E, ::testing::Values("tcp", "fabric:shm"),
-                         [](const auto& info) {
-                           return info.param == "tcp" ? std::string("tcp")
-                                                      : std::string("fabric_shm");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, TxClientE2E, kTxBackends, TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test

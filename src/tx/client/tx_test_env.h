@@ -86,4 +86,11 @@ inline uint64_t U64(std::span<const std::byte> b) {
   return v;
 }
 
+// The backends the tx tests run on, and their test-name suffixes:
+// INSTANTIATE_TEST_SUITE_P(Backends, Suite, kTxBackends, TxBackendName).
+inline const auto kTxBackends = ::testing::Values(std::string("tcp"), std::string("fabric:shm"));
+inline std::string TxBackendName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param == "tcp" ? "tcp" : "fabric_shm";
+}
+
 }  // namespace farmem::tx_test

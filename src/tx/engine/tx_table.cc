@@ -371,7 +371,8 @@ void TxTable::Release(const Slot& s) {
   End(s);
 }
 
-Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
+Status TxTable::Claim(uint64_t txid, std::span<const TxWrite> writes,
+                      std::vector<std::unique_lock<std::mutex>>* held, std::vector<Slot>* slots) {
   if (txid == 0) return Status::InvalidArgument("tx table: transaction id 0");
   if (writes.size() > kMaxCommitItems) {
     return Status::InvalidArgument("tx table: commit of " + std::to_string(writes.size()) +
@@ -392,26 +393,31 @@ Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
   // Stripes in ascending order, each once: no deadlock with other multi-stripe callers.
   std::sort(stripes.begin(), stripes.end());
   stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
-  std::vector<std::unique_lock<std::mutex>> held;
-  held.reserve(stripes.size());
-  for (uint32_t s : stripes) held.emplace_back(stripes_[s]);
+  held->reserve(stripes.size());
+  for (uint32_t s : stripes) held->emplace_back(stripes_[s]);
   const uint64_t now = Now();
-  std::vector<Slot> slots(writes.size());
+  slots->assign(writes.size(), Slot{});
   Status refused = Status::OK();
   for (size_t i = 0; i < writes.size(); ++i) {
     const Found f = Search(MainBucket(writes[i].key), writes[i].key, now);
-    slots[i] = f.item;
+    (*slots)[i] = f.item;
     const CommitRight right = RightOf(f.item, txid, now);
     if (right != CommitRight::kHeld) {
       refused = StaleCommit(right, txid, " on item " + std::to_string(i));
     }
   }
   if (!refused.ok()) {
-    for (const Slot& s : slots) {
+    for (const Slot& s : *slots) {
       if (s.words != nullptr && Load(s, item::kLock) == txid) Release(s);
     }
-    return refused;
   }
+  return refused;
+}
+
+Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
+  std::vector<std::unique_lock<std::mutex>> held;
+  std::vector<Slot> slots;
+  FARMEM_RETURN_IF_ERROR(Claim(txid, writes, &held, &slots));
   for (size_t i = 0; i < writes.size(); ++i) {
     if (!writes[i].remove) {
       InstallValue(slots[i], writes[i].value);
@@ -420,6 +426,19 @@ Status TxTable::CommitAll(uint64_t txid, std::span<const TxWrite> writes) {
     } else {
       Release(slots[i]);  // remove of an insert reservation: drop it
     }
+  }
+  return Status::OK();
+}
+
+Status TxTable::PrepareAll(uint64_t txid, std::span<const TxWrite> writes) {
+  std::vector<std::unique_lock<std::mutex>> held;
+  std::vector<Slot> slots;
+  FARMEM_RETURN_IF_ERROR(Claim(txid, writes, &held, &slots));
+  if (options_.faults.no_prepare_pin) return Status::OK();
+  for (const Slot& s : slots) {
+    Begin(s);
+    Store(s, item::kLease, kPinnedLease);
+    End(s);
   }
   return Status::OK();
 }

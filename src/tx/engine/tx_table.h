@@ -34,6 +34,7 @@
 #include <mutex>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "farmem/status.h"
 #include "tx/format/tx_layout.h"
@@ -48,6 +49,7 @@ struct TxTableFaults {
   // not check who holds the lock (nor its lease).
   bool no_lock_check = false;
   bool no_lease_check = false;  // commits by the lock holder are accepted after the lease ran out
+  bool no_prepare_pin = false;  // PrepareAll checks but leaves the leases running (they expire)
 };
 
 struct TxTableOptions {
@@ -141,6 +143,13 @@ class TxTable {
   };
   Status CommitAll(uint64_t txid, std::span<const TxWrite> writes);
 
+  // The prepare of a multi-participant commit: the same checks as CommitAll (and the same
+  // refusal, releasing txid's locks), then every item's lease becomes kPinnedLease: the locks no
+  // longer expire (no takeover, no reaping) until CommitAll or Unlock by txid ends them — a
+  // prepared participant keeps its locks until the outcome is known (docs/tx.md).
+  static constexpr uint64_t kPinnedLease = ~uint64_t{0};
+  Status PrepareAll(uint64_t txid, std::span<const TxWrite> writes);
+
   // Abort: releases txid's lock on key (an insert reservation frees its slot). Changes no value
   // and no version. kAborted "not lock holder" when txid does not hold it (lock unchanged),
   // kNotFound when the key has no item.
@@ -171,6 +180,11 @@ class TxTable {
   };
 
   uint64_t Now() const;
+  // CommitAll's and PrepareAll's common part: checks sizes and distinct keys, takes the items'
+  // stripes (ascending, into *held) and checks that txid holds every lock with a live lease
+  // (slots into *slots). On refusal releases txid's locks on all of them: "stale commit".
+  Status Claim(uint64_t txid, std::span<const TxWrite> writes,
+               std::vector<std::unique_lock<std::mutex>>* held, std::vector<Slot>* slots);
   // Whether `txid` may commit to `item` now (stripe held): it holds the lock, and its lease has
   // not run out. StaleCommit is the refusal ("stale commit: ..."; `where` names a batch item).
   enum class CommitRight : uint8_t { kHeld, kNotHeld, kLeaseRanOut };

@@ -504,5 +504,62 @@ TEST(TxTable, WithoutTheLockCheckAnUpdateIsLost) {
   EXPECT_EQ(counter, 1u);  // two increments committed, one visible: a lost update
 }
 
+TEST(TxTable, PrepareAllPinsTheLocksPastTheLeaseUntilCommitOrUnlock) {
+  Fixture f;
+  for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(f.t->Insert(K(k), V(k, 32)).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 100, kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 100, kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(3), 200, kLease, {}).ok());
+  const auto k1 = K(1), k2 = K(2), k3 = K(3), v = V(9, 32);
+  const TxTable::TxWrite two[] = {{k1, false, v}, {k2, false, v}};
+  ASSERT_TRUE(f.t->PrepareAll(100, two).ok());
+  const TxTable::TxWrite remove3[] = {{k3, true, {}}};
+  ASSERT_TRUE(f.t->PrepareAll(200, remove3).ok());
+  f.clock.ns += 100 * kLease;
+  // Pinned: not reaped, not taken over, and the holder may still commit or unlock.
+  EXPECT_EQ(f.t->ReapExpired(), 0u);
+  EXPECT_EQ(AbortReasonOf(f.t->LockForUpdate(K(1), 300, kLease, {}).status()),
+            AbortReason::kLocked);
+  ASSERT_TRUE(f.t->CommitAll(100, two).ok());
+  std::vector<std::byte> value(32);
+  auto r = f.t->Lookup(K(2), value);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->version, 2u);
+  EXPECT_EQ(Word(value, 0), 9u);
+  ASSERT_TRUE(f.t->Unlock(K(3), 200).ok());  // the abort decision: nothing changes
+  ASSERT_TRUE(f.t->Lookup(K(3), value).ok());
+  EXPECT_EQ(Word(value, 0), 3u);
+  EXPECT_EQ(f.t->Stats().locked_items, 0u);
+}
+
+TEST(TxTable, PrepareAllOfAStaleTransactionRefusesAndReleases) {
+  Fixture f;
+  for (uint64_t k = 1; k <= 2; ++k) ASSERT_TRUE(f.t->Insert(K(k), V(k, 32)).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 100, 10 * kLease, {}).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 100, kLease, {}).ok());
+  f.clock.ns += kLease;
+  const auto k1 = K(1), k2 = K(2), v = V(9, 32);
+  const TxTable::TxWrite two[] = {{k1, false, v}, {k2, false, v}};
+  EXPECT_EQ(AbortReasonOf(f.t->PrepareAll(100, two)), AbortReason::kStaleCommit);
+  EXPECT_EQ(f.t->Stats().locked_items, 0u);
+  const TxTable::TxWrite dup[] = {{k1, false, v}, {k1, false, v}};
+  EXPECT_EQ(f.t->PrepareAll(100, dup).code(), Code::kInvalidArgument);
+}
+
+TEST(TxTable, WithoutPinningAPreparedLockExpiresAndItsCommitIsRefused) {
+  TxTableFaults faults;
+  faults.no_prepare_pin = true;
+  Fixture f(Geo(), faults);
+  ASSERT_TRUE(f.t->Insert(K(1), V(1, 32)).ok());
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 100, kLease, {}).ok());
+  const auto k1 = K(1), v = V(9, 32);
+  const TxTable::TxWrite one[] = {{k1, false, v}};
+  ASSERT_TRUE(f.t->PrepareAll(100, one).ok());
+  f.clock.ns += kLease;
+  // The protection removed: the prepared lock is reaped, and the decided commit cannot install.
+  EXPECT_EQ(f.t->ReapExpired(), 1u);
+  EXPECT_EQ(AbortReasonOf(f.t->CommitAll(100, one)), AbortReason::kStaleCommit);
+}
+
 }  // namespace
 }  // namespace farmem::tx

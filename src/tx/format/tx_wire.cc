@@ -2,6 +2,7 @@
 // request is checked here before the service touches a table. Pure functions, any thread.
 #include "tx/format/tx_wire.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -191,26 +192,24 @@ std::vector<std::byte> EncodeBatchRequest(uint16_t table, uint64_t txid,
   return out;
 }
 
-Result<BatchOpRequest> DecodeBatchRequest(std::span<const std::byte> bytes, bool commit) {
-  const char* what = commit ? "TX_COMMIT" : "TX_UNLOCK";
-  if (bytes.size() < sizeof(BatchHeader))
-    return Status::Protocol(std::string(what) + ": too short");
-  const auto h = Load<BatchHeader>(bytes);
-  if (h.reserved != 0) return Status::Protocol(std::string(what) + ": reserved field not 0");
-  if (h.txid == 0) return Status::Protocol(std::string(what) + ": txid 0");
-  if (Status st = CheckCount(h.count, what); !st.ok()) return st;
-  BatchOpRequest req{h.table, h.txid, {}};
-  size_t at = sizeof(BatchHeader);
-  for (size_t i = 0; i < h.count; ++i) {
-    if (bytes.size() - at < sizeof(BatchItem)) {
+namespace {
+
+// The items of TX_COMMIT / TX_UNLOCK (BatchItem) and of TX_PREPARE / TX_DECIDE (TwoPhaseItem: the
+// same 8 bytes, the last field a table id instead of reserved) from `at` to the body's end.
+Status ParseItems(std::span<const std::byte> bytes, size_t at, size_t count, const char* what,
+                  bool allow_unlock, bool tables, std::vector<TwoPhaseEntry>* out) {
+  static_assert(sizeof(BatchItem) == sizeof(TwoPhaseItem));
+  for (size_t i = 0; i < count; ++i) {
+    if (bytes.size() - at < sizeof(TwoPhaseItem)) {
       return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + " truncated");
     }
-    const auto it = Load<BatchItem>(bytes.subspan(at));
-    at += sizeof(BatchItem);
-    if (it.reserved != 0 || it.reserved2 != 0) {
+    const auto it = Load<TwoPhaseItem>(bytes.subspan(at));
+    at += sizeof(TwoPhaseItem);
+    if (it.reserved != 0 || (!tables && it.table != 0)) {
       return Status::Protocol(std::string(what) + ": reserved field not 0");
     }
-    const bool known = it.op == kWrite || it.op == kRemove || (!commit && it.op == kUnlockOnly);
+    const bool known =
+        it.op == kWrite || it.op == kRemove || (allow_unlock && it.op == kUnlockOnly);
     if (!known) {
       return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + ": bad op " +
                               std::to_string(it.op));
@@ -226,16 +225,134 @@ Result<BatchOpRequest> DecodeBatchRequest(std::span<const std::byte> bytes, bool
     if (bytes.size() - at < size_t{it.key_len} + it.value_len) {
       return Status::Protocol(std::string(what) + ": item " + std::to_string(i) + " truncated");
     }
-    BatchEntry e;
+    TwoPhaseEntry e;
     e.op = static_cast<BatchOp>(it.op);
+    e.table = it.table;
     e.key = bytes.subspan(at, it.key_len);
     at += it.key_len;
     e.value = bytes.subspan(at, it.value_len);
     at += it.value_len;
-    req.items.push_back(e);
+    out->push_back(e);
   }
   if (at != bytes.size()) return Status::Protocol(std::string(what) + ": trailing bytes");
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<BatchOpRequest> DecodeBatchRequest(std::span<const std::byte> bytes, bool commit) {
+  const char* what = commit ? "TX_COMMIT" : "TX_UNLOCK";
+  if (bytes.size() < sizeof(BatchHeader))
+    return Status::Protocol(std::string(what) + ": too short");
+  const auto h = Load<BatchHeader>(bytes);
+  if (h.reserved != 0) return Status::Protocol(std::string(what) + ": reserved field not 0");
+  if (h.txid == 0) return Status::Protocol(std::string(what) + ": txid 0");
+  if (Status st = CheckCount(h.count, what); !st.ok()) return st;
+  std::vector<TwoPhaseEntry> items;
+  FARMEM_RETURN_IF_ERROR(
+      ParseItems(bytes, sizeof(BatchHeader), h.count, what, !commit, false, &items));
+  BatchOpRequest req{h.table, h.txid, {}};
+  for (const TwoPhaseEntry& e : items) req.items.push_back(BatchEntry{e.op, e.key, e.value});
   return req;
+}
+
+std::vector<std::byte> EncodeTwoPhaseRequest(uint64_t txid, uint64_t lease_ns, uint8_t decision,
+                                             uint16_t total,
+                                             std::span<const std::string> participants,
+                                             std::span<const TwoPhaseEntry> items) {
+  std::vector<std::byte> out;
+  const uint16_t n = participants.empty() ? total : static_cast<uint16_t>(participants.size());
+  Append(out,
+         TwoPhaseHeader{txid, lease_ns, n, static_cast<uint16_t>(items.size()), decision, 0, 0});
+  for (const std::string& a : participants) {
+    ParticipantEntry p;
+    std::memset(&p, 0, sizeof(p));
+    std::memcpy(p.address, a.data(), std::min(a.size(), kParticipantBytes - 1));
+    Append(out, p);
+  }
+  for (const TwoPhaseEntry& e : items) {
+    const uint16_t vlen = e.op == kWrite ? static_cast<uint16_t>(e.value.size()) : 0;
+    Append(out, TwoPhaseItem{e.op, 0, static_cast<uint16_t>(e.key.size()), vlen, e.table});
+    AppendBytes(out, e.key);
+    if (e.op == kWrite) AppendBytes(out, e.value);
+  }
+  return out;
+}
+
+Result<TwoPhaseRequest> DecodeTwoPhaseRequest(std::span<const std::byte> bytes, bool prepare) {
+  const char* what = prepare ? "TX_PREPARE" : "TX_DECIDE";
+  const auto bad = [&](const std::string& why) {
+    return Status::Protocol(std::string(what) + ": " + why);
+  };
+  if (bytes.size() < sizeof(TwoPhaseHeader)) return bad("too short");
+  const auto h = Load<TwoPhaseHeader>(bytes);
+  if (h.reserved != 0 || h.reserved2 != 0) return bad("reserved field not 0");
+  if (h.txid == 0) return bad("txid 0");
+  TwoPhaseRequest req;
+  req.txid = h.txid;
+  req.lease_ns = h.lease_ns;
+  req.decision = h.decision;
+  req.num_participants = h.num_participants;
+  size_t at = sizeof(TwoPhaseHeader);
+  if (prepare) {
+    if (h.decision != 0) return bad("decision not 0");
+    if (h.lease_ns == 0) return bad("lease_ns 0");
+    if (h.num_participants < 2 || h.num_participants > kMaxParticipants) {
+      return bad("num_participants " + std::to_string(h.num_participants) + " outside [2, " +
+                 std::to_string(kMaxParticipants) + "]");
+    }
+    if (Status st = CheckCount(h.count, what); !st.ok()) return st;
+    if (bytes.size() - at < h.num_participants * sizeof(ParticipantEntry)) {
+      return bad("participant list truncated");
+    }
+    for (size_t i = 0; i < h.num_participants; ++i, at += sizeof(ParticipantEntry)) {
+      const auto* p = reinterpret_cast<const char*>(bytes.data() + at);
+      const size_t len = strnlen(p, kParticipantBytes);
+      if (len == 0 || len == kParticipantBytes) {
+        return bad("participant " + std::to_string(i) + " is empty or not NUL-terminated");
+      }
+      for (size_t j = len; j < kParticipantBytes; ++j) {
+        if (p[j] != 0) return bad("participant " + std::to_string(i) + " not NUL-padded");
+      }
+      req.participants.emplace_back(p, len);
+    }
+  } else {
+    if (h.decision != kDecideCommit && h.decision != kDecideAbort) {
+      return bad("decision " + std::to_string(h.decision) + " is neither commit nor abort");
+    }
+    if (h.lease_ns != 0) return bad("lease_ns not 0");
+    if (h.count == 0) {
+      if (h.num_participants != 0) return bad("num_participants not 0 without items");
+    } else {
+      if (Status st = CheckCount(h.count, what); !st.ok()) return st;
+      if (h.decision != kDecideCommit) return bad("items with an abort decision");
+      if (h.num_participants == 0 || h.num_participants > kMaxParticipants) {
+        return bad("num_participants " + std::to_string(h.num_participants) + " outside [1, " +
+                   std::to_string(kMaxParticipants) + "]");
+      }
+    }
+  }
+  FARMEM_RETURN_IF_ERROR(ParseItems(bytes, at, h.count, what, false, true, &req.items));
+  return req;
+}
+
+Result<StatusRequest> DecodeStatusRequest(std::span<const std::byte> bytes) {
+  if (bytes.size() != sizeof(StatusRequest)) return Status::Protocol("TX_STATUS: length is not 8");
+  const auto r = Load<StatusRequest>(bytes);
+  if (r.txid == 0) return Status::Protocol("TX_STATUS: txid 0");
+  return r;
+}
+
+Result<StatusReply> DecodeStatusReply(std::span<const std::byte> bytes) {
+  if (bytes.size() != sizeof(StatusReply)) return Status::Protocol("TX_STATUS reply: length");
+  const auto r = Load<StatusReply>(bytes);
+  if (r.outcome != kDecideCommit && r.outcome != kDecideAbort) {
+    return Status::Protocol("TX_STATUS reply: unknown outcome " + std::to_string(r.outcome));
+  }
+  for (uint8_t b : r.reserved) {
+    if (b != 0) return Status::Protocol("TX_STATUS reply: reserved field not 0");
+  }
+  return r;
 }
 
 Result<ItemResult> DecodeItemReply(std::span<const std::byte> bytes, uint32_t value_size) {

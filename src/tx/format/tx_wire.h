@@ -20,7 +20,7 @@
 namespace farmem::tx_wire {
 
 // The tx service owns kTxOpcodes (farmem/opcodes.h, 128..159), well apart from the tier's
-// 112..127: opcodes 135..159 stay free for later tx RPCs (PREPARE / DECIDE).
+// 112..127: opcodes 138..159 stay free for later tx RPCs.
 inline constexpr uint16_t kOpTableInfo = kTxOpcodes.first + 0;  // empty -> TableInfoReply + entries
 inline constexpr uint16_t kOpLookup = kTxOpcodes.first + 1;     // KeyRequest -> ItemReply + value
 inline constexpr uint16_t kOpLock = kTxOpcodes.first + 2;       // KeyRequest -> ItemReply + value
@@ -28,13 +28,19 @@ inline constexpr uint16_t kOpLockInsert = kTxOpcodes.first + 3;  // KeyRequest -
 inline constexpr uint16_t kOpValidate = kTxOpcodes.first + 4;    // ValidateRequest + items -> empty
 inline constexpr uint16_t kOpCommit = kTxOpcodes.first + 5;      // BatchHeader + writes -> empty
 inline constexpr uint16_t kOpUnlock = kTxOpcodes.first + 6;      // BatchHeader + keys -> empty
-inline constexpr uint16_t kLastTxOpcode = kOpUnlock;
+// Atomic commit across participants (servers), docs/tx.md "Multi-participant commit".
+inline constexpr uint16_t kOpPrepare = kTxOpcodes.first + 7;  // TwoPhaseHeader + list + items
+inline constexpr uint16_t kOpDecide = kTxOpcodes.first + 8;   // TwoPhaseHeader [+ items] -> empty
+inline constexpr uint16_t kOpStatus = kTxOpcodes.first + 9;   // StatusRequest -> StatusReply
+inline constexpr uint16_t kLastTxOpcode = kOpStatus;
 static_assert(kTxOpcodes.contains(kLastTxOpcode));
 
 // Limits every decoder enforces (a request beyond them is malformed).
 inline constexpr size_t kMaxTables = 64;
-inline constexpr size_t kMaxTableName = 31;   // bytes, [A-Za-z0-9_.-]
-inline constexpr size_t kMaxBatchItems = 64;  // = TxTable::kMaxCommitItems
+inline constexpr size_t kMaxTableName = 31;      // bytes, [A-Za-z0-9_.-]
+inline constexpr size_t kMaxBatchItems = 64;     // = TxTable::kMaxCommitItems
+inline constexpr size_t kMaxParticipants = 16;   // servers one multi-participant commit spans
+inline constexpr size_t kParticipantBytes = 64;  // "host:port", NUL-padded
 
 // TX_TABLE_INFO reply: this header, then `num_tables` TableInfoEntry. A table's id on the wire is
 // its index in this list (the same on every server: the order of the --tx-table flags).
@@ -171,6 +177,84 @@ struct BatchOpRequest {
 Result<BatchOpRequest> DecodeBatchRequest(std::span<const std::byte> bytes, bool commit);
 std::vector<std::byte> EncodeBatchRequest(uint16_t table, uint64_t txid,
                                           std::span<const BatchEntry> items);
+
+// ---- Multi-participant commit (docs/tx.md "Multi-participant commit") -------------------------
+// TX_PREPARE: this header (decision 0, lease_ns >= 1, num_participants 2..16, count 1..64), then
+// num_participants ParticipantEntry (entry 0 is the first participant, the keeper of the decision;
+// the receiver is one of the others), then `count` items (TwoPhaseItem + key + value). The
+// receiver checks that txid holds every item's lock with a live lease and pins the locks (they
+// no longer expire) until a decision arrives or, lease_ns after the prepare, it asks entry 0.
+// TX_DECIDE: this header (lease_ns 0) with decision kCommit or kAbort:
+//   - count 0, num_participants 0: the outcome for a prepared participant (empty reply; commit
+//     when this server holds no prepare of txid: kFailedPrecondition);
+//   - count 1..64, kCommit, num_participants = the transaction's participants (1..16), no list:
+//     the first participant's own writes: installed at once (all tables) or none, and with more
+//     than one participant the decision is recorded (the commit point); kAborted "stale commit"
+//     when a lease ran out or TX_STATUS already fenced txid (decided abort).
+struct TwoPhaseHeader {
+  uint64_t txid;              // != 0
+  uint64_t lease_ns;          // TX_PREPARE: how long the prepared participant waits before asking
+  uint16_t num_participants;  // see above
+  uint16_t count;             // items
+  uint8_t decision;           // TwoPhaseDecision (TX_DECIDE), 0 (TX_PREPARE)
+  uint8_t reserved;           // 0
+  uint16_t reserved2;         // 0
+};
+static_assert(sizeof(TwoPhaseHeader) == 24 && std::is_trivially_copyable_v<TwoPhaseHeader>);
+enum TwoPhaseDecision : uint8_t { kDecideCommit = 1, kDecideAbort = 2 };
+
+struct ParticipantEntry {
+  char address[kParticipantBytes];  // bootstrap "host:port", NUL-terminated, NUL-padded
+};
+static_assert(sizeof(ParticipantEntry) == 64 && std::is_trivially_copyable_v<ParticipantEntry>);
+
+// An item of TX_PREPARE / TX_DECIDE: BatchItem's layout with its last field naming the table
+// (a participant is a server; its writes may span several tables). op kWrite or kRemove.
+struct TwoPhaseItem {
+  uint8_t op;  // BatchOp: kWrite, kRemove
+  uint8_t reserved;
+  uint16_t key_len;
+  uint16_t value_len;  // 0 unless op == kWrite
+  uint16_t table;
+};
+static_assert(sizeof(TwoPhaseItem) == 8 && std::is_trivially_copyable_v<TwoPhaseItem>);
+
+// TX_STATUS: the outcome of txid as its first participant recorded it. No record means no commit
+// happened, and none can any more: the server records kAborted for txid (a fence) and says so.
+struct StatusRequest {
+  uint64_t txid;  // != 0
+};
+static_assert(sizeof(StatusRequest) == 8 && std::is_trivially_copyable_v<StatusRequest>);
+struct StatusReply {
+  uint8_t outcome;  // TwoPhaseDecision: kDecideCommit = committed, kDecideAbort = aborted
+  uint8_t reserved[7];
+};
+static_assert(sizeof(StatusReply) == 8 && std::is_trivially_copyable_v<StatusReply>);
+
+struct TwoPhaseEntry {
+  BatchOp op = kWrite;
+  uint16_t table = 0;
+  std::span<const std::byte> key;
+  std::span<const std::byte> value;  // kWrite only
+};
+struct TwoPhaseRequest {
+  uint64_t txid = 0;
+  uint64_t lease_ns = 0;
+  uint8_t decision = 0;
+  uint16_t num_participants = 0;
+  std::vector<std::string_view> participants;  // TX_PREPARE only
+  std::vector<TwoPhaseEntry> items;
+};
+// `prepare`: TX_PREPARE, else TX_DECIDE; the field rules above, kProtocol naming the field.
+Result<TwoPhaseRequest> DecodeTwoPhaseRequest(std::span<const std::byte> bytes, bool prepare);
+// TX_PREPARE: participants non-empty, decision 0. TX_DECIDE: participants empty; `total` is the
+// header's num_participants (0 for a prepared participant's decision).
+std::vector<std::byte> EncodeTwoPhaseRequest(uint64_t txid, uint64_t lease_ns, uint8_t decision,
+                                             uint16_t total,
+                                             std::span<const std::string> participants,
+                                             std::span<const TwoPhaseEntry> items);
+Result<StatusRequest> DecodeStatusRequest(std::span<const std::byte> bytes);
+Result<StatusReply> DecodeStatusReply(std::span<const std::byte> bytes);
 
 // Replies of TX_LOOKUP / TX_LOCK: ItemReply then exactly value_size bytes (kProtocol otherwise).
 struct ItemResult {

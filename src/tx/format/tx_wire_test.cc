@@ -1,7 +1,7 @@
 // Tests of the transaction RPC wire format (tx_wire.h): every request and reply round-trips through
 // its encoder and decoder, and each kind of malformed body (short, long, reserved bits, bad key
-// length, bad count, unknown op, txid 0, truncated item, bad table info) is refused with kProtocol.
-// Single-threaded.
+// length, bad count, unknown op, txid 0, truncated item, bad table info, the prepare / decide /
+// status rules) is refused with kProtocol. Single-threaded.
 #include "tx/format/tx_wire.h"
 
 #include <gtest/gtest.h>
@@ -187,6 +187,100 @@ TEST(TxWire, ItemReply) {
   EXPECT_EQ(got->value.size(), 16u);
   ExpectProtocol(DecodeItemReply(body, 8).status());
   ExpectProtocol(DecodeItemReply(std::span(body).first(10), 0).status());
+}
+
+TEST(TxWire, TwoPhaseRoundTrip) {
+  const auto k1 = Bytes(8, 1), k2 = Bytes(16, 2), v = Bytes(24, 3);
+  const std::vector<std::string> parts = {"127.0.0.1:7000", "10.0.0.2:7001"};
+  const TwoPhaseEntry items[] = {{kWrite, 0, k1, v}, {kRemove, 3, k2, {}}};
+  const auto prep = EncodeTwoPhaseRequest(77, 5000, 0, 0, parts, items);
+  ASSERT_EQ(prep.size(), sizeof(TwoPhaseHeader) + 2 * 64 + 2 * 8 + 8 + 24 + 16);
+  auto p = DecodeTwoPhaseRequest(prep, /*prepare=*/true);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->txid, 77u);
+  EXPECT_EQ(p->lease_ns, 5000u);
+  ASSERT_EQ(p->participants.size(), 2u);
+  EXPECT_EQ(p->participants[1], "10.0.0.2:7001");
+  ASSERT_EQ(p->items.size(), 2u);
+  EXPECT_EQ(p->items[0].value.size(), 24u);
+  EXPECT_EQ(p->items[1].table, 3);
+  EXPECT_EQ(p->items[1].op, kRemove);
+  ExpectProtocol(DecodeTwoPhaseRequest(prep, false).status());  // a prepare is not a decide
+  // A prepared participant's decision, and the first participant's commit with its writes.
+  const auto decide = EncodeTwoPhaseRequest(77, 0, kDecideAbort, 0, {}, {});
+  auto d = DecodeTwoPhaseRequest(decide, false);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->decision, kDecideAbort);
+  EXPECT_TRUE(d->items.empty());
+  const auto first = EncodeTwoPhaseRequest(77, 0, kDecideCommit, 2, {}, items);
+  auto fc = DecodeTwoPhaseRequest(first, false);
+  ASSERT_TRUE(fc.ok()) << fc.status().message();
+  EXPECT_EQ(fc->num_participants, 2);
+  EXPECT_EQ(fc->items.size(), 2u);
+  const auto st = EncodeStruct(StatusRequest{77});
+  EXPECT_EQ(DecodeStatusRequest(st)->txid, 77u);
+  StatusReply r{};
+  r.outcome = kDecideCommit;
+  EXPECT_EQ(DecodeStatusReply(EncodeStruct(r))->outcome, kDecideCommit);
+}
+
+TEST(TxWire, TwoPhaseMalformed) {
+  const auto k = Bytes(8, 1), v = Bytes(8, 3);
+  const std::vector<std::string> parts = {"a:1", "b:2"};
+  const TwoPhaseEntry items[] = {{kWrite, 0, k, v}};
+  const auto prep = EncodeTwoPhaseRequest(9, 100, 0, 0, parts, items);
+  for (size_t n = 0; n < prep.size(); ++n) {
+    ExpectProtocol(DecodeTwoPhaseRequest(std::span(prep).first(n), true).status());
+  }
+  auto longer = prep;
+  longer.push_back(std::byte{0});
+  ExpectProtocol(DecodeTwoPhaseRequest(longer, true).status());
+  const auto mutate = [&](const std::vector<std::byte>& body, size_t at, uint8_t b) {
+    auto out = body;
+    out[at] = std::byte{b};
+    return out;
+  };
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, 0, 0), true).status());  // txid 0
+  for (size_t at : {20, 21, 22, 23}) {  // decision, reserved, reserved2 not 0
+    ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, at, 1), true).status());
+  }
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, 16, 1), true).status());  // 1 participant
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, 16, 17), true).status());
+  // A participant not NUL-padded, or empty.
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, 24 + 10, 'x'), true).status());
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, 24 + 64, 0), true).status());
+  // Item: an unlock op, a reserved byte (table ids are the service's check).
+  const size_t item = 24 + 128;
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, item, 3), true).status());  // unlock op
+  ExpectProtocol(DecodeTwoPhaseRequest(mutate(prep, item + 1, 1), true).status());
+  // Prepare: lease 0, txid 0, count 0.
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 0, 0, parts, items), true).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(0, 1, 0, 0, parts, items), true).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 1, 0, 0, parts, {}), true).status());
+  // Decide: unknown decision, a lease, a list, items with abort, participants without items.
+  ExpectProtocol(DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 3, 0, {}, {}), false).status());
+  ExpectProtocol(DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 5, 1, 0, {}, {}), false).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 1, 0, parts, items), false).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideAbort, 2, {}, items), false)
+          .status());
+  ExpectProtocol(DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 1, 2, {}, {}), false).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideCommit, 0, {}, items), false)
+          .status());
+  // Status: length, txid 0, unknown outcome, reserved bytes.
+  ExpectProtocol(DecodeStatusRequest(Bytes(7, 1)).status());
+  ExpectProtocol(DecodeStatusRequest(Bytes(8, 0)).status());
+  ExpectProtocol(DecodeStatusReply(Bytes(8, 0)).status());
+  auto reply = Bytes(8, 0);
+  reply[0] = std::byte{1};
+  EXPECT_TRUE(DecodeStatusReply(reply).ok());
+  reply[3] = std::byte{1};
+  ExpectProtocol(DecodeStatusReply(reply).status());
 }
 
 }  // namespace

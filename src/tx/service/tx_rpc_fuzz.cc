@@ -5,13 +5,14 @@
 // encoder reproduces byte for byte; an OK reply has its opcode's exact size; an error reply is
 // empty. Built with -DFARMEM_FUZZ=ON (scripts/test --fuzz). Single-threaded.
 //
-// Input: a list of operations, each an opcode byte (op % 7 picks TX_TABLE_INFO .. TX_UNLOCK), a
+// Input: a list of operations, each an opcode byte (op % 10 picks TX_TABLE_INFO .. TX_STATUS), a
 // length byte and that many request bytes. Keys of table 0 are 8 bytes, values 16.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/fuzz_support.h"
@@ -82,6 +83,25 @@ void CheckDecoders(uint16_t opcode, std::span<const std::byte> body) {
                  std::memcmp(again.data(), body.data(), body.size()) == 0);
       return;
     }
+    case wire::kOpPrepare:
+    case wire::kOpDecide: {
+      auto op = wire::DecodeTwoPhaseRequest(body, opcode == wire::kOpPrepare);
+      if (!op.ok()) {
+        FUZZ_CHECK(op.status().code() == Code::kProtocol);
+        return;
+      }
+      const std::vector<std::string> parts(op->participants.begin(), op->participants.end());
+      const auto again = wire::EncodeTwoPhaseRequest(op->txid, op->lease_ns, op->decision,
+                                                     op->num_participants, parts, op->items);
+      FUZZ_CHECK(again.size() == body.size() &&
+                 std::memcmp(again.data(), body.data(), body.size()) == 0);
+      return;
+    }
+    case wire::kOpStatus: {
+      auto op = wire::DecodeStatusRequest(body);
+      FUZZ_CHECK(op.ok() || op.status().code() == Code::kProtocol);
+      return;
+    }
     default:
       return;
   }
@@ -98,7 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TxService& service = TheService();
   size_t at = 0;
   while (at + 2 <= size) {
-    const uint16_t opcode = static_cast<uint16_t>(wire::kOpTableInfo + data[at] % 7);
+    const uint16_t opcode = static_cast<uint16_t>(wire::kOpTableInfo + data[at] % 10);
     const size_t len = std::min<size_t>(data[at + 1], size - at - 2);
     const auto body = std::as_bytes(std::span(data + at + 2, len));
     at += 2 + len;
@@ -121,6 +141,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case wire::kOpTableInfo:
         FUZZ_CHECK(wire::DecodeTableInfoReply(reply).ok());
+        break;
+      case wire::kOpStatus:
+        FUZZ_CHECK(wire::DecodeStatusReply(reply).ok());
         break;
       default:
         FUZZ_CHECK(reply.empty());

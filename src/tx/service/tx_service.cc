@@ -95,6 +95,10 @@ Result<std::unique_ptr<TxService>> TxService::Create(const ServerConfig& config,
   std::unique_ptr<TxService> s(new TxService());
   s->config_ = config.tx;
   s->max_lease_ns_ = uint64_t{config.tx.lease_ms} * 1'000'000;
+  s->node_ = &node;
+  s->now_ns_ = table_options.now_ns;
+  s->decision_retention_ns_ = std::max<uint64_t>(60'000'000'000ull, 1000 * s->max_lease_ns_);
+  s->runner_ = std::make_unique<BlockingRunner>(node, "tx recovery");
   for (const std::string& text : config.tx.tables) {
     FARMEM_ASSIGN_OR_RETURN(TxTableSpec spec, ParseTxTableSpec(text, config.tx));
     auto table = tx::TxTable::Create(spec.geometry, table_options);
@@ -127,6 +131,12 @@ const char* TxService::OpName(uint16_t opcode) {
       return "tx_commit";
     case wire::kOpUnlock:
       return "tx_unlock";
+    case wire::kOpPrepare:
+      return "tx_prepare";
+    case wire::kOpDecide:
+      return "tx_decide";
+    case wire::kOpStatus:
+      return "tx_status";
     default:
       return nullptr;
   }
@@ -160,6 +170,12 @@ Status TxService::Handle(const RpcCall& call, std::vector<std::byte>& reply) {
       return Commit(call, reply);
     case wire::kOpUnlock:
       return Unlock(call, reply);
+    case wire::kOpPrepare:
+      return Prepare(call, reply);
+    case wire::kOpDecide:
+      return Decide(call, reply);
+    case wire::kOpStatus:
+      return TxStatus(call, reply);
     default:
       return Status::Protocol("tx: unknown opcode " + std::to_string(call.opcode));
   }
@@ -282,6 +298,213 @@ Status TxService::Unlock(const RpcCall& call, std::vector<std::byte>& reply) {
   return Count(first);
 }
 
+// ---- Multi-participant commit ------------------------------------------------------------------
+
+uint64_t TxService::Now() const {
+  if (now_ns_) return now_ns_();
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+Result<TxService::Groups> TxService::Group(std::span<const wire::TwoPhaseEntry> items) {
+  Groups groups;
+  for (const wire::TwoPhaseEntry& e : items) {
+    FARMEM_ASSIGN_OR_RETURN(Table * t, TableOf(e.table, e.key.size()));
+    (void)t;
+    groups[e.table].push_back({e.key, e.op == wire::kRemove, e.value});
+  }
+  return groups;
+}
+
+Status TxService::PinAll(uint64_t txid, const Groups& groups) {
+  for (const auto& [table, writes] : groups) {
+    Status st = tables_[table].table->PrepareAll(txid, writes);
+    if (st.ok()) continue;
+    // This table released its locks; release the other tables' too (pinned or not): the
+    // transaction is aborted here, nothing of it may stay locked.
+    for (const auto& [other, w] : groups) {
+      if (other == table) continue;
+      for (const auto& item : w) (void)tables_[other].table->Unlock(item.key, txid);
+    }
+    return st;
+  }
+  return Status::OK();
+}
+
+Status TxService::CommitGroups(uint64_t txid, const Groups& groups) {
+  if (groups.size() == 1) {
+    return tables_[groups.begin()->first].table->CommitAll(txid, groups.begin()->second);
+  }
+  // Several tables: pinned first, so no lease can run out between two tables' installs.
+  FARMEM_RETURN_IF_ERROR(PinAll(txid, groups));
+  for (const auto& [table, writes] : groups) {
+    Status st = tables_[table].table->CommitAll(txid, writes);
+    if (!st.ok()) return Status::Internal("tx: commit of a pinned table refused: " + st.ToString());
+  }
+  return Status::OK();
+}
+
+Status TxService::Prepare(const RpcCall& call, std::vector<std::byte>& reply) {
+  (void)reply;
+  FARMEM_ASSIGN_OR_RETURN(wire::TwoPhaseRequest req,
+                          wire::DecodeTwoPhaseRequest(call.request, true));
+  FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(req.items));
+  counters_.prepares.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(prepared_mu_);
+    if (prepared_.count(req.txid) != 0) return Status::OK();  // a repeated prepare
+  }
+  FARMEM_RETURN_IF_ERROR(Count(PinAll(req.txid, groups)));
+  Prepared p;
+  p.body.assign(call.request.begin(), call.request.end());
+  p.deadline_ns = Now() + std::min(req.lease_ns, max_lease_ns_);
+  std::lock_guard lock(prepared_mu_);
+  prepared_[req.txid] = std::move(p);
+  return Status::OK();
+}
+
+void TxService::Apply(uint64_t txid, const Prepared& p, bool commit) {
+  // The body was decoded when it was prepared; it cannot fail now.
+  Result<wire::TwoPhaseRequest> req = wire::DecodeTwoPhaseRequest(p.body, true);
+  if (!req.ok()) return;
+  Result<Groups> groups = Group(req->items);
+  if (!groups.ok()) return;
+  for (const auto& [table, writes] : *groups) {
+    if (commit) {
+      (void)Count(tables_[table].table->CommitAll(txid, writes));
+    } else {
+      for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, txid);
+    }
+  }
+}
+
+Status TxService::Decide(const RpcCall& call, std::vector<std::byte>& reply) {
+  (void)reply;
+  FARMEM_ASSIGN_OR_RETURN(wire::TwoPhaseRequest req,
+                          wire::DecodeTwoPhaseRequest(call.request, false));
+  counters_.decides.fetch_add(1, std::memory_order_relaxed);
+  const bool commit = req.decision == wire::kDecideCommit;
+  if (req.items.empty()) {
+    // A prepared participant's outcome.
+    Prepared p;
+    {
+      std::lock_guard lock(prepared_mu_);
+      auto it = prepared_.find(req.txid);
+      if (it == prepared_.end()) {
+        if (!commit) return Status::OK();  // never prepared here, or resolved already
+        return Status::FailedPrecondition("TX_DECIDE: transaction " + std::to_string(req.txid) +
+                                          " is not prepared here (resolved already?)");
+      }
+      p = std::move(it->second);
+      prepared_.erase(it);
+    }
+    Apply(req.txid, p, commit);
+    return Status::OK();
+  }
+  // The first participant's own writes. With one participant there is nothing to record.
+  FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(req.items));
+  counters_.commit_items.fetch_add(req.items.size(), std::memory_order_relaxed);
+  if (req.num_participants == 1) return Count(CommitGroups(req.txid, groups));
+  // The commit point: the writes and the decision under decisions_mu_, so a TX_STATUS sees
+  // either the commit recorded, or no record (and then fences txid, and this commit is refused).
+  std::lock_guard lock(decisions_mu_);
+  if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
+    if (it->second) return Status::OK();  // a repeated commit
+    for (const auto& [table, writes] : groups) {
+      for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, req.txid);
+    }
+    return Count(Status::Aborted("stale commit: transaction " + std::to_string(req.txid) +
+                                 " was decided abort (a participant asked for its outcome)"));
+  }
+  Status st = CommitGroups(req.txid, groups);
+  decisions_[req.txid] = st.ok();
+  decision_order_.emplace_back(Now(), req.txid);
+  return Count(st);
+}
+
+Status TxService::TxStatus(const RpcCall& call, std::vector<std::byte>& reply) {
+  FARMEM_ASSIGN_OR_RETURN(wire::StatusRequest req, wire::DecodeStatusRequest(call.request));
+  counters_.statuses.fetch_add(1, std::memory_order_relaxed);
+  bool committed = false;
+  {
+    std::lock_guard lock(decisions_mu_);
+    auto [it, fresh] = decisions_.emplace(req.txid, false);  // no record: fenced as aborted
+    if (fresh) decision_order_.emplace_back(Now(), req.txid);
+    committed = it->second;
+  }
+  wire::StatusReply r{};
+  r.outcome = committed ? wire::kDecideCommit : wire::kDecideAbort;
+  reply = EncodeStruct(r);
+  return Status::OK();
+}
+
+Result<bool> TxService::AskFirstParticipant(const std::string& address, uint64_t txid) {
+  PeerId peer = kInvalidPeer;
+  if (auto it = peers_.find(address); it != peers_.end()) {
+    peer = it->second;
+  } else {
+    Result<PeerInfo> info = node_->connect(address);
+    if (!info.ok()) return info.status().WithContext("tx recovery: connecting to " + address);
+    peer = info->id;
+    peers_[address] = peer;
+  }
+  Result<wire::StatusReply> r = runner_->run([&](Scheduler& s) {
+    return CallStruct<wire::StatusReply>(s, peer, wire::kOpStatus, wire::StatusRequest{txid},
+                                         "TX_STATUS to " + address);
+  });
+  if (!r.ok()) {
+    peers_.erase(address);  // connect afresh next time (the peer may have restarted)
+    return r.status();
+  }
+  const auto bytes = EncodeStruct(*r);
+  FARMEM_ASSIGN_OR_RETURN(wire::StatusReply checked, wire::DecodeStatusReply(bytes));
+  return checked.outcome == wire::kDecideCommit;
+}
+
+void TxService::Recover() {
+  std::vector<std::pair<uint64_t, std::string>> due;
+  {
+    const uint64_t now = Now();
+    std::lock_guard lock(prepared_mu_);
+    for (auto& [txid, p] : prepared_) {
+      if (p.resolving || p.deadline_ns > now) continue;
+      Result<wire::TwoPhaseRequest> req = wire::DecodeTwoPhaseRequest(p.body, true);
+      if (!req.ok()) continue;
+      p.resolving = true;
+      due.emplace_back(txid, std::string(req->participants[0]));
+    }
+  }
+  for (const auto& [txid, first] : due) {
+    Result<bool> committed = AskFirstParticipant(first, txid);
+    Prepared p;
+    {
+      std::lock_guard lock(prepared_mu_);
+      auto it = prepared_.find(txid);
+      if (it == prepared_.end()) continue;  // a TX_DECIDE arrived meanwhile and applied it
+      if (!committed.ok()) {
+        // 2PC blocks here: without the first participant's answer the outcome is unknown, so
+        // the locks stay; ask again after half a lease.
+        it->second.resolving = false;
+        it->second.deadline_ns = Now() + max_lease_ns_ / 2;
+        counters_.recovery_unreachable.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      p = std::move(it->second);
+      prepared_.erase(it);
+    }
+    Apply(txid, p, *committed);
+    (*committed ? counters_.recovered_commits : counters_.recovered_aborts)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard lock(decisions_mu_);
+  const uint64_t now = Now();
+  while (!decision_order_.empty() && decision_order_.front().first + decision_retention_ns_ < now) {
+    decisions_.erase(decision_order_.front().second);
+    decision_order_.pop_front();
+  }
+}
+
 Status TxService::start() {
   std::lock_guard lock(reaper_mu_);
   if (reaper_.joinable() || tables_.empty()) return Status::OK();
@@ -309,6 +532,7 @@ void TxService::ReaperLoop() {
     uint64_t freed = 0;
     for (Table& t : tables_) freed += t.table->ReapExpired();
     counters_.reaped.fetch_add(freed, std::memory_order_relaxed);
+    Recover();
     lock.lock();
   }
 }
@@ -328,6 +552,20 @@ nlohmann::json TxService::Stats() const {
   j["unlocks"] = get(counters_.unlocks);
   j["not_found"] = get(counters_.not_found);
   j["reaped_locks"] = get(counters_.reaped);
+  j["prepares"] = get(counters_.prepares);
+  j["decides"] = get(counters_.decides);
+  j["statuses"] = get(counters_.statuses);
+  j["recovered_commits"] = get(counters_.recovered_commits);
+  j["recovered_aborts"] = get(counters_.recovered_aborts);
+  j["recovery_unreachable"] = get(counters_.recovery_unreachable);
+  {
+    std::lock_guard lock(prepared_mu_);
+    j["prepared"] = prepared_.size();
+  }
+  {
+    std::lock_guard lock(decisions_mu_);
+    j["decisions"] = decisions_.size();
+  }
   nlohmann::json aborts = nlohmann::json::object();
   for (size_t r = 1; r < std::size(counters_.aborts); ++r) {
     aborts[kReasonNames[r]] = get(counters_.aborts[r]);
@@ -372,6 +610,13 @@ void TxService::metrics(MetricsWriter& w) const {
             get(counters_.unlocks));
   w.counter("farmem_tx_reaped_locks_total", "Locks freed by the reaper after their lease.",
             get(counters_.reaped));
+  w.counter("farmem_tx_prepares_total", "TX_PREPARE requests served.", get(counters_.prepares));
+  w.counter("farmem_tx_decides_total", "TX_DECIDE requests served.", get(counters_.decides));
+  w.family("farmem_tx_recoveries_total", MetricsWriter::Kind::kCounter,
+           "Prepared transactions resolved by asking the first participant, by outcome.");
+  w.sample({{"outcome", "commit"}}, get(counters_.recovered_commits));
+  w.sample({{"outcome", "abort"}}, get(counters_.recovered_aborts));
+  w.sample({{"outcome", "unreachable"}}, get(counters_.recovery_unreachable));
   w.family("farmem_tx_aborts_total", MetricsWriter::Kind::kCounter,
            "Tx requests refused with an abort, by reason.");
   for (size_t r = 1; r < std::size(counters_.aborts); ++r) {

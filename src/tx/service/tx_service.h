@@ -1,17 +1,22 @@
 // TxService: farmemd's Storm transaction tables behind the tx RPCs of tx/format/tx_wire.h. Owns
 // one TxTable (partition of a hash table) per --tx-table, exports each region read-only as
-// "tx.<NAME>" for one-sided reads, and runs a reaper thread freeing locks whose lease ran out.
-// Handlers run on RPC worker threads (TX_LOOKUP inline on the progress thread); STAT and metrics
-// from any thread. docs/tx.md ("Service").
+// "tx.<NAME>" for one-sided reads, and runs a reaper thread freeing locks whose lease ran out and
+// resolving prepared multi-participant commits whose coordinator went silent (it asks the first
+// participant by TX_STATUS). Handlers run on RPC worker threads (TX_LOOKUP inline on the progress
+// thread); STAT and metrics from any thread. docs/tx.md ("Service", "Multi-participant commit").
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +24,7 @@
 #include "farmem/node.h"
 #include "farmem/server.h"
 #include "farmem/status.h"
+#include "node/rpc_call.h"
 #include "service/service.h"
 #include "tx/engine/tx_table.h"
 #include "tx/format/tx_wire.h"
@@ -81,6 +87,8 @@ class TxService final : public Service {
   struct Counters {
     std::atomic<uint64_t> lookups{0}, locks{0}, lock_inserts{0}, validates{0}, commits{0},
         commit_items{0}, unlocks{0}, not_found{0}, reaped{0};
+    std::atomic<uint64_t> prepares{0}, decides{0}, statuses{0}, recovered_commits{0},
+        recovered_aborts{0}, recovery_unreachable{0};
     // Aborts by reason, indexed by tx::AbortReason.
     std::atomic<uint64_t> aborts[6]{};
   };
@@ -95,12 +103,54 @@ class TxService final : public Service {
   Status Validate(const RpcCall& call, std::vector<std::byte>& reply);
   Status Commit(const RpcCall& call, std::vector<std::byte>& reply);
   Status Unlock(const RpcCall& call, std::vector<std::byte>& reply);
+  Status Prepare(const RpcCall& call, std::vector<std::byte>& reply);
+  Status Decide(const RpcCall& call, std::vector<std::byte>& reply);
+  Status TxStatus(const RpcCall& call, std::vector<std::byte>& reply);
   void ReaperLoop();
+
+  // ---- Multi-participant commit (docs/tx.md "Multi-participant commit") ----------------------
+  // A participant's writes by table (views into a request body).
+  using Groups = std::map<uint16_t, std::vector<tx::TxTable::TxWrite>>;
+  Result<Groups> Group(std::span<const tx_wire::TwoPhaseEntry> items);
+  // PrepareAll on every table, or none: after a refusal, txid's locks on all items are released.
+  Status PinAll(uint64_t txid, const Groups& groups);
+  // Installs every table's writes or none (one table: CommitAll; several: PinAll, then CommitAll).
+  Status CommitGroups(uint64_t txid, const Groups& groups);
+  // A prepared transaction: its TX_PREPARE body (participants, writes), when to ask entry 0.
+  struct Prepared {
+    std::vector<std::byte> body;
+    uint64_t deadline_ns = 0;
+    bool resolving = false;  // the reaper is asking the first participant
+  };
+  // Applies an outcome to a prepared transaction taken out of prepared_ (whoever takes it
+  // applies it: a TX_DECIDE or the reaper's recovery, never both).
+  void Apply(uint64_t txid, const Prepared& p, bool commit);
+  // The reaper's recovery step: every prepared transaction past its deadline asks its first
+  // participant (TX_STATUS) and applies the answer; unreachable: keeps its locks, asks again.
+  void Recover();
+  Result<bool> AskFirstParticipant(const std::string& address, uint64_t txid);
+  uint64_t Now() const;
 
   TxConfig config_;
   uint64_t max_lease_ns_ = 0;
   std::vector<Table> tables_;
   mutable Counters counters_;
+  Node* node_ = nullptr;
+  std::function<uint64_t()> now_ns_;  // the tables' lease clock (tests: a manual one)
+
+  mutable std::mutex prepared_mu_;
+  std::unordered_map<uint64_t, Prepared> prepared_;
+  // Decisions this server recorded as a first participant (true = committed), kept for
+  // decision_retention_ns_ (pruned oldest first from decision_order_), far longer than any lease:
+  // a prepared participant asks one lease after its prepare.
+  mutable std::mutex decisions_mu_;
+  std::unordered_map<uint64_t, bool> decisions_;
+  std::deque<std::pair<uint64_t, uint64_t>> decision_order_;  // (recorded at ns, txid)
+  uint64_t decision_retention_ns_ = 0;
+  // Peers of other participants this server asked (by bootstrap address); the recovery's
+  // blocking calls run on one scheduler of the node (reaper thread only).
+  std::map<std::string, PeerId> peers_;
+  std::unique_ptr<BlockingRunner> runner_;
 
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
