@@ -3,14 +3,13 @@
 // other nodes' tracker records to the local index. The index is under index_mu_ (shared for
 // gets), the free slots under slots_mu_, this node's tracker ring producer under ring_mu_.
 //
-// Every member's slice: [lock area: ceil(locks / n) ticket locks of 16 B, lock i at member
-// i % n, index i / n][slots_per_node value slots of 40 B]. Slot words: 0 key, 1 counter (bumped
-// by every insert into the slot), 2 value, 3 checksum of (counter; key, value), 4 valid.
-// Tracker record (40 B): op (1 insert, 2 delete), key, node, slot, counter.
+// Every member's slice: [lock area: ceil(locks / n) wire::TicketWords, lock i at member i % n,
+// index i / n][slots_per_node wire::KvSlot]. Tracker records: wire::KvTrackerRecord.
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
 #include "channels/manager_impl.h"
 
@@ -20,10 +19,10 @@ using Clock = std::chrono::steady_clock;
 using detail::Checksum;
 
 namespace {
-constexpr size_t kSlotWords = 5;
-constexpr uint64_t kOpInsert = 1;
-constexpr uint64_t kOpDelete = 2;
-constexpr size_t kMsgWords = 5;
+constexpr size_t kSlotWords = sizeof(wire::KvSlot) / 8;
+constexpr uint64_t kOpInsert = static_cast<uint64_t>(wire::KvTrackerOp::kInsert);
+constexpr uint64_t kOpDelete = static_cast<uint64_t>(wire::KvTrackerOp::kDelete);
+constexpr size_t kMsgWords = sizeof(wire::KvTrackerRecord) / 8;
 
 uint64_t Mix(uint64_t x) {
   x ^= x >> 33;
@@ -54,7 +53,8 @@ Result<std::unique_ptr<KvStore>> KvStore::Open(ChannelThread& thread, std::strin
   auto me = std::find(members.begin(), members.end(), kv->self_);
   if (me == members.end()) return Status::InvalidArgument("kvstore '" + name + "': not a member");
   kv->self_index_ = static_cast<size_t>(me - members.begin());
-  kv->lock_bytes_ = 16 * ((config.locks + members.size() - 1) / members.size());
+  kv->lock_bytes_ =
+      sizeof(wire::TicketWords) * ((config.locks + members.size() - 1) / members.size());
   auto ch = Channel::Open(thread, name, members,
                           kv->lock_bytes_ + 8 * kSlotWords * config.slots_per_node);
   if (!ch.ok()) return ch.status();
@@ -158,7 +158,7 @@ Status KvStore::lock(ChannelThread& thread, uint64_t key, NodeId* home, uint64_t
   *home = members_[li % members_.size()];
   auto off = ch_.slice_offset(*home);
   if (!off.ok()) return off.status();
-  *offset = *off + 16 * (li / members_.size());
+  *offset = *off + sizeof(wire::TicketWords) * (li / members_.size());
   return detail::TicketAcquire(thread, *home, *offset, config_.timeout,
                                "kvstore '" + name_ + "' lock " + std::to_string(li), nullptr);
 }
@@ -221,7 +221,7 @@ Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
     if (!s.ok()) return s.WithContext("kvstore '" + name_ + "' insert");
     // Linearization point: every index has the entry, so no get that starts after this can miss.
     const uint64_t valid = 1;
-    k = thread.write(self_, *off + 8 * 4, &valid, 8);
+    k = thread.write(self_, *off + offsetof(wire::KvSlot, valid), &valid, 8);
     if (!k.ok()) return k.status();
     return thread.wait(*k, config_.timeout);
   };
@@ -245,7 +245,7 @@ Status KvStore::update(ChannelThread& thread, uint64_t key, uint64_t value) {
     } else {
       // Value and checksum in one write (placed at the value's home: the linearization point).
       const uint64_t words[2] = {value, SlotChecksum(key, e.counter, value)};
-      auto k = thread.write(e.node, *off + 16, words, sizeof(words));
+      auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, value), words, sizeof(words));
       if (!k.ok()) st = k.status();
     }
   }
@@ -270,7 +270,7 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
     if (!off.ok()) return off.status();
     // Linearization point: the slot is invalid at its home.
     const uint64_t invalid = 0;
-    auto k = thread.write(e.node, *off + 8 * 4, &invalid, 8);
+    auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, valid), &invalid, 8);
     if (!k.ok()) return k.status();
     Status s = thread.wait(*k, config_.timeout);
     if (!s.ok()) return s;

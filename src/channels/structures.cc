@@ -3,16 +3,15 @@
 // behalf of remote members and read through the transport (never with plain CPU loads).
 //
 // RingBuffer slice (same size on every member): [ack table: one u64 per member, used at the
-// producer: records released by that consumer][capacity record slots, used at the consumers].
-// Record slot: word 0 seq (0 = never written), word 1 checksum of (seq; length and payload
-// words), word 2 length in bytes, words 3.. payload. Record seq goes to slot (seq - 1) % capacity.
-// SharedQueue slice: [head u64, tail u64 (used at the home)][slots {state, value}, 16 B each];
-// slot i lives on members[i % n] at index i / n. state 2L = free for lap L, 2L + 1 = full in lap
-// L (so the zeroed region starts as "free for lap 0").
+// producer: records released by that consumer][capacity record slots, used at the consumers:
+// wire::RingRecordHeader, then the payload padded to words].
+// SharedQueue slice: [wire::QueueEnds (used at the home)][wire::QueueSlot ...]; slot i lives on
+// members[i % n] at index i / n.
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
 #include "channels/manager_impl.h"
 
@@ -22,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 using detail::Checksum;
 
 namespace {
-constexpr size_t kRecordHeaderWords = 3;  // seq, checksum, length
+constexpr size_t kRecordHeaderWords = sizeof(wire::RingRecordHeader) / 8;
 
 size_t IndexOf(const std::vector<NodeId>& members, NodeId n) {
   return static_cast<size_t>(std::find(members.begin(), members.end(), n) - members.begin());
@@ -245,7 +244,8 @@ Result<SharedQueue> SharedQueue::Open(ChannelThread& thread, std::string name, N
   q.home_ = home;
   q.capacity_ = capacity;
   const size_t per_member = (capacity + members.size() - 1) / members.size();
-  auto ch = Channel::Open(thread, std::move(name), std::move(members), 16 + 16 * per_member);
+  auto ch = Channel::Open(thread, std::move(name), std::move(members),
+                          sizeof(wire::QueueEnds) + sizeof(wire::QueueSlot) * per_member);
   if (!ch.ok()) return ch.status();
   q.ch_ = std::move(*ch);
   return q;
@@ -257,7 +257,9 @@ Result<SharedQueue::SlotRef> SharedQueue::slot(uint64_t ticket) const {
   const NodeId node = members[i % members.size()];
   auto off = ch_.slice_offset(node);
   if (!off.ok()) return off.status();
-  return SlotRef{node, *off + 16 + 16 * (i / members.size()), ticket / capacity_};
+  return SlotRef{node,
+                 *off + sizeof(wire::QueueEnds) + sizeof(wire::QueueSlot) * (i / members.size()),
+                 ticket / capacity_};
 }
 
 Status SharedQueue::wait_state(ChannelThread& thread, const SlotRef& s, uint64_t want,
@@ -291,7 +293,7 @@ Status SharedQueue::push(ChannelThread& thread, uint64_t value, std::chrono::mil
                                      std::to_string(capacity_) + " values)");
   }
   uint64_t t = 0;
-  auto key = thread.fetch_add(home_, *home_off + 8, 1, &t);
+  auto key = thread.fetch_add(home_, *home_off + offsetof(wire::QueueEnds, tail), 1, &t);
   if (!key.ok()) return key.status();
   st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
   if (!st.ok()) return st.WithContext("shared queue '" + ch_.name() + "'");
@@ -301,7 +303,7 @@ Status SharedQueue::push(ChannelThread& thread, uint64_t value, std::chrono::mil
   // check ends here, bounded by the deadline).
   st = wait_state(thread, *s, 2 * s->lap, deadline, "free");
   if (!st.ok()) return st;
-  key = thread.write(s->node, s->offset + 8, &value, 8);
+  key = thread.write(s->node, s->offset + offsetof(wire::QueueSlot, value), &value, 8);
   if (!key.ok()) return key.status();
   // The value is placed before the slot is marked full (a popper reads state, then value).
   st = thread.fence_pair(s->node, Left(deadline));
@@ -345,7 +347,7 @@ Result<uint64_t> SharedQueue::pop(ChannelThread& thread, std::chrono::millisecon
     if (!st.ok()) return st;
   }
   uint64_t value = 0;
-  Status st = thread.read_sync(s->node, s->offset + 8, &value, 8);
+  Status st = thread.read_sync(s->node, s->offset + offsetof(wire::QueueSlot, value), &value, 8);
   if (!st.ok()) return st.WithContext("shared queue '" + ch_.name() + "'");
   const uint64_t next_free = 2 * s->lap + 2;
   auto key = thread.write(s->node, s->offset, &next_free, 8);
