@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -426,8 +427,8 @@ class KvStore {
   void apply(const uint64_t* msg);
   bool lookup(uint64_t key, IndexEntry* e) const;
   Result<uint64_t> slot_offset(NodeId node, uint64_t slot) const;
-  Status lock(ChannelThread& thread, uint64_t key, NodeId* home, uint64_t* offset);
-  Status unlock(ChannelThread& thread, NodeId home, uint64_t offset, bool fence);
+  Status locked(ChannelThread& thread, uint64_t key, bool fence,
+                const std::function<Status()>& body);
   Status broadcast(ChannelThread& thread, const uint64_t* msg);
 
   std::string name_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -102,6 +103,20 @@ class ChannelsTest : public ::testing::TestWithParam<std::string> {
       FAIL() << "could not start the nodes";     \
     }                                            \
   } while (0)
+
+// Runs `fn` (returning a Status), expects an error within `limit`, and prints it with how long it
+// took (the failure tests' measurements).
+template <class Fn>
+void ExpectErrorWithin(const std::string& what, std::chrono::milliseconds limit, Fn fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = fn();
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  EXPECT_FALSE(st.ok()) << what;
+  EXPECT_LT(took, limit) << what << ": " << st.ToString();
+  std::printf("%s: %s (%lld ms)\n", what.c_str(), st.ToString().c_str(),
+              static_cast<long long>(took.count()));
+}
 
 // gtest parameter names: "fabric:shm" -> "fabric_shm".
 inline std::string BackendName(const ::testing::TestParamInfo<std::string>& info) {

@@ -7,6 +7,7 @@
 // index i / n][slots_per_node wire::KvSlot]. Tracker records: wire::KvTrackerRecord.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "channels/channel_wire.h"
@@ -153,19 +154,21 @@ Result<uint64_t> KvStore::slot_offset(NodeId node, uint64_t slot) const {
   return *off + lock_bytes_ + 8 * kSlotWords * slot;
 }
 
-Status KvStore::lock(ChannelThread& thread, uint64_t key, NodeId* home, uint64_t* offset) {
+// Runs `body` holding the key's ticket lock; the release fences first when `fence` (the caller's
+// writes are placed before the next holder is served). body's error wins over the release's.
+Status KvStore::locked(ChannelThread& thread, uint64_t key, bool fence,
+                       const std::function<Status()>& body) {
   const uint64_t li = Mix(key) % config_.locks;
-  *home = members_[li % members_.size()];
-  auto off = ch_.slice_offset(*home);
+  const NodeId home = members_[li % members_.size()];
+  auto off = ch_.slice_offset(home);
   if (!off.ok()) return off.status();
-  *offset = *off + sizeof(wire::TicketWords) * (li / members_.size());
-  return detail::TicketAcquire(thread, *home, *offset, config_.timeout,
-                               "kvstore '" + name_ + "' lock " + std::to_string(li), nullptr);
-}
-
-Status KvStore::unlock(ChannelThread& thread, NodeId home, uint64_t offset, bool fence) {
-  return detail::TicketRelease(thread, home, offset, config_.timeout,
-                               "kvstore '" + name_ + "' lock", fence);
+  const uint64_t offset = *off + sizeof(wire::TicketWords) * (li / members_.size());
+  const std::string what = "kvstore '" + name_ + "' lock " + std::to_string(li);
+  Status st = detail::TicketAcquire(thread, home, offset, config_.timeout, what, nullptr);
+  if (!st.ok()) return st;
+  st = body();
+  Status un = detail::TicketRelease(thread, home, offset, config_.timeout, what, fence);
+  return st.ok() ? un : st;
 }
 
 // Appends `msg` to this node's tracker ring and waits until every other node applied it.
@@ -183,11 +186,7 @@ Status KvStore::broadcast(ChannelThread& thread, const uint64_t* msg) {
 }
 
 Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
-  NodeId lock_home = 0;
-  uint64_t lock_off = 0;
-  Status st = lock(thread, key, &lock_home, &lock_off);
-  if (!st.ok()) return st;
-  auto body = [&]() -> Status {
+  return locked(thread, key, /*fence=*/true, [&]() -> Status {
     IndexEntry e;
     if (lookup(key, &e)) {
       return Status::FailedPrecondition("kvstore '" + name_ + "': key " + std::to_string(key) +
@@ -224,44 +223,29 @@ Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
     k = thread.write(self_, *off + offsetof(wire::KvSlot, valid), &valid, 8);
     if (!k.ok()) return k.status();
     return thread.wait(*k, config_.timeout);
-  };
-  st = body();
-  Status un = unlock(thread, lock_home, lock_off, /*fence=*/true);
-  return st.ok() ? un : st;
+  });
 }
 
 Status KvStore::update(ChannelThread& thread, uint64_t key, uint64_t value) {
-  NodeId lock_home = 0;
-  uint64_t lock_off = 0;
-  Status st = lock(thread, key, &lock_home, &lock_off);
-  if (!st.ok()) return st;
-  IndexEntry e;
-  if (!lookup(key, &e)) {
-    st = Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
-  } else {
-    auto off = slot_offset(e.node, e.slot);
-    if (!off.ok()) {
-      st = off.status();
-    } else {
-      // Value and checksum in one write (placed at the value's home: the linearization point).
-      const uint64_t words[2] = {value, SlotChecksum(key, e.counter, value)};
-      auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, value), words, sizeof(words));
-      if (!k.ok()) st = k.status();
-    }
-  }
-  // The update fence: the write is placed before the lock is released (and before update
+  // The update fence: the value write is placed before the lock is released (and before update
   // returns), so a get that starts later reads it.
   const bool fence = !g_kv_update_fence_disabled.load(std::memory_order_relaxed);
-  Status un = unlock(thread, lock_home, lock_off, fence);
-  return st.ok() ? un : st;
+  return locked(thread, key, fence, [&]() -> Status {
+    IndexEntry e;
+    if (!lookup(key, &e)) {
+      return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
+    }
+    auto off = slot_offset(e.node, e.slot);
+    if (!off.ok()) return off.status();
+    // Value and checksum in one write (placed at the value's home: the linearization point).
+    const uint64_t words[2] = {value, SlotChecksum(key, e.counter, value)};
+    auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, value), words, sizeof(words));
+    return k.status();
+  });
 }
 
 Status KvStore::erase(ChannelThread& thread, uint64_t key) {
-  NodeId lock_home = 0;
-  uint64_t lock_off = 0;
-  Status st = lock(thread, key, &lock_home, &lock_off);
-  if (!st.ok()) return st;
-  auto body = [&]() -> Status {
+  return locked(thread, key, /*fence=*/true, [&]() -> Status {
     IndexEntry e;
     if (!lookup(key, &e)) {
       return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
@@ -279,10 +263,7 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
     s = broadcast(thread, msg);  // the home frees the slot when it applies the record
     if (!s.ok()) return s.WithContext("kvstore '" + name_ + "' erase");
     return Status::OK();
-  };
-  st = body();
-  Status un = unlock(thread, lock_home, lock_off, /*fence=*/true);
-  return st.ok() ? un : st;
+  });
 }
 
 Result<uint64_t> KvStore::get(ChannelThread& thread, uint64_t key) {

@@ -32,14 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 class StructuresTest : public testing_util::ChannelsTest {};
 
-#define START_OR_SKIP()                          \
-  do {                                           \
-    if (!StartAll()) {                           \
-      if (!skip_.empty()) GTEST_SKIP() << skip_; \
-      FAIL() << "could not start the nodes";     \
-    }                                            \
-  } while (0)
-
 // ---- RingBuffer --------------------------------------------------------------------------------
 
 constexpr size_t kRingMax = 1024;
@@ -55,7 +47,7 @@ void FillRecord(uint64_t k, uint8_t* out) {
 }
 
 TEST_P(StructuresTest, RingBufferBackPressureAndErrors) {
-  START_OR_SKIP();
+  START_ALL_OR_SKIP();
   std::vector<RingBuffer> rings;
   for (NodeId n = 1; n <= 3; n++) {
     auto r = RingBuffer::Open(*M(n).thr, "ring/bp", 1, {1, 2, 3}, 4, 16);
@@ -120,7 +112,7 @@ TEST_P(StructuresTest, RingBufferBackPressureAndErrors) {
 // consumers' random pauses make the producer wait (back-pressure). The producer's writes are
 // placed in two parts (test hook), so half-written records are there to be seen.
 TEST_P(StructuresTest, RingBufferExactlyOnceInOrderNeverTornStress) {
-  START_OR_SKIP();
+  START_ALL_OR_SKIP();
   const bool no_checksum = Fault("ring_checksum");
   const bool no_backpressure = Fault("ring_backpressure");
   if (no_checksum) testing::SetRingChecksumDisabled(true);
@@ -177,7 +169,7 @@ TEST_P(StructuresTest, RingBufferExactlyOnceInOrderNeverTornStress) {
 // ---- SharedQueue -------------------------------------------------------------------------------
 
 TEST_P(StructuresTest, SharedQueueFifoFullAndEmpty) {
-  START_OR_SKIP();
+  START_ALL_OR_SKIP();
   std::vector<SharedQueue> qs;
   for (NodeId n = 1; n <= 3; n++) {
     auto q = SharedQueue::Open(*M(n).thr, "queue/unit", 2, {1, 2, 3}, 5);
@@ -206,7 +198,7 @@ TEST_P(StructuresTest, SharedQueueFifoFullAndEmpty) {
 // the popped multiset equals the pushed one, and each consumer sees each producer's values in
 // push order.
 TEST_P(StructuresTest, SharedQueueExactlyOncePerProducerOrderConcurrent) {
-  START_OR_SKIP();
+  START_ALL_OR_SKIP();
   if (Fault("queue_wait")) testing::SetQueueWaitDisabled(true);
   constexpr uint64_t kPerProducer = 400;
   constexpr uint64_t kTotal = 3 * kPerProducer;
