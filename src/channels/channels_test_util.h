@@ -104,6 +104,20 @@ class ChannelsTest : public ::testing::TestWithParam<std::string> {
     }                                            \
   } while (0)
 
+// Sanitizer builds run the same code several times slower (TSan most): the longer histories are
+// cut there, so a test stays within its few seconds; what they check is unchanged.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 // Runs `fn` (returning a Status), expects an error within `limit`, and prints it with how long it
 // took (the failure tests' measurements).
 template <class Fn>
