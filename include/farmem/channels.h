@@ -7,9 +7,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "farmem/node.h"
@@ -98,6 +103,10 @@ class ChannelThread {
   // one peer (neither native TCP nor fabric shm does; docs/channels.md).
   void testing_hold_next_write() { hold_next_write_ = true; }
   void testing_release_held();
+  // TEST ONLY: place every later write longer than 8 bytes in two parts, its first word, then
+  // (after `gap`) the rest: models a transport that places a large write piecewise (RDMA gives
+  // no order between the cache lines of one write). Zero turns it off.
+  void testing_tear_writes(std::chrono::microseconds gap) { tear_gap_ = gap; }
 
  private:
   friend class Manager;
@@ -117,6 +126,7 @@ class ChannelThread {
   std::vector<std::pair<uint64_t, Status>> failed_;                    // failed, not yet waited on
   std::vector<uint64_t> held_;                                         // test hook: not posted
   bool hold_next_write_ = false;
+  std::chrono::microseconds tear_gap_{0};  // test hook: writes placed in two parts
 };
 
 // Per-process channel manager over a started Node and a static participant list.
@@ -292,6 +302,151 @@ class TicketLock {
  private:
   Channel ch_;
   NodeId home_ = 0;
+};
+
+// One producer broadcasting records of 1..max_record_bytes bytes to every other member (the
+// consumers), in order, exactly once, never torn. Every consumer's slice holds `capacity` record
+// slots written by the producer; each consumer releases what it consumed by writing its count
+// into the producer's slice (its row of the acknowledgement table), and the producer waits
+// before it would overwrite a slot some consumer has not released (back-pressure). Records are
+// {seq, checksum, length, payload}: a slot being overwritten while read fails the checksum and
+// is read again. Layout: docs/channels.md, "Ringbuffer". One thread at a time per handle.
+class RingBuffer {
+ public:
+  static Result<RingBuffer> Open(ChannelThread& thread, std::string name, NodeId producer,
+                                 std::vector<NodeId> members, size_t capacity,
+                                 size_t max_record_bytes);
+  Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
+  // Producer: appends one record for every consumer; returns its sequence number (1, 2, ...).
+  // Waits while some consumer has `capacity` records unreleased; kTimedOut names it (the record
+  // is then not appended, and the ring stays usable).
+  Result<uint64_t> push(ChannelThread& thread, const void* data, size_t len,
+                        std::chrono::milliseconds timeout);
+  // Producer: waits until every consumer released every record up to `seq` (kTimedOut names the
+  // late ones). Safe to call from several threads at once (reads only).
+  Status wait_released(ChannelThread& thread, uint64_t seq,
+                       std::chrono::milliseconds timeout) const;
+  // Consumer: copies the next record into `out` (at most `cap` bytes) and returns its length;
+  // kTimedOut when none arrives within `timeout` (0: look once). With `release`, its slot is
+  // released at once; otherwise call release() later (e.g. after applying it).
+  Result<size_t> pop(ChannelThread& thread, void* out, size_t cap,
+                     std::chrono::milliseconds timeout, bool release = true);
+  // Consumer: releases every record popped so far (one write to the producer's slice).
+  Result<AckKey> release(ChannelThread& thread);
+  NodeId producer() const { return producer_; }
+  size_t capacity() const { return capacity_; }
+  size_t max_record_bytes() const { return max_bytes_; }
+
+ private:
+  uint64_t slot_offset(uint64_t seq) const;
+  Status read_acks(ChannelThread& thread, std::vector<uint64_t>* acks) const;
+  Channel ch_;
+  NodeId producer_ = 0;
+  size_t capacity_ = 0;
+  size_t max_bytes_ = 0;
+  size_t record_words_ = 0;
+  uint64_t next_ = 1;           // producer: next seq to push; consumer: next seq to pop
+  uint64_t min_released_ = 0;   // producer: cached minimum of the consumers' released counts
+  uint64_t released_sent_ = 0;  // consumer: the count last written to the producer
+};
+
+// Multi-producer multi-consumer FIFO of 64-bit values (LOCO's shared_queue, with Vyukov-style
+// slots instead of the CRQ's CAS2): `head`/`tail` words at the home, `capacity` slots
+// {state, value} striped over the members (slot i on members[i % n]). push: t = FAA(tail), wait
+// until slot t is free for lap t / capacity, write the value, pair fence, mark it full. pop: read
+// head and tail, empty if head >= tail, else CAS(head, h, h + 1), wait until slot h is full, read
+// the value, mark it free for the next lap. Every pushed value is popped exactly once, each
+// producer's values in its push order. Several threads may share a handle's copies.
+class SharedQueue {
+ public:
+  static Result<SharedQueue> Open(ChannelThread& thread, std::string name, NodeId home,
+                                  std::vector<NodeId> members, size_t capacity);
+  Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
+  // kResourceExhausted when the queue is full (checked before a ticket is taken).
+  Status push(ChannelThread& thread, uint64_t value, std::chrono::milliseconds timeout);
+  // kNotFound when the queue is empty.
+  Result<uint64_t> pop(ChannelThread& thread, std::chrono::milliseconds timeout);
+
+ private:
+  struct SlotRef {
+    NodeId node;
+    uint64_t offset;
+    uint64_t lap;
+  };
+  Result<SlotRef> slot(uint64_t ticket) const;
+  Status wait_state(ChannelThread& thread, const SlotRef& s, uint64_t want,
+                    std::chrono::steady_clock::time_point deadline, const char* what) const;
+  Channel ch_;
+  NodeId home_ = 0;
+  size_t capacity_ = 0;
+};
+
+struct KvConfig {
+  // Value slots on every member (values live on the node that inserted them).
+  size_t slots_per_node = 1024;
+  // Ticket locks (lock = hash(key) % locks, homed round-robin over the members).
+  size_t locks = 256;
+  // Records of each node's tracker ringbuffer.
+  size_t tracker_capacity = 64;
+  // Deadline of each blocking step (lock, acknowledgements, torn-read retries).
+  std::chrono::milliseconds timeout{5000};
+};
+
+// LOCO's key-value store (not replicated): 64-bit keys and values. A value lives in a slot
+// {key, counter, value, checksum, valid} on the node that inserted it; every node keeps a full
+// local index key -> (node, slot, counter), updated by a tracker thread that applies the
+// inserts/deletes every node broadcasts on its tracker ringbuffer. Modifications take the key's
+// ticket lock; get takes none: one one-sided read, checked by checksum (torn: retry), valid and
+// counter (stale: not found). Linearizable (docs/channels.md, "Kvstore"). Any number of local
+// threads may call it, each with its own ChannelThread.
+class KvStore {
+ public:
+  static Result<std::unique_ptr<KvStore>> Open(ChannelThread& thread, std::string name,
+                                               std::vector<NodeId> members, KvConfig config = {});
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+  Status wait_ready(std::chrono::milliseconds timeout) const;
+
+  // kFailedPrecondition when the key is present; kResourceExhausted when this node has no free
+  // slot.
+  Status insert(ChannelThread& thread, uint64_t key, uint64_t value);
+  // kNotFound when the key is absent.
+  Status update(ChannelThread& thread, uint64_t key, uint64_t value);
+  Status erase(ChannelThread& thread, uint64_t key);
+  Result<uint64_t> get(ChannelThread& thread, uint64_t key);
+
+ private:
+  struct IndexEntry {
+    NodeId node;
+    uint64_t slot;
+    uint64_t counter;
+  };
+  KvStore() = default;
+  void tracker_main(std::unique_ptr<ChannelThread> thread);
+  void apply(const uint64_t* msg);
+  bool lookup(uint64_t key, IndexEntry* e) const;
+  Result<uint64_t> slot_offset(NodeId node, uint64_t slot) const;
+  Status locked(ChannelThread& thread, uint64_t key, bool fence,
+                const std::function<Status()>& body);
+  Status broadcast(ChannelThread& thread, const uint64_t* msg);
+
+  std::string name_;
+  KvConfig config_;
+  NodeId self_ = 0;
+  Channel ch_;
+  std::vector<NodeId> members_;
+  size_t lock_bytes_ = 0;             // lock area at the start of every member's slice
+  std::vector<RingBuffer> trackers_;  // index i: producer members_[i]
+  size_t self_index_ = 0;
+  mutable std::shared_mutex index_mu_;
+  std::unordered_map<uint64_t, IndexEntry> index_;
+  std::mutex slots_mu_;
+  std::vector<uint64_t> free_slots_;
+  std::vector<uint64_t> counters_;
+  std::mutex ring_mu_;  // this node's tracker ring: one producer at a time
+  std::atomic<bool> stop_{false};
+  std::thread tracker_;
 };
 
 }  // namespace farmem::channels

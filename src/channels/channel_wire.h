@@ -1,6 +1,7 @@
 // Wire format of the channel control messages (RPCs in kChannelOpcodes; docs/channels.md, "Wire"):
 // built by a ChannelThread opening an endpoint, parsed by the Manager's JOIN handler, which runs
 // inline on the transport's progress thread. Fixed little-endian header, then the name bytes.
+// Also the layouts the channels keep in their slices (read and written one-sided by the members).
 #pragma once
 
 #include <cstddef>
@@ -41,5 +42,58 @@ struct JoinReply {
   uint64_t length;
 };
 static_assert(sizeof(JoinReply) == 24);
+
+// ---- Slice layouts (docs/channels.md, "Layouts") ----------------------------------------------
+
+// Ticket lock words (TicketLock's slice; the kvstore's lock array).
+struct TicketWords {
+  uint64_t next_ticket;
+  uint64_t now_serving;
+};
+static_assert(sizeof(TicketWords) == 16);
+
+// RingBuffer record slot header, followed by the payload padded to words. Record seq goes to
+// slot (seq - 1) % capacity; seq 0 = never written.
+struct RingRecordHeader {
+  uint64_t seq;
+  uint64_t checksum;  // of seq; length and payload words
+  uint64_t length;    // payload bytes
+};
+static_assert(sizeof(RingRecordHeader) == 24);
+
+// SharedQueue: head and tail at the home's slice start, then the slots.
+struct QueueEnds {
+  uint64_t head;
+  uint64_t tail;
+};
+static_assert(sizeof(QueueEnds) == 16);
+// state 2L = free for lap L, 2L + 1 = full in lap L (zeroed = free for lap 0).
+struct QueueSlot {
+  uint64_t state;
+  uint64_t value;
+};
+static_assert(sizeof(QueueSlot) == 16);
+
+// KvStore value slot (on the node that inserted the value).
+struct KvSlot {
+  uint64_t key;
+  uint64_t counter;  // bumped by every insert into this slot
+  uint64_t value;
+  uint64_t checksum;  // of counter; key, value
+  uint64_t valid;     // 1 once the insert is linearized, 0 after a delete
+};
+static_assert(sizeof(KvSlot) == 40);
+static_assert(offsetof(KvSlot, value) == 16 && offsetof(KvSlot, valid) == 32);
+
+// KvStore tracker record (payload of a node's tracker ringbuffer).
+enum class KvTrackerOp : uint64_t { kInsert = 1, kDelete = 2 };
+struct KvTrackerRecord {
+  uint64_t op;  // KvTrackerOp
+  uint64_t key;
+  uint64_t node;  // where the value lives
+  uint64_t slot;
+  uint64_t counter;
+};
+static_assert(sizeof(KvTrackerRecord) == 40);
 
 }  // namespace farmem::channels::wire

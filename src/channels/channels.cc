@@ -20,25 +20,9 @@ namespace farmem::channels {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-uint64_t Checksum(uint64_t seq, const uint64_t* words, size_t n) {
-  uint64_t h = seq * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= words[i];
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 31;
-  }
-  return h | 1;  // never 0, so a zeroed copy never checks
-}
-
-uint64_t LoadWord(const std::byte* p) {
-  return std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(p))
-      .load(std::memory_order_acquire);
-}
-void StoreWord(std::byte* p, uint64_t v) {
-  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p)).store(v, std::memory_order_release);
-}
-}  // namespace
+using detail::Checksum;
+using detail::LoadWord;
+using detail::StoreWord;
 
 // ---- OwnedBytes --------------------------------------------------------------------------------
 
@@ -275,26 +259,41 @@ Result<TicketLock> TicketLock::Open(ChannelThread& thread, std::string name, Nod
 
 Status TicketLock::lock(ChannelThread& thread, std::chrono::milliseconds timeout,
                         uint64_t* ticket) {
-  const auto deadline = Clock::now() + timeout;
   auto off = ch_.slice_offset(home_);
   if (!off.ok()) return off.status();
+  return detail::TicketAcquire(thread, home_, *off, timeout, "ticket lock '" + ch_.name() + "'",
+                               ticket);
+}
+
+Status TicketLock::unlock(ChannelThread& thread, std::chrono::milliseconds timeout) {
+  auto off = ch_.slice_offset(home_);
+  if (!off.ok()) return off.status();
+  return detail::TicketRelease(thread, home_, *off, timeout, "ticket lock '" + ch_.name() + "'",
+                               /*fence=*/true);
+}
+
+namespace detail {
+
+Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
+                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket) {
+  const auto deadline = Clock::now() + timeout;
   const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
   uint64_t t = 0;
-  auto key = thread.fetch_add(home_, *off, 1, &t);
+  auto key = thread.fetch_add(home, offset, 1, &t);
   if (!key.ok()) return key.status();
   Status st = thread.wait(*key, op_wait);
-  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+  if (!st.ok()) return st.WithContext(what);
   if (ticket != nullptr) *ticket = t;
   if (g_lock_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
   for (;;) {
     uint64_t serving = 0;
-    st = thread.read_sync(home_, *off + 8, &serving, 8);
-    if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+    st = thread.read_sync(home, offset + 8, &serving, 8);
+    if (!st.ok()) return st.WithContext(what);
     if (serving == t) return Status::OK();
     if (Clock::now() >= deadline) {
-      return Status::TimedOut("ticket lock '" + ch_.name() + "': ticket " + std::to_string(t) +
-                              " not served within " + std::to_string(timeout.count()) +
-                              " ms (now serving " + std::to_string(serving) + ")");
+      return Status::TimedOut(what + ": ticket " + std::to_string(t) + " not served within " +
+                              std::to_string(timeout.count()) + " ms (now serving " +
+                              std::to_string(serving) + ")");
     }
     // Proportional backoff: each holder ahead costs at least a round trip.
     const uint64_t ahead = t > serving ? t - serving : 1;
@@ -302,18 +301,21 @@ Status TicketLock::lock(ChannelThread& thread, std::chrono::milliseconds timeout
   }
 }
 
-Status TicketLock::unlock(ChannelThread& thread, std::chrono::milliseconds timeout) {
-  auto off = ch_.slice_offset(home_);
-  if (!off.ok()) return off.status();
-  // Release: the critical section's channel writes are placed before the next holder is served.
-  Status st = thread.fence_thread(timeout);
-  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "' release fence");
+Status TicketRelease(ChannelThread& thread, NodeId home, uint64_t offset,
+                     std::chrono::milliseconds timeout, const std::string& what, bool fence) {
+  if (fence) {
+    // Release: the critical section's channel writes are placed before the next holder is served.
+    Status st = thread.fence_thread(timeout);
+    if (!st.ok()) return st.WithContext(what + " release fence");
+  }
   uint64_t old = 0;
-  auto key = thread.fetch_add(home_, *off + 8, 1, &old);
+  auto key = thread.fetch_add(home, offset + 8, 1, &old);
   if (!key.ok()) return key.status();
-  st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
-  if (!st.ok()) return st.WithContext("ticket lock '" + ch_.name() + "'");
+  Status st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
+  if (!st.ok()) return st.WithContext(what);
   return Status::OK();
 }
+
+}  // namespace detail
 
 }  // namespace farmem::channels

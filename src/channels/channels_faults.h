@@ -12,6 +12,16 @@ void SetLockWaitDisabled(bool disabled);
 void SetOwnedChecksumDisabled(bool disabled);
 // TEST ONLY: Barrier::arrive_and_wait publishes its arrival but does not wait for the others.
 void SetBarrierWaitDisabled(bool disabled);
+// TEST ONLY: accept ringbuffer records without checking their checksum (shows torn records).
+void SetRingChecksumDisabled(bool disabled);
+// TEST ONLY: the ringbuffer producer overwrites slots consumers have not released.
+void SetRingBackpressureDisabled(bool disabled);
+// TEST ONLY: SharedQueue::pop reads its slot without waiting until the pusher filled it.
+void SetQueueWaitDisabled(bool disabled);
+// TEST ONLY: KvStore::insert/erase do not wait for every node's tracker to acknowledge.
+void SetKvAcksDisabled(bool disabled);
+// TEST ONLY: KvStore::update releases the key's lock without the update fence.
+void SetKvUpdateFenceDisabled(bool disabled);
 }  // namespace testing
 
 }  // namespace farmem::channels

@@ -16,6 +16,11 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_owned_checksum_disabled{false};
 std::atomic<bool> g_barrier_wait_disabled{false};
 std::atomic<bool> g_lock_wait_disabled{false};
+std::atomic<bool> g_ring_checksum_disabled{false};
+std::atomic<bool> g_ring_backpressure_disabled{false};
+std::atomic<bool> g_queue_wait_disabled{false};
+std::atomic<bool> g_kv_acks_disabled{false};
+std::atomic<bool> g_kv_update_fence_disabled{false};
 
 namespace testing {
 void SetOwnedChecksumDisabled(bool disabled) {
@@ -26,6 +31,21 @@ void SetLockWaitDisabled(bool disabled) {
 }
 void SetBarrierWaitDisabled(bool disabled) {
   g_barrier_wait_disabled.store(disabled);
+}
+void SetRingChecksumDisabled(bool disabled) {
+  g_ring_checksum_disabled.store(disabled);
+}
+void SetRingBackpressureDisabled(bool disabled) {
+  g_ring_backpressure_disabled.store(disabled);
+}
+void SetQueueWaitDisabled(bool disabled) {
+  g_queue_wait_disabled.store(disabled);
+}
+void SetKvAcksDisabled(bool disabled) {
+  g_kv_acks_disabled.store(disabled);
+}
+void SetKvUpdateFenceDisabled(bool disabled) {
+  g_kv_update_fence_disabled.store(disabled);
 }
 }  // namespace testing
 
@@ -457,6 +477,23 @@ Status ChannelThread::fence_global(std::chrono::milliseconds timeout) {
 Result<AckKey> ChannelThread::write(NodeId node, uint64_t offset, const void* src, size_t len) {
   auto p = mgr_->impl().peer(node);
   if (!p.ok()) return p.status();
+  if (tear_gap_.count() > 0 && len > 8) {
+    // Test hook: the first word is placed, then (after the gap) the rest.
+    const auto gap = tear_gap_;
+    tear_gap_ = std::chrono::microseconds(0);
+    auto first = write(node, offset, src, 8);
+    if (first.ok()) {
+      Status st = wait(*first, mgr_->impl().op_timeout() + std::chrono::seconds(1));
+      if (!st.ok()) first = st;
+    }
+    std::this_thread::sleep_for(gap);
+    auto rest = first.ok()
+                    ? write(node, offset + 8, static_cast<const std::byte*>(src) + 8, len - 8)
+                    : first;
+    tear_gap_ = gap;
+    if (!rest.ok()) return rest;
+    return *first | *rest;
+  }
   auto op = std::make_unique<Op>();
   op->type = OpType::kWrite;
   op->ref = RemoteRef{p->peer, p->key, offset};

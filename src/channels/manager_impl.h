@@ -82,9 +82,45 @@ struct Manager::Impl {
   std::chrono::milliseconds op_timeout() const { return node->config().transport.op_timeout; }
 };
 
-// Test hooks (channels.h, namespace testing).
+namespace detail {
+
+// Checksum of a copy's sequence number and value words (owned vars, ringbuffer records, kvstore
+// slots); never 0, so a zeroed copy never checks.
+inline uint64_t Checksum(uint64_t seq, const uint64_t* words, size_t n) {
+  uint64_t h = seq * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= words[i];
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+  }
+  return h | 1;
+}
+inline uint64_t LoadWord(const std::byte* p) {
+  return std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(p))
+      .load(std::memory_order_acquire);
+}
+inline void StoreWord(std::byte* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p)).store(v, std::memory_order_release);
+}
+
+// A ticket lock's words {next_ticket, now_serving} at `offset` of `home`'s channel region
+// (TicketLock, and the kvstore's lock array). `what` names it in errors. TicketRelease with
+// `fence` first places the caller's channel writes (the release fence).
+Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
+                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket);
+Status TicketRelease(ChannelThread& thread, NodeId home, uint64_t offset,
+                     std::chrono::milliseconds timeout, const std::string& what, bool fence);
+
+}  // namespace detail
+
+// Test hooks (channels_faults.h).
 extern std::atomic<bool> g_owned_checksum_disabled;
 extern std::atomic<bool> g_barrier_wait_disabled;
 extern std::atomic<bool> g_lock_wait_disabled;
+extern std::atomic<bool> g_ring_checksum_disabled;
+extern std::atomic<bool> g_ring_backpressure_disabled;
+extern std::atomic<bool> g_queue_wait_disabled;
+extern std::atomic<bool> g_kv_acks_disabled;
+extern std::atomic<bool> g_kv_update_fence_disabled;
 
 }  // namespace farmem::channels

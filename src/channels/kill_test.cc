@@ -1,0 +1,206 @@
+// A participant process SIGKILLed in the middle of using a ringbuffer, a shared queue and a
+// kvstore: nodes 1 and 2 live in the test process, node 3 in a child process (this binary re-run
+// with FARMEM_CHANNELS_CHILD set, running the disabled test ChannelsKillChild.DISABLED_Node3).
+// The survivors get errors within their deadlines, never a hang or a stale value.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "channels/channels_test_util.h"
+
+namespace farmem::channels {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kChildKey = 3000;  // inserted by the child once it is running
+
+// Channels both sides open (same names, members and sizes).
+struct KillChannels {
+  std::unique_ptr<KvStore> kv;
+  std::vector<RingBuffer> ring;    // one element: producer node 1
+  std::vector<SharedQueue> queue;  // one element: homed at node 3
+};
+
+Status OpenKillChannels(ChannelThread& thr, KillChannels* out) {
+  KvConfig config;
+  config.timeout = 500ms;
+  config.locks = 16;
+  auto kv = KvStore::Open(thr, "kill/kv", {1, 2, 3}, config);
+  if (!kv.ok()) return kv.status();
+  auto r = RingBuffer::Open(thr, "kill/ring", 1, {1, 2, 3}, 4, 8);
+  if (!r.ok()) return r.status();
+  auto q = SharedQueue::Open(thr, "kill/queue", 3, {1, 2, 3}, 64);
+  if (!q.ok()) return q.status();
+  out->kv = std::move(*kv);
+  out->ring.push_back(std::move(*r));
+  out->queue.push_back(*q);
+  Status st = out->kv->wait_ready(20s);
+  if (st.ok()) st = out->ring[0].wait_ready(20s);
+  if (st.ok()) st = out->queue[0].wait_ready(20s);
+  return st;
+}
+
+// The child: node 3, busy with every channel until it is killed (or 60 s pass).
+TEST(ChannelsKillChild, DISABLED_Node3) {
+  const char* env = std::getenv("FARMEM_CHANNELS_CHILD");
+  if (env == nullptr) GTEST_SKIP() << "run by KillTest only";
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // "backend port1 port2 port3"
+  char backend[32] = {};
+  unsigned ports[3] = {};
+  ASSERT_EQ(std::sscanf(env, "%31s %u %u %u", backend, &ports[0], &ports[1], &ports[2]), 4);
+  auto config = node::testing::MakeConfig(backend, "n3");
+  config.bootstrap_port = static_cast<uint16_t>(ports[2]);
+  config.transport.op_timeout = 500ms;
+  auto node = Node::Create(config);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  ManagerConfig mc;
+  mc.self = 3;
+  for (NodeId i = 1; i <= 3; i++) {
+    mc.participants.push_back(Participant{i, "127.0.0.1:" + std::to_string(ports[i - 1])});
+  }
+  auto mgr = Manager::Create(**node, mc);
+  ASSERT_TRUE(mgr.ok());
+  ASSERT_TRUE((*node)->start().ok());
+  ASSERT_TRUE((*mgr)->connect(20s).ok());
+  auto thr = (*mgr)->make_thread();
+  ASSERT_TRUE(thr.ok());
+  KillChannels ch;
+  Status st = OpenKillChannels(**thr, &ch);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(ch.kv->insert(**thr, kChildKey, 1).ok());
+  const auto end = Clock::now() + 60s;
+  uint8_t buf[8];
+  for (uint64_t i = 1; Clock::now() < end; i++) {
+    (void)ch.ring[0].pop(**thr, buf, sizeof(buf), 1ms);
+    (void)ch.kv->update(**thr, kChildKey, i);
+    (void)ch.kv->get(**thr, 1000 + i % 8);
+    (void)ch.queue[0].pop(**thr, 1ms);
+  }
+}
+
+class KillTest : public testing_util::ChannelsTest {};
+
+TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
+  for (NodeId id = 1; id <= 2; id++) {
+    if (!StartMember(id, 500ms)) {
+      if (!skip_.empty()) GTEST_SKIP() << skip_;
+      FAIL();
+    }
+  }
+  const std::string env = GetParam() + " " + std::to_string(ports_[0]) + " " +
+                          std::to_string(ports_[1]) + " " + std::to_string(ports_[2]);
+  // Everything the child needs is built before fork: between fork and exec it may only make
+  // async-signal-safe calls (other threads of this process may hold the allocator's locks).
+  const std::string child_env = "FARMEM_CHANNELS_CHILD=" + env;
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; e++) envp.push_back(*e);
+  envp.push_back(const_cast<char*>(child_env.c_str()));
+  envp.push_back(nullptr);
+  char arg0[] = "channels_tests";
+  char arg1[] = "--gtest_filter=ChannelsKillChild.DISABLED_Node3";
+  char arg2[] = "--gtest_also_run_disabled_tests";
+  char* argv[] = {arg0, arg1, arg2, nullptr};
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execve("/proc/self/exe", argv, envp.data());
+    _exit(127);
+  }
+  ASSERT_GT(child, 0);
+  // Kills and reaps the child if the test ends early. Never signals a pid <= 0: kill(-1) would
+  // signal every process of the user, kill(0) the whole process group.
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reap{child};
+  std::vector<KillChannels> ch(2);
+  std::vector<std::thread> opens;
+  Status open_st[2];
+  for (NodeId n = 1; n <= 2; n++) {
+    opens.emplace_back([&, n] {
+      Status st = M(n).mgr->connect(20s);
+      open_st[n - 1] = st.ok() ? OpenKillChannels(*M(n).thr, &ch[n - 1]) : st;
+    });
+  }
+  for (auto& t : opens) t.join();
+  ASSERT_TRUE(open_st[0].ok()) << open_st[0].ToString();
+  ASSERT_TRUE(open_st[1].ok()) << open_st[1].ToString();
+  auto& t1 = *M(1).thr;
+  KvStore& kv1 = *ch[0].kv;
+  // The child is running: its key is there, and it consumes ring records.
+  const auto deadline = Clock::now() + 20s;
+  while (!kv1.get(t1, kChildKey).ok() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(kv1.get(t1, kChildKey).ok()) << "the child never inserted its key";
+  ASSERT_TRUE(kv1.insert(t1, 1001, 11).ok());
+  uint64_t one = 1;
+  // Node 2 consumes nothing here: fill the ring up to its capacity.
+  for (int i = 0; i < 4; i++) {
+    auto seq = ch[0].ring[0].push(t1, &one, 8, 5s);
+    ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+  }
+  ASSERT_TRUE(ch[0].queue[0].push(t1, 7, 5s).ok());
+  // Mid-use: the child is updating, getting, popping.
+  ASSERT_EQ(kill(reap.pid, SIGKILL), 0);
+  ASSERT_EQ(waitpid(reap.pid, nullptr, 0), child);
+  reap.pid = 0;  // reaped: the destructor does nothing
+  // A SIGKILLed fabric:shm process leaves its libfabric shm segments ("/dev/shm/<pid>:..."):
+  // remove the child's, now that it is reaped (they would take RAM and clash with a later
+  // process of the same pid).
+  const std::string prefix = std::to_string(child) + ":";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+  auto timed = [](const char* what, auto fn) {
+    testing_util::ExpectErrorWithin(std::string(what) + " after SIGKILL of node 3", 2500ms, fn);
+  };
+  timed("ringbuffer push", [&] {
+    Status st;
+    // Node 2 pops one (so the ring has room for node 2); node 3 is gone.
+    uint8_t buf[8];
+    auto got = ch[1].ring[0].pop(*M(2).thr, buf, sizeof(buf), 1s);
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(M(2).thr->fence_thread(1s).ok());
+    return ch[0].ring[0].push(t1, &one, 8, 500ms).status();
+  });
+  timed("queue push", [&] { return ch[0].queue[0].push(t1, 8, 500ms); });
+  timed("queue pop", [&] { return ch[0].queue[0].pop(t1, 500ms).status(); });
+  timed("kvstore get of the dead node's value", [&] { return kv1.get(t1, kChildKey).status(); });
+  timed("kvstore update of the dead node's value", [&] { return kv1.update(t1, kChildKey, 5); });
+  timed("kvstore insert", [&] {
+    Status st;
+    for (uint64_t key = 2000; key < 2008 && st.ok(); key++) st = kv1.insert(t1, key, 1);
+    return st;
+  });
+  // Values on the survivors still read.
+  auto v = ch[1].kv->get(*M(2).thr, 1001);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 11u);
+  ch[0].kv.reset();
+  ch[1].kv.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KillTest, ::testing::Values("tcp", "fabric:shm"),
+                         testing_util::BackendName);
+
+}  // namespace
+}  // namespace farmem::channels
