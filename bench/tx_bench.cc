@@ -288,24 +288,34 @@ struct TatpTables {
   uint16_t sub, sec, ai, sf, cf;
 };
 
-// Loads one table's rows of subscriber `index + 1`: one single-participant transaction each, so
+// Subscribers per loading transaction: at most 4 x 12 call forwardings, under the 64 writes a
+// participant takes per commit.
+constexpr uint64_t kTatpLoadBatch = 4;
+
+// Loads one table's rows of a batch of subscribers: one single-participant transaction each, so
 // a lease running out on a loaded machine aborts and retries it (a transaction over several
 // tables could be left partly committed: docs/tx.md "Not yet").
 struct TatpInsertStep {
   TatpTables t;
   uint64_t seed;
   int which = 0;  // 0 sub, 1 sec, 2 ai, 3 sf, 4 cf
-  Task<Status> operator()(Tx& tx, uint64_t index) {
-    const tatp::SubscriberRows r = tatp::Populate(index + 1, seed);
+  uint64_t subscribers = 0;
+  Task<Status> operator()(Tx& tx, uint64_t batch) {
+    std::vector<tatp::SubscriberRows> subs;
+    for (uint64_t s = batch * kTatpLoadBatch + 1;
+         s <= std::min(subscribers, (batch + 1) * kTatpLoadBatch); ++s)
+      subs.push_back(tatp::Populate(s, seed));
     std::vector<std::pair<uint16_t, const tatp::Row*>> rows;
-    if (which == 0) rows.push_back({t.sub, &r.subscriber});
-    if (which == 1) rows.push_back({t.sec, &r.secondary});
-    for (const auto& row : r.access_info)
-      if (which == 2) rows.push_back({t.ai, &row});
-    for (const auto& row : r.special_facility)
-      if (which == 3) rows.push_back({t.sf, &row});
-    for (const auto& row : r.call_forwarding)
-      if (which == 4) rows.push_back({t.cf, &row});
+    for (const tatp::SubscriberRows& r : subs) {
+      if (which == 0) rows.push_back({t.sub, &r.subscriber});
+      if (which == 1) rows.push_back({t.sec, &r.secondary});
+      for (const auto& row : r.access_info)
+        if (which == 2) rows.push_back({t.ai, &row});
+      for (const auto& row : r.special_facility)
+        if (which == 3) rows.push_back({t.sf, &row});
+      for (const auto& row : r.call_forwarding)
+        if (which == 4) rows.push_back({t.cf, &row});
+    }
     for (const auto& [table, row] : rows) {
       const auto key = tatp::KeyBytes(row->key);  // lives across the co_await
       FARMEM_CO_RETURN_IF_ERROR(co_await tx.insert(table, key, row->value));
@@ -587,12 +597,15 @@ struct Ctx {
   nlohmann::json results = nlohmann::json::object();
 };
 
-std::vector<std::string> BackendFlags(const std::string& backend, const std::string& provider) {
+// The backend's flags and the user's extra ones (--farmemd-arg).
+std::vector<std::string> ServerFlags(const TxBenchOptions& o, const std::string& backend,
+                                     const std::string& provider) {
   std::vector<std::string> f = {"--backend", backend};
   if (backend == "fabric") {
     f.push_back("--provider");
     f.push_back(provider);
   }
+  f.insert(f.end(), o.farmemd_args.begin(), o.farmemd_args.end());
   return f;
 }
 
@@ -614,7 +627,7 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
       (static_cast<double>(o.kv_keys) - static_cast<double>(buckets) * (1 - std::exp(-o.alpha))) /
       static_cast<double>(buckets);
   const int overflow_pct = std::max(25, static_cast<int>(std::ceil(overflow_share * 130)));
-  std::vector<std::string> flags = BackendFlags(backend, provider);
+  std::vector<std::string> flags = ServerFlags(o, backend, provider);
   flags.insert(flags.end(), {"--tx-table", fmt::format("kv:8:8:{}:1", buckets),
                              "--tx-overflow-percent", std::to_string(overflow_pct)});
   bench::Farmemd server;
@@ -731,7 +744,7 @@ Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
   const double p = static_cast<double>(o.subscribers);
   // Expected rows: SUB P, SEC P, AI 2.5 P, SF 2.5 P, CF 2.5 x 3 x 0.5 = 3.75 P.
   auto buckets = [&](double rows) { return static_cast<uint64_t>(std::ceil(rows / o.tatp_alpha)); };
-  std::vector<std::string> flags = BackendFlags(backend, provider);
+  std::vector<std::string> flags = ServerFlags(o, backend, provider);
   flags.insert(flags.end(),
                {"--tx-table",
                 fmt::format("sub:8:{}:{}:1,sec:8:{}:{}:1,ai:8:{}:{}:1,sf:8:{}:{}:1,cf:8:{}:{}:1",
@@ -751,8 +764,9 @@ Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
   FARMEM_ASSIGN_OR_RETURN(t.cf, os->table("cf"));
   const auto t0 = Clock::now();
   for (int which = 0; which < 5; ++which) {
-    TatpInsertStep step{t, o.seed, which};
-    FARMEM_RETURN_IF_ERROR(Load(node, *rpc, o.subscribers, o.threads, o.inflight, step));
+    TatpInsertStep step{t, o.seed, which, o.subscribers};
+    FARMEM_RETURN_IF_ERROR(Load(node, *rpc, (o.subscribers + kTatpLoadBatch - 1) / kTatpLoadBatch,
+                                o.threads, o.inflight, step));
   }
   fmt::print("[{}] TATP: loaded {} subscribers in {:.1f} s\n", spec, o.subscribers, Since(t0));
 

@@ -27,6 +27,8 @@ struct TxBenchOptions {
   bool redis = true;              // the Redis baselines (skipped when redis-server is missing)
   uint64_t seed = 42;
   std::string farmemd;  // binary; "" = next to farmem, else PATH
+  // Extra flags for every farmemd (e.g. --tx-lease-ms=10000); the targets are for the defaults.
+  std::vector<std::string> farmemd_args;
   std::string json_path = "tx.json";
 };
 

@@ -52,6 +52,10 @@ inline CLI::App* AddTxBenchCommand(CLI::App& bench, TxBenchOptions& o) {
   cmd->add_flag("!--no-redis", o.redis, "leave out the Redis baselines");
   cmd->add_option("--seed", o.seed, "population and input seed")->capture_default_str();
   cmd->add_option("--farmemd", o.farmemd, "farmemd binary (default: next to farmem, else PATH)");
+  cmd->add_option(
+         "--farmemd-arg", o.farmemd_args,
+         "extra flag for every farmemd (repeatable, e.g. --farmemd-arg=--tx-lease-ms=10000)")
+      ->allow_extra_args(false);
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
 }

@@ -22,6 +22,19 @@ def med(v):
     return statistics.median(v) if v else 0.0
 
 
+KV_ORDER = ["rpc-only", "one-two-sided", "perfect", "rpc-only zipf", "one-two-sided zipf",
+            "perfect zipf"]
+KV_COLOR = {"rpc-only": "#888", "one-two-sided": "#4a7", "perfect": "#27c"}
+TATP_ORDER = ["one-two-sided", "rpc-only", "redis-lua", "redis-watch-multi-exec"]
+TATP_COLOR = {"one-two-sided": "#27c", "rpc-only": "#888", "redis-lua": "#c52",
+              "redis-watch-multi-exec": "#e95"}
+
+
+def ordered(names, order):
+    # JSON objects come back sorted by key: put the configurations in the benchmark's order.
+    return [n for n in order if n in names] + [n for n in names if n not in order]
+
+
 def table(doc):
     m = doc.get("machine", {})
     o = doc["options"]
@@ -37,12 +50,14 @@ def table(doc):
         kv = r.get("kv", {})
         print(f"\n## {spec}\n\n| KV configuration | lookups/s (median) | server CPU-s per M |")
         print("|---|---|---|")
-        for name, v in kv.get("throughput", {}).items():
+        for name in ordered(list(kv.get("throughput", {}).keys()), KV_ORDER):
+            v = kv["throughput"][name]
             print(f"| {name} | {med(v):.0f} | {med(kv['server_cpu_s_per_m'][name]):.2f} |")
         tp = r.get("tatp", {})
         print("\n| TATP configuration | tx/s (median) | p50 us | p99 us | conflicts retried |")
         print("|---|---|---|---|---|")
-        for name, c in tp.get("configs", {}).items():
+        for name in ordered(list(tp.get("configs", {}).keys()), TATP_ORDER):
+            c = tp["configs"][name]
             print(f"| {name} | {med(c['round_tx_per_s']):.0f} | {c['p50_us']:.1f} | "
                   f"{c['p99_us']:.1f} | {c['conflicts_retried']} |")
 
@@ -58,26 +73,25 @@ def plot(doc, out):
     for row, spec in enumerate(specs):
         r = doc["results"][spec]
         kv = r.get("kv", {})
-        names = list(kv.get("throughput", {}).keys())
+        names = ordered(list(kv.get("throughput", {}).keys()), KV_ORDER)
+        colors = [KV_COLOR.get(n.replace(" zipf", ""), "#aaa") for n in names]
         ax = axes[row][0]
-        ax.bar(range(len(names)), [med(kv["throughput"][n]) / 1e3 for n in names],
-               color=["#888", "#4a7", "#27c"] * 2)
+        ax.bar(range(len(names)), [med(kv["throughput"][n]) / 1e3 for n in names], color=colors)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=20, fontsize=8)
         ax.set_ylabel("k lookups/s (median)")
         ax.set_title(f"{spec}: KV throughput, farmemd on 1 core")
         ax = axes[row][1]
-        ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names],
-               color=["#888", "#4a7", "#27c"] * 2)
+        ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names], color=colors)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=20, fontsize=8)
         ax.set_ylabel("farmemd CPU-s per M lookups")
         ax.set_title(f"{spec}: server CPU per lookup")
         ax = axes[row][2]
         cfgs = r.get("tatp", {}).get("configs", {})
-        cn = list(cfgs.keys())
+        cn = ordered(list(cfgs.keys()), TATP_ORDER)
         ax.bar(range(len(cn)), [med(cfgs[n]["round_tx_per_s"]) / 1e3 for n in cn],
-               color=["#27c", "#888", "#c52", "#e95"][: len(cn)])
+               color=[TATP_COLOR.get(n, "#aaa") for n in cn])
         ax.set_xticks(range(len(cn)))
         ax.set_xticklabels(cn, rotation=15, fontsize=8)
         ax.set_ylabel("k TATP tx/s (median of rounds)")
