@@ -11,8 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <hiredis/hiredis.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -34,36 +32,6 @@ namespace {
 using RClock = std::chrono::steady_clock;
 
 constexpr timeval kRedisTimeout{5, 0};  // every hiredis call returns within this
-
-struct ContextDeleter {
-  void operator()(redisContext* c) const { redisFree(c); }
-};
-using RedisConn = std::unique_ptr<redisContext, ContextDeleter>;
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using RedisReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-Result<RedisConn> Connect(uint16_t port) {
-  RedisConn c(redisConnectWithTimeout("127.0.0.1", port, kRedisTimeout));
-  if (!c) return Status::ResourceExhausted("hiredis: cannot allocate a context");
-  if (c->err)
-    return Status::Unavailable(fmt::format("redis connect to port {}: {}", port, c->errstr));
-  if (redisSetTimeout(c.get(), kRedisTimeout) != REDIS_OK)
-    return Status::Internal(fmt::format("redis set timeout: {}", c->errstr));
-  return c;
-}
-
-Result<RedisReplyPtr> GetReply(redisContext* c) {
-  void* r = nullptr;
-  if (redisGetReply(c, &r) != REDIS_OK || r == nullptr)
-    return Status::Unavailable(fmt::format("redis: {}", c->err ? c->errstr : "no reply"));
-  RedisReplyPtr reply(static_cast<redisReply*>(r));
-  if (reply->type == REDIS_REPLY_ERROR)
-    return Status::Internal(fmt::format("redis error reply: {}", reply->str ? reply->str : "?"));
-  return reply;
-}
 
 // A port that was free a moment ago (bind to port 0 and close). redis-server may still lose a
 // race for it; the caller retries with another port.
@@ -130,7 +98,7 @@ Status WaitForPing(pid_t pid, uint16_t port, std::chrono::milliseconds timeout) 
     if (::waitpid(pid, &st, WNOHANG) == pid)
       return Status::Unavailable(
           fmt::format("redis-server exited (status {}) on port {}", st, port));
-    if (auto c = Connect(port); c.ok()) {
+    if (auto c = RedisConnect(port); c.ok()) {
       RedisReplyPtr r(static_cast<redisReply*>(redisCommand(c->get(), "PING")));
       if (r && r->type == REDIS_REPLY_STATUS && std::string(r->str) == "PONG") return Status::OK();
     }
@@ -140,6 +108,26 @@ Status WaitForPing(pid_t pid, uint16_t port, std::chrono::milliseconds timeout) 
 }
 
 }  // namespace
+
+Result<RedisConn> RedisConnect(uint16_t port) {
+  RedisConn c(redisConnectWithTimeout("127.0.0.1", port, kRedisTimeout));
+  if (!c) return Status::ResourceExhausted("hiredis: cannot allocate a context");
+  if (c->err)
+    return Status::Unavailable(fmt::format("redis connect to port {}: {}", port, c->errstr));
+  if (redisSetTimeout(c.get(), kRedisTimeout) != REDIS_OK)
+    return Status::Internal(fmt::format("redis set timeout: {}", c->errstr));
+  return c;
+}
+
+Result<RedisReplyPtr> RedisGetReply(redisContext* c) {
+  void* r = nullptr;
+  if (redisGetReply(c, &r) != REDIS_OK || r == nullptr)
+    return Status::Unavailable(fmt::format("redis: {}", c->err ? c->errstr : "no reply"));
+  RedisReplyPtr reply(static_cast<redisReply*>(r));
+  if (reply->type == REDIS_REPLY_ERROR)
+    return Status::Internal(fmt::format("redis error reply: {}", reply->str ? reply->str : "?"));
+  return reply;
+}
 
 std::string FindRedisServer() {
   const char* path = std::getenv("PATH");
@@ -192,7 +180,7 @@ std::string RedisKey(uint64_t index) {
 }
 
 Status RedisLoad(uint16_t port, uint64_t count, size_t value_size, int pipeline) {
-  FARMEM_ASSIGN_OR_RETURN(RedisConn c, Connect(port));
+  FARMEM_ASSIGN_OR_RETURN(RedisConn c, RedisConnect(port));
   std::vector<std::byte> value(value_size);
   uint64_t next_report = std::max<uint64_t>(1, count / 10);
   for (uint64_t base = 0; base < count; base += static_cast<uint64_t>(pipeline)) {
@@ -205,7 +193,7 @@ Status RedisLoad(uint16_t port, uint64_t count, size_t value_size, int pipeline)
         return Status::Internal(fmt::format("redis append SET: {}", c->errstr));
     }
     for (uint64_t i = base; i < end; ++i) {
-      FARMEM_ASSIGN_OR_RETURN(auto r, GetReply(c.get()));
+      FARMEM_ASSIGN_OR_RETURN(auto r, RedisGetReply(c.get()));
       if (r->type != REDIS_REPLY_STATUS)
         return Status::Protocol(fmt::format("redis SET {}: unexpected reply type {}", i, r->type));
     }
@@ -232,7 +220,7 @@ Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_
     if (first_error.ok()) first_error = std::move(st);
   };
   auto body = [&](int t) {
-    auto c = Connect(port);
+    auto c = RedisConnect(port);
     gate.Arrive();
     if (!c.ok()) {
       record(c.status());
@@ -258,7 +246,7 @@ Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_
     }
     uint64_t n = 0;
     while (head < pending.size()) {
-      auto r = GetReply(c->get());
+      auto r = RedisGetReply(c->get());
       if (!r.ok()) return record(r.status());
       const uint64_t k = pending[head++];
       if ((*r)->type != REDIS_REPLY_STRING || (*r)->len != value_size ||

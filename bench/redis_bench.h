@@ -3,7 +3,10 @@
 // K pipelined requests each (hiredis), measured like the object reads of the same run.
 #pragma once
 
+#include <hiredis/hiredis.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "farmem/status.h"
@@ -11,6 +14,20 @@
 #include "zipf.h"
 
 namespace farmem::bench {
+
+struct RedisContextDeleter {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+using RedisConn = std::unique_ptr<redisContext, RedisContextDeleter>;
+struct RedisReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using RedisReplyPtr = std::unique_ptr<redisReply, RedisReplyDeleter>;
+
+// A connection to 127.0.0.1:`port` whose every call returns within 5 s.
+Result<RedisConn> RedisConnect(uint16_t port);
+// The next reply; an error reply is kInternal with its text.
+Result<RedisReplyPtr> RedisGetReply(redisContext* c);
 
 // Absolute path of redis-server found on PATH, or "" when it is not installed.
 std::string FindRedisServer();

@@ -41,6 +41,7 @@
 #include "farmem/client.h"
 #include "farmem/node.h"
 #include "farmem/objects.h"
+#include "farmemd_process.h"
 #include "machine_info.h"
 #include "node/bootstrap.h"
 #include "objects_throughput_internal.h"
@@ -55,6 +56,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 namespace soak = bench::soak;
+using bench::Farmemd;
+using bench::FindFarmemd;
+using bench::KillAndReap;
+using bench::Spawn;
 
 constexpr const char* kProg = "farmem bench soak";
 constexpr const char* kToken = "farmem";  // farmemd's default cluster token
@@ -78,176 +83,6 @@ double Mib(double bytes) {
 }
 
 // ---- Child processes ----------------------------------------------------------------------
-
-// fork + exec with stdout/stderr redirected (-1 = /dev/null); the child dies with us.
-Result<pid_t> Spawn(const std::vector<std::string>& args, int stdout_fd, int stderr_fd) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) return Status::FromErrno("fork", errno);
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    const int null_fd = ::open("/dev/null", O_RDWR);
-    ::dup2(stdout_fd >= 0 ? stdout_fd : null_fd, STDOUT_FILENO);
-    ::dup2(stderr_fd >= 0 ? stderr_fd : null_fd, STDERR_FILENO);
-    ::dup2(null_fd, STDIN_FILENO);
-    if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
-      for (int fd = 3; fd < 65536; ++fd) ::close(fd);
-    ::execve(argv[0], argv.data(), environ);
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// SIGKILL (or SIGTERM with a grace period, then SIGKILL) and reap.
-void KillAndReap(pid_t pid, std::chrono::milliseconds grace) {
-  if (pid <= 0) return;
-  int st = 0;
-  if (grace.count() > 0) {
-    ::kill(pid, SIGTERM);
-    const auto deadline = Clock::now() + grace;
-    while (Clock::now() < deadline) {
-      if (::waitpid(pid, &st, WNOHANG) == pid) return;
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &st, 0);
-}
-
-std::string FindFarmemd(const std::string& given) {
-  namespace fs = std::filesystem;
-  if (!given.empty()) return given;
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && ::access((self.parent_path() / "farmemd").c_str(), X_OK) == 0)
-    return (self.parent_path() / "farmemd").string();
-  if (const char* path = std::getenv("PATH")) {
-    std::string p = path;
-    size_t start = 0;
-    while (start <= p.size()) {
-      size_t end = p.find(':', start);
-      if (end == std::string::npos) end = p.size();
-      const std::string cand = p.substr(start, end - start) + "/farmemd";
-      if (::access(cand.c_str(), X_OK) == 0) return cand;
-      start = end + 1;
-    }
-  }
-  return "";
-}
-
-// The memory server: `farmemd --listen 127.0.0.1:0`, every other flag at its default (the port
-// is ephemeral only so that the run never collides with a farmemd already on 7700).
-class Farmemd {
- public:
-  ~Farmemd() { Stop(); }
-
-  Status Start(const std::string& binary, std::chrono::milliseconds timeout) {
-    if (::access(binary.c_str(), X_OK) != 0)
-      return Status::FromErrno("farmemd binary " + binary, errno);
-    char log_path[] = "/tmp/farmem-soak-farmemd-XXXXXX";
-    const int log_fd = ::mkstemp(log_path);
-    if (log_fd < 0) return Status::FromErrno("mkstemp", errno);
-    log_path_ = log_path;
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("pipe", errno);
-    args_ = {binary, "--listen", "127.0.0.1:0"};
-    auto pid = Spawn(args_, out[1], log_fd);
-    ::close(out[1]);
-    ::close(log_fd);
-    if (!pid.ok()) {
-      ::close(out[0]);
-      return pid.status();
-    }
-    pid_ = *pid;
-    // "farmemd ready: bootstrap=HOST:PORT transport=NAME address=ADDR"
-    std::string line;
-    const auto deadline = Clock::now() + timeout;
-    while (line.find('\n') == std::string::npos) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      pollfd p{out[0], POLLIN, 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-      char buf[512];
-      const ssize_t n = ::read(out[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    ::close(out[0]);
-    auto field = [&](const std::string& key) -> std::string {
-      const size_t at = line.find(key + "=");
-      if (at == std::string::npos) return "";
-      const size_t start = at + key.size() + 1;
-      return line.substr(start, line.find_first_of(" \n", start) - start);
-    };
-    bootstrap_ = field("bootstrap");
-    data_address_ = field("address");
-    if (bootstrap_.empty() || data_address_.empty()) {
-      bool exited = !Alive();  // stdout closed: give an exiting child a moment to be reaped
-      for (int i = 0; i < 50 && !exited; ++i) {
-        std::this_thread::sleep_for(20ms);
-        exited = !Alive();
-      }
-      return Status::Unavailable(fmt::format(
-          "{} did not report ready within {} ms (got '{}'{}); its log: {}", binary, timeout.count(),
-          line.substr(0, line.find('\n')),
-          exited ? fmt::format(", exited with status {:#x}", exit_status_) : std::string(),
-          LogTail()));
-    }
-    return Status::OK();
-  }
-
-  bool Alive() {
-    if (pid_ <= 0) return false;
-    int st = 0;
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      exit_status_ = st;
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-  void Stop() {
-    if (pid_ > 0) KillAndReap(pid_, 3000ms);
-    pid_ = -1;
-  }
-  uint64_t RssBytes() const {
-    const pid_t pid = pid_.load();
-    if (pid <= 0) return 0;
-    FILE* f = std::fopen(fmt::format("/proc/{}/statm", pid).c_str(), "r");
-    if (f == nullptr) return 0;
-    unsigned long size = 0, resident = 0;
-    const int n = std::fscanf(f, "%lu %lu", &size, &resident);
-    std::fclose(f);
-    return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
-  }
-  std::string LogTail() const {
-    FILE* f = std::fopen(log_path_.c_str(), "r");
-    if (f == nullptr) return "(no log)";
-    std::string s;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-    std::fclose(f);
-    return s.size() > 1500 ? "..." + s.substr(s.size() - 1500) : s;
-  }
-
-  pid_t pid() const { return pid_; }
-  int exit_status() const { return exit_status_; }
-  const std::string& bootstrap() const { return bootstrap_; }
-  const std::string& data_address() const { return data_address_; }
-  const std::string& log_path() const { return log_path_; }
-  const std::vector<std::string>& args() const { return args_; }
-
- private:
-  std::atomic<pid_t> pid_{-1};  // read by the RSS sampler too
-  int exit_status_ = 0;
-  std::string bootstrap_, data_address_, log_path_;
-  std::vector<std::string> args_;
-};
 
 // Samples farmemd's RSS every 50 ms and keeps the peak of each phase (2 per round).
 class RssMonitor {

@@ -64,6 +64,9 @@ struct TxClientFaults {
 struct TxClientOptions {
   std::chrono::milliseconds lease{2000};  // lock lease asked for (the server caps it)
   bool one_sided_reads = true;            // false: every read is a TX_LOOKUP RPC (RPC-only)
+  // false: item addresses are never remembered, every one-sided read guesses the main bucket
+  // (Storm's "oversub" configuration; `farmem bench tx` compares it with the warm cache).
+  bool address_cache = true;
   TxReadCheck read_check = TxReadCheck::kAuto;
   TxClientFaults faults;
 };

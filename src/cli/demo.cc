@@ -2,17 +2,20 @@
 // 16 FAAs in flight on coroutines, STAT, free, double free — then of the object store (alloc,
 // write, direct_read, free 75 %, compact, read_any with pointer correction), then of a tiered
 // region twice its DRAM budget (write it all, read it back, read a hot part until it is promoted),
-// each step checked and timed. Runs against an embedded in-process farmemd — which first joins an
+// then of Storm transactions (transfers, an audit, forced conflicts shown as aborts), each step
+// checked and timed. Runs against an embedded in-process farmemd — which first joins an
 // in-process control plane (memory://demo) where the client finds it — or running ones given with
 // --connect or found in a cluster with --cluster.
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cinttypes>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,6 +30,7 @@
 #include "farmem/objects.h"
 #include "farmem/server.h"
 #include "farmem/tier.h"
+#include "farmem/tx.h"
 
 namespace farmem::cli {
 namespace {
@@ -562,6 +566,177 @@ bool RunTierSteps(Node& node, const std::string& address) {
   return log.failed() == 0;
 }
 
+// The transactions part (Storm): four accounts in the tx table "demo_accounts" (the embedded
+// server has it; a --connect server without it is reported and skipped). A few transfers, an
+// audit that must see the exact total, then two forced conflicts shown as aborts: a write of an
+// account another transaction holds ("locked", NO_WAIT), and an audit whose read was overwritten
+// by a committed transfer before it committed ("validation").
+constexpr const char* kDemoTxTable = "demo_accounts";
+constexpr uint64_t kDemoAccounts = 4;
+constexpr uint64_t kDemoBalance = 1000;
+
+std::array<std::byte, 8> DemoAccountKey(uint64_t a) {
+  std::array<std::byte, 8> k;
+  std::memcpy(k.data(), &a, 8);
+  return k;
+}
+uint64_t DemoU64(std::span<const std::byte> v) {
+  uint64_t x = 0;
+  std::memcpy(&x, v.data(), std::min<size_t>(8, v.size()));
+  return x;
+}
+
+// Moves `amount` from account a to b in one transaction (both locked, then one commit).
+Status DemoTransfer(BlockingTx& tx, uint16_t table, uint64_t a, uint64_t b, uint64_t amount) {
+  tx.start();
+  auto from = tx.write(table, DemoAccountKey(a));
+  if (!from.ok()) return from.status();
+  auto to = tx.write(table, DemoAccountKey(b));
+  if (!to.ok()) return to.status();
+  const uint64_t fa = DemoU64(*from), tb = DemoU64(*to);
+  if (fa < amount) {
+    (void)tx.abort();
+    return Status::FailedPrecondition("insufficient funds");
+  }
+  const uint64_t na = fa - amount, nb = tb + amount;
+  std::memcpy(from->data(), &na, 8);
+  std::memcpy(to->data(), &nb, 8);
+  return tx.commit();
+}
+
+// Reads every account in one read-only transaction; the sum, or the commit's abort.
+Result<uint64_t> DemoAudit(BlockingTx& tx, uint16_t table) {
+  tx.start();
+  uint64_t sum = 0;
+  for (uint64_t a = 0; a < kDemoAccounts; ++a) {
+    auto v = tx.read(table, DemoAccountKey(a));
+    if (!v.ok()) return v.status();
+    sum += DemoU64(*v);
+  }
+  FARMEM_RETURN_IF_ERROR(tx.commit());
+  return sum;
+}
+
+bool RunTxSteps(Node& node, const std::string& address) {
+  StepLog log;
+  std::printf("transactions against %s\n", address.c_str());
+  auto t0 = Clock::now();
+  auto connected = TxClient::Connect(node, {address});
+  Result<uint16_t> table =
+      connected.ok() ? (*connected)->table(kDemoTxTable) : Result<uint16_t>(connected.status());
+  if (!table.ok()) {
+    std::printf("  tx: not served here (%s)\n", table.status().ToString().c_str());
+    return true;
+  }
+  TxClient& client = **connected;
+  auto tx1 = BlockingTx::Create(client, node);
+  auto tx2 = BlockingTx::Create(client, node);
+  if (!tx1.ok() || !tx2.ok()) {
+    return log.Report("tx connect", false, MicrosSince(t0),
+                      (tx1.ok() ? tx2.status() : tx1.status()).ToString());
+  }
+  BlockingTx& a = **tx1;
+  BlockingTx& b = **tx2;
+  log.Report("tx connect", true, MicrosSince(t0),
+             std::string("table ") + kDemoTxTable + " (" + std::to_string(client.key_size(*table)) +
+                 " B keys, " + std::to_string(client.value_size(*table)) + " B values)");
+  // Open the accounts that do not exist yet (a server that has them from an earlier run keeps
+  // its balances), in one transaction.
+  t0 = Clock::now();
+  std::vector<uint64_t> missing;
+  Status st;
+  for (uint64_t i = 0; i < kDemoAccounts && st.ok(); ++i) {
+    a.start();
+    auto v = a.read(*table, DemoAccountKey(i));
+    if (v.ok()) {
+      st = a.commit();
+    } else if (v.status().code() == Code::kNotFound) {
+      (void)a.abort();
+      missing.push_back(i);
+    } else {
+      st = v.status();
+    }
+  }
+  a.start();
+  for (uint64_t i : missing) {
+    if (!st.ok()) break;
+    const auto v = DemoAccountKey(kDemoBalance);
+    st = a.insert(*table, DemoAccountKey(i), v);
+  }
+  if (st.ok()) st = a.commit();
+  log.Report("tx open accounts", st.ok(), MicrosSince(t0),
+             st.ok() ? std::to_string(missing.size()) + " inserted in one transaction, " +
+                           std::to_string(kDemoAccounts - missing.size()) + " already there"
+                     : st.ToString());
+  auto before = DemoAudit(a, *table);
+  const uint64_t total = before.ok() ? *before : 0;
+  // A few transfers.
+  t0 = Clock::now();
+  int done = 0;
+  const uint64_t moves[][3] = {{0, 1, 100}, {1, 2, 250}, {3, 0, 75}};
+  for (const auto& m : moves) {
+    st = DemoTransfer(a, *table, m[0], m[1], m[2]);
+    if (!st.ok()) break;
+    ++done;
+  }
+  log.Report(
+      "tx transfers", st.ok(), MicrosSince(t0),
+      st.ok() ? std::to_string(done) + " transfers (0->1 100, 1->2 250, 3->0 75)" : st.ToString());
+  t0 = Clock::now();
+  auto audit = DemoAudit(a, *table);
+  log.Report("tx audit", audit.ok() && before.ok() && *audit == total, MicrosSince(t0),
+             audit.ok() ? "total " + std::to_string(*audit) + ", expected " + std::to_string(total)
+                        : audit.status().ToString());
+  // Forced conflict 1: b wants an account a holds.
+  t0 = Clock::now();
+  a.start();
+  auto held = a.write(*table, DemoAccountKey(0));
+  b.start();
+  auto wanted = b.write(*table, DemoAccountKey(0));
+  const bool locked =
+      held.ok() && !wanted.ok() && TxAbortReasonOf(wanted.status()) == TxAbortReason::kLocked;
+  (void)a.abort();
+  log.Report("tx conflict: lock", locked, MicrosSince(t0),
+             wanted.ok() ? "second writer was not refused"
+                         : "second writer aborted: " + wanted.status().ToString());
+  // Forced conflict 2: b audits, a transfer commits in the middle, b's commit must not pass.
+  t0 = Clock::now();
+  b.start();
+  uint64_t partial = 0;
+  auto r0 = b.read(*table, DemoAccountKey(0));
+  if (r0.ok()) partial += DemoU64(*r0);
+  st = DemoTransfer(a, *table, 0, 1, 10);
+  Status audit_st = st;
+  if (st.ok()) {
+    for (uint64_t i = 1; i < kDemoAccounts && audit_st.ok(); ++i) {
+      auto v = b.read(*table, DemoAccountKey(i));
+      audit_st = v.status();
+      if (v.ok()) partial += DemoU64(*v);
+    }
+    if (audit_st.ok()) audit_st = b.commit();
+  }
+  const bool validated = st.ok() && TxAbortReasonOf(audit_st) == TxAbortReason::kValidation;
+  log.Report("tx conflict: validate", validated, MicrosSince(t0),
+             validated
+                 ? "audit saw " + std::to_string(partial) +
+                       " (a transfer committed between its reads), aborted: " + audit_st.ToString()
+                 : "audit was not aborted: " + audit_st.ToString());
+  t0 = Clock::now();
+  audit = DemoAudit(a, *table);
+  log.Report("tx audit again", audit.ok() && *audit == total, MicrosSince(t0),
+             audit.ok() ? "total " + std::to_string(*audit) : audit.status().ToString());
+  const TxClientStats s = client.stats();
+  std::printf(
+      "  tx stats: %llu commits, %llu one-sided reads, %llu TX_LOOKUPs, aborts locked %llu "
+      "validation %llu\n",
+      static_cast<unsigned long long>(s.commits), static_cast<unsigned long long>(s.one_sided_hits),
+      static_cast<unsigned long long>(s.rpc_lookups),
+      static_cast<unsigned long long>(s.aborts[static_cast<size_t>(TxAbortReason::kLocked)]),
+      static_cast<unsigned long long>(s.aborts[static_cast<size_t>(TxAbortReason::kValidation)]));
+  std::printf("  tx: %d/%d checks passed\n", log.passed(), log.passed() + log.failed());
+  return log.failed() == 0;
+}
+
 // A directory for the embedded server's tier file: /var/tmp when /tmp is tmpfs (refused).
 std::string TierDemoFile() {
   const char* root = "/tmp";
@@ -611,6 +786,8 @@ int RunDemo(const DemoOptions& options) {
     sc.tier.capacity_bytes = 8ull << 20;
     sc.tier.dram_bytes = 4ull << 20;
     sc.tier.period_ms = 200;
+    // The transactions part's table: 64 buckets of 4 accounts (8-byte keys and balances).
+    sc.tx.tables = {std::string(kDemoTxTable) + ":8:8:64:4"};
     auto created = MemoryServer::Create(sc);
     Status st = created.ok() ? (*created)->start() : created.status();
     if (!st.ok()) {
@@ -644,6 +821,7 @@ int RunDemo(const DemoOptions& options) {
     all_ok = RunSteps(**node, target) && all_ok;
     all_ok = RunObjectSteps(**node, target) && all_ok;
     all_ok = RunTierSteps(**node, target) && all_ok;
+    all_ok = RunTxSteps(**node, target) && all_ok;
   }
   if (server) {
     std::printf("cluster (memory://demo), continued\n");

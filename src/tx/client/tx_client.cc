@@ -115,6 +115,7 @@ struct TxClient::Impl {
     return it->second;
   }
   void Cache(uint16_t table, std::span<const std::byte> key, uint64_t offset) {
+    if (!options.address_cache) return;
     std::lock_guard lock(cache_mu);
     cache[CacheKey(table, key)] = offset;
   }

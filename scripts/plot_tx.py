@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+# Plot or tabulate the JSON written by `farmem bench tx`: per backend, KV lookup throughput per
+# configuration (server pinned to one core), server CPU per million lookups, TATP tx/s of farmem
+# one-two-sided / RPC-only / Redis Lua / Redis WATCH-MULTI-EXEC, and the success rates per type.
+# Usage: plot_tx.py tx.json [out.png]   (without out.png or matplotlib: markdown tables)
+import json
+import statistics
+import sys
+
+
+def fmt_ratio(t):
+    r = t.get("ratio")
+    if r is None:
+        return "n/a"
+    if t.get("ratio_min") is not None:
+        return f"{r:.2f}x ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
+    return f"{r:.2f}x"
+
+
+def med(v):
+    v = [x for x in v if x is not None]
+    return statistics.median(v) if v else 0.0
+
+
+KV_ORDER = ["rpc-only", "one-two-sided", "perfect", "rpc-only zipf", "one-two-sided zipf",
+            "perfect zipf"]
+KV_COLOR = {"rpc-only": "#888", "one-two-sided": "#4a7", "perfect": "#27c"}
+TATP_ORDER = ["one-two-sided", "rpc-only", "redis-lua", "redis-watch-multi-exec"]
+TATP_COLOR = {"one-two-sided": "#27c", "rpc-only": "#888", "redis-lua": "#c52",
+              "redis-watch-multi-exec": "#e95"}
+
+
+def ordered(names, order):
+    # JSON objects come back sorted by key: put the configurations in the benchmark's order.
+    return [n for n in order if n in names] + [n for n in names if n not in order]
+
+
+def table(doc):
+    m = doc.get("machine", {})
+    o = doc["options"]
+    print(f"# farmem bench tx — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
+          f"{o['rounds']} rounds of {o['seconds']} s, {o['threads']} threads x {o['inflight']}\n")
+    print("| target | value | baseline | ratio (min-max) | limit | result |")
+    print("|---|---|---|---|---|---|")
+    for t in doc["targets"]:
+        v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
+        b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
+        print(f"| {t['name']} | {v} | {b} | {fmt_ratio(t)} | {t['limit']} | {t['result']} |")
+    for spec, r in doc["results"].items():
+        kv = r.get("kv", {})
+        print(f"\n## {spec}\n\n| KV configuration | lookups/s (median) | server CPU-s per M |")
+        print("|---|---|---|")
+        for name in ordered(list(kv.get("throughput", {}).keys()), KV_ORDER):
+            v = kv["throughput"][name]
+            print(f"| {name} | {med(v):.0f} | {med(kv['server_cpu_s_per_m'][name]):.2f} |")
+        tp = r.get("tatp", {})
+        print("\n| TATP configuration | tx/s (median) | p50 us | p99 us | conflicts retried |")
+        print("|---|---|---|---|---|")
+        for name in ordered(list(tp.get("configs", {}).keys()), TATP_ORDER):
+            c = tp["configs"][name]
+            print(f"| {name} | {med(c['round_tx_per_s']):.0f} | {c['p50_us']:.1f} | "
+                  f"{c['p99_us']:.1f} | {c['conflicts_retried']} |")
+
+
+def plot(doc, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    specs = list(doc["results"].keys())
+    fig, axes = plt.subplots(len(specs), 3, figsize=(16, 4.2 * len(specs)), squeeze=False)
+    for row, spec in enumerate(specs):
+        r = doc["results"][spec]
+        kv = r.get("kv", {})
+        names = ordered(list(kv.get("throughput", {}).keys()), KV_ORDER)
+        colors = [KV_COLOR.get(n.replace(" zipf", ""), "#aaa") for n in names]
+        ax = axes[row][0]
+        ax.bar(range(len(names)), [med(kv["throughput"][n]) / 1e3 for n in names], color=colors)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20, fontsize=8)
+        ax.set_ylabel("k lookups/s (median)")
+        ax.set_title(f"{spec}: KV throughput, farmemd on 1 core")
+        ax = axes[row][1]
+        ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names], color=colors)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=20, fontsize=8)
+        ax.set_ylabel("farmemd CPU-s per M lookups")
+        ax.set_title(f"{spec}: server CPU per lookup")
+        ax = axes[row][2]
+        cfgs = r.get("tatp", {}).get("configs", {})
+        cn = ordered(list(cfgs.keys()), TATP_ORDER)
+        ax.bar(range(len(cn)), [med(cfgs[n]["round_tx_per_s"]) / 1e3 for n in cn],
+               color=[TATP_COLOR.get(n, "#aaa") for n in cn])
+        ax.set_xticks(range(len(cn)))
+        ax.set_xticklabels(cn, rotation=15, fontsize=8)
+        ax.set_ylabel("k TATP tx/s (median of rounds)")
+        ax.set_title(f"{spec}: TATP")
+        for i, n in enumerate(cn):
+            ax.text(i, med(cfgs[n]["round_tx_per_s"]) / 1e3, f"p99 {cfgs[n]['p99_us']:.0f} us",
+                    ha="center", va="bottom", fontsize=7)
+    fig.suptitle("farmem bench tx — " + doc.get("machine", {}).get("date", ""))
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__ or "usage: plot_tx.py tx.json [out.png]")
+        return 2
+    with open(sys.argv[1]) as f:
+        doc = json.load(f)
+    if len(sys.argv) > 2:
+        try:
+            plot(doc, sys.argv[2])
+            return 0
+        except ImportError:
+            pass
+    table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
