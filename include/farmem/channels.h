@@ -248,6 +248,30 @@ class OwnedVar {
   OwnedBytes b_;
 };
 
+// Shared state table (LOCO's sst): one row of `row_bytes` per member, each row a single-writer
+// register owned by its member (an OwnedBytes "<name>/row<id>"). A member stores its own row and
+// broadcasts it to every other member; rows are read from the local copies, never torn. One
+// thread at a time per handle.
+class SharedStateTable {
+ public:
+  static Result<SharedStateTable> Open(ChannelThread& thread, std::string name,
+                                       std::vector<NodeId> members, size_t row_bytes);
+  Status wait_ready(std::chrono::milliseconds timeout) const;
+  // The new value of this node's row (not yet broadcast).
+  Status store_mine(const void* row);
+  // Writes this node's row to every other member (the union of the per-member writes).
+  Result<AckKey> push_broadcast(ChannelThread& thread);
+  // Row `node` as this node last received it (its own row: as stored). Zeros before any push.
+  Status load(ChannelThread& thread, NodeId node, void* out);
+  const std::vector<NodeId>& members() const { return members_; }
+
+ private:
+  Result<size_t> index(NodeId node) const;
+  std::vector<NodeId> members_;
+  std::vector<OwnedBytes> rows_;  // rows_[i]: owned by members_[i]
+  size_t mine_ = 0;
+};
+
 // A 64-bit word at its home node; every member (the home too) reaches it through the transport,
 // so remote atomics never mix with host CPU stores.
 class AtomicVar {

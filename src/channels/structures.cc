@@ -1,6 +1,7 @@
-// RingBuffer (one producer broadcasting to many consumers) and SharedQueue (MPMC FIFO) on Channel
-// endpoints. A handle is used by one thread at a time; the slices are written by the transport on
-// behalf of remote members and read through the transport (never with plain CPU loads).
+// RingBuffer (one producer broadcasting to many consumers), SharedQueue (MPMC FIFO) and
+// SharedStateTable (one owned row per member) on Channel endpoints. A handle is used by one thread
+// at a time; the slices are written by the transport on behalf of remote members and read through
+// the transport (never with plain CPU loads).
 //
 // RingBuffer slice (same size on every member): [ack table: one u64 per member, used at the
 // producer: records released by that consumer][capacity record slots, used at the consumers:
@@ -355,6 +356,62 @@ Result<uint64_t> SharedQueue::pop(ChannelThread& thread, std::chrono::millisecon
   st = thread.wait(*key, Left(deadline) + thread.manager().impl().op_timeout());
   if (!st.ok()) return st.WithContext("shared queue '" + ch_.name() + "'");
   return value;
+}
+
+// ---- SharedStateTable --------------------------------------------------------------------------
+
+Result<SharedStateTable> SharedStateTable::Open(ChannelThread& thread, std::string name,
+                                                std::vector<NodeId> members, size_t row_bytes) {
+  if (row_bytes == 0) return Status::InvalidArgument("sst: row size 0");
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  const NodeId self = thread.manager().self();
+  if (!std::binary_search(members.begin(), members.end(), self)) {
+    return Status::InvalidArgument("sst '" + name + "': this node is not a member");
+  }
+  SharedStateTable t;
+  t.members_ = members;
+  t.mine_ = IndexOf(members, self);
+  for (NodeId owner : members) {
+    auto row =
+        OwnedBytes::Open(thread, name + "/row" + std::to_string(owner), owner, members, row_bytes);
+    if (!row.ok()) return row.status();
+    t.rows_.push_back(std::move(*row));
+  }
+  return t;
+}
+
+Status SharedStateTable::wait_ready(std::chrono::milliseconds timeout) const {
+  const auto deadline = Clock::now() + timeout;
+  for (const auto& r : rows_) {
+    Status st = r.wait_ready(Left(deadline));
+    if (!st.ok()) return st;
+  }
+  return Status::OK();
+}
+
+Result<size_t> SharedStateTable::index(NodeId node) const {
+  auto it = std::lower_bound(members_.begin(), members_.end(), node);
+  if (it == members_.end() || *it != node) {
+    return Status::InvalidArgument("sst: node " + std::to_string(node) + " has no row");
+  }
+  return static_cast<size_t>(it - members_.begin());
+}
+
+Status SharedStateTable::store_mine(const void* row) {
+  if (rows_.empty()) return Status::FailedPrecondition("sst: not open");
+  return rows_[mine_].store(row);
+}
+
+Result<AckKey> SharedStateTable::push_broadcast(ChannelThread& thread) {
+  if (rows_.empty()) return Status::FailedPrecondition("sst: not open");
+  return rows_[mine_].push(thread);
+}
+
+Status SharedStateTable::load(ChannelThread& thread, NodeId node, void* out) {
+  auto i = index(node);
+  if (!i.ok()) return i.status();
+  return rows_[*i].load(thread, out);
 }
 
 }  // namespace farmem::channels

@@ -279,6 +279,57 @@ TEST_P(StructuresTest, SharedQueueExactlyOncePerProducerOrderConcurrent) {
   EXPECT_EQ(order.load(), 0u) << "a producer's values out of order, or values never pushed";
 }
 
+// ---- SharedStateTable --------------------------------------------------------------------------
+
+// Every node stores its row and broadcasts it, concurrently, 100 rounds; after each round's
+// broadcast completed (and a barrier) every node reads every row at the round's value, whole.
+// FARMEM_CHANNELS_FAULT=barrier_wait: nodes read before the others broadcast, and see old rows.
+TEST_P(StructuresTest, SharedStateTableRowsConcurrent) {
+  START_ALL_OR_SKIP();
+  if (Fault("barrier_wait")) testing::SetBarrierWaitDisabled(true);
+  struct Row {
+    uint64_t w[6];
+  };
+  std::vector<SharedStateTable> tables;
+  std::vector<Barrier> bars;
+  for (NodeId n = 1; n <= 3; n++) {
+    auto t = SharedStateTable::Open(*M(n).thr, "sst", {1, 2, 3}, sizeof(Row));
+    auto b = Barrier::Open(*M(n).thr, "sst-bar", {1, 2, 3});
+    ASSERT_TRUE(t.ok() && b.ok()) << t.status().ToString();
+    tables.push_back(std::move(*t));
+    bars.push_back(std::move(*b));
+  }
+  for (auto& t : tables) ASSERT_TRUE(t.wait_ready(5s).ok());
+  for (auto& b : bars) ASSERT_TRUE(b.wait_ready(5s).ok());
+  Row r{};
+  EXPECT_EQ(tables[0].load(*M(1).thr, 4, &r).code(), Code::kInvalidArgument);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> ts;
+  for (NodeId n = 1; n <= 3; n++) {
+    ts.emplace_back([&, n] {
+      auto& thr = *M(n).thr;
+      for (uint64_t round = 1; round <= 100; round++) {
+        Row mine;
+        for (auto& x : mine.w) x = n * 1000000 + round;
+        ASSERT_TRUE(tables[n - 1].store_mine(&mine).ok());
+        auto key = tables[n - 1].push_broadcast(thr);
+        ASSERT_TRUE(key.ok());
+        ASSERT_TRUE(thr.wait(*key, 5s).ok());
+        ASSERT_TRUE(bars[n - 1].arrive_and_wait(thr, 10s).ok());
+        for (NodeId o = 1; o <= 3; o++) {
+          Row got;
+          ASSERT_TRUE(tables[n - 1].load(thr, o, &got).ok());
+          for (uint64_t x : got.w) wrong += x != o * 1000000 + round;
+        }
+        ASSERT_TRUE(bars[n - 1].arrive_and_wait(thr, 10s).ok());  // nobody stores ahead
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  testing::SetBarrierWaitDisabled(false);
+  EXPECT_EQ(wrong.load(), 0) << "rows not at the round's value after its broadcast";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StructuresTest, ::testing::Values("tcp", "fabric:shm"),
                          testing_util::BackendName);
 
