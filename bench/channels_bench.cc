@@ -308,6 +308,11 @@ int RunChannelsBench(ChannelsBenchOptions o) {
             nlohmann::json rec = {
                 {"round", r}, {"value", v}, {"per_node", per_node}, {"violations", bad}};
             if (w != "barrier") rec["acquisitions"] = Sum(*runs, "acquisitions");
+            if (w == "barrier") {
+              rec["probe_p50_us"] = nlohmann::json::array();
+              for (const auto& j : *runs)
+                rec["probe_p50_us"].push_back(j.value("probe_p50_us", nlohmann::json()));
+            }
             s.farmem_runs.push_back(rec);
           }
           s.farmem.push_back(v);

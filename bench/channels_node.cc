@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_stats.h"
 #include "channels/channels_faults.h"
 #include "channels_bench.h"
 #include "farmem/channels.h"
@@ -245,9 +246,42 @@ Status BarrierLatency(Participant& p, nlohmann::json& out) {
   ChannelThread& t = *p.thr;
   auto bar = channels::Barrier::Open(t, "timed/bar", p.members);
   if (!bar.ok()) return bar.status();
+  auto probe = channels::Channel::Open(t, "timed/probe", p.members, 64);
+  if (!probe.ok()) return probe.status();
   if (Status st = bar->wait_ready(kReadyTimeout); !st.ok()) return st;
+  if (Status st = probe->wait_ready(kReadyTimeout); !st.ok()) return st;
   for (int i = 0; i < 100; i++)
     if (Status st = bar->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
+  // The barrier's parts, timed alone (not judged; bench/README.md explains the barrier with them):
+  // a read of the own table through the transport (each poll of the wait), a read from a peer,
+  // and one 8-byte write to every member, waited for (the arrival).
+  {
+    const NodeId peer = static_cast<NodeId>(p.self % p.members.size() + 1);
+    std::vector<int64_t> self_ns, peer_ns, write_ns;
+    uint64_t buf[3] = {};
+    for (int i = 0; i < 300; i++) {
+      auto a = Clock::now();
+      if (Status st = t.read_sync(p.self, *probe->slice_offset(p.self), buf, 24); !st.ok())
+        return st;
+      self_ns.push_back((Clock::now() - a).count());
+      a = Clock::now();
+      if (Status st = t.read_sync(peer, *probe->slice_offset(peer), buf, 24); !st.ok()) return st;
+      peer_ns.push_back((Clock::now() - a).count());
+      a = Clock::now();
+      AckKey all;
+      for (NodeId m : p.members) {
+        auto w = t.write(m, *probe->slice_offset(m) + 8 * p.self, &buf[0], 8);
+        if (!w.ok()) return w.status();
+        all |= *w;
+      }
+      if (Status st = t.wait(all, kOpTimeout); !st.ok()) return st;
+      write_ns.push_back((Clock::now() - a).count());
+    }
+    out["probe_p50_us"] = {{"read_own_table", bench::Percentile(self_ns, 50) / 1e3},
+                           {"read_peer", bench::Percentile(peer_ns, 50) / 1e3},
+                           {"write_all_members", bench::Percentile(write_ns, 50) / 1e3}};
+  }
+  if (Status st = bar->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
   std::vector<int64_t> ns;
   ns.reserve(static_cast<size_t>(p.o.episodes));
   const auto t0 = Clock::now();

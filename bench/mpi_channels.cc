@@ -94,18 +94,15 @@ int Transfer(const Options& o, int rank, int size) {
   const long per_window = (per_rank + o.windows - 1) / o.windows;
   std::vector<MPI_Win> wins(static_cast<size_t>(o.windows));
   std::vector<int64_t*> base(static_cast<size_t>(o.windows));
+  // Accounts that exist (below o.accounts) start with the initial balance, the others with 0:
+  // window w at this rank holds slots j = k * W + w, i.e. accounts i = j * size + rank.
   for (int w = 0; w < o.windows; w++) {
     MPI_Win_allocate(per_window * 8, 8, MPI_INFO_NULL, MPI_COMM_WORLD, &base[w], &wins[w]);
     MPI_Win_lock(MPI_LOCK_EXCLUSIVE, rank, 0, wins[w]);
-    for (long k = 0; k < per_window; k++) base[w][k] = 0;
-    MPI_Win_unlock(rank, wins[w]);
-  }
-  // Accounts that exist (below o.accounts) start with the initial balance.
-  for (long i = rank; i < o.accounts; i += size) {
-    const long j = i / size;
-    const int w = static_cast<int>(j % o.windows);
-    MPI_Win_lock(MPI_LOCK_EXCLUSIVE, rank, 0, wins[w]);
-    base[w][j / o.windows] = o.initial_balance;
+    for (long k = 0; k < per_window; k++) {
+      const long i = (k * o.windows + w) * size + rank;
+      base[w][k] = i < o.accounts ? o.initial_balance : 0;
+    }
     MPI_Win_unlock(rank, wins[w]);
   }
   MPI_Barrier(MPI_COMM_WORLD);
