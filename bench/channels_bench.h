@@ -19,6 +19,9 @@ struct ChannelsBenchOptions {
   // rounds until reached (or safety_cap_seconds); -1 = 1e6 (--quick: 0, the rounds only).
   long checked_acquisitions = -1;
   double safety_cap_seconds = 900;
+  // Accounts of those extra runs: few, so that concurrent transfers often share an account and
+  // a broken lock loses updates visibly (with 1 M accounts two transfers almost never meet).
+  long safety_accounts = 3000;
   std::string backend = "tcp";             // tcp | fabric:shm (MPI: btl tcp over lo | btl vader)
   std::string mpirun = "/usr/bin/mpirun";  // a path (exec does not search PATH)
   // farmem_mpi_channels; "" = next to the farmem binary.
@@ -34,6 +37,9 @@ struct ChannelsNodeOptions {
   // rounds until reached (or safety_cap_seconds); -1 = 1e6 (--quick: 0, the rounds only).
   long checked_acquisitions = -1;
   double safety_cap_seconds = 900;
+  // Accounts of those extra runs: few, so that concurrent transfers often share an account and
+  // a broken lock loses updates visibly (with 1 M accounts two transfers almost never meet).
+  long safety_accounts = 3000;
   std::string backend = "tcp";
   std::string workload;  // transfer | lock | barrier | fence
   double seconds = 1;

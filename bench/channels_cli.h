@@ -38,6 +38,10 @@ inline CLI::App* AddChannelsBenchCommand(CLI::App& bench, ChannelsBenchOptions& 
                   "time limit of the extra transfer runs")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--safety-accounts", o.safety_accounts,
+                  "accounts of the extra transfer runs (few, so a broken lock shows)")
+      ->capture_default_str()
+      ->check(CLI::Range(2L, 100000000L));
   cmd->add_option("--backend", o.backend, "tcp | fabric:shm (MPI: btl tcp on lo | btl vader)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tcp", "fabric:shm"}));

@@ -3,16 +3,11 @@
 # the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, and
 # the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
 import json
+import os
 import sys
 
-
-def fmt_ratio(t):
-    r = t.get("ratio")
-    if r is None:
-        return "n/a"
-    if t.get("ratio_min") is not None:
-        return f"{r:.2f}x ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
-    return f"{r:.2f}x"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_soak_bench import fmt_ratio  # noqa: E402  (one "1.23x (min-max)" format for all plots)
 
 
 def num(v):
