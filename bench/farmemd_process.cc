@@ -28,50 +28,6 @@ namespace farmem::bench {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-Result<pid_t> Spawn(const std::vector<std::string>& args, int stdout_fd, int stderr_fd, int cpu) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) return Status::FromErrno("fork", errno);
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    if (cpu >= 0) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpu, &set);
-      if (::sched_setaffinity(0, sizeof(set), &set) != 0) ::_exit(126);
-    }
-    const int null_fd = ::open("/dev/null", O_RDWR);
-    ::dup2(stdout_fd >= 0 ? stdout_fd : null_fd, STDOUT_FILENO);
-    ::dup2(stderr_fd >= 0 ? stderr_fd : null_fd, STDERR_FILENO);
-    ::dup2(null_fd, STDIN_FILENO);
-    if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
-      for (int fd = 3; fd < 65536; ++fd) ::close(fd);
-    ::execve(argv[0], argv.data(), environ);
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// SIGKILL (or SIGTERM with a grace period, then SIGKILL) and reap.
-void KillAndReap(pid_t pid, std::chrono::milliseconds grace) {
-  if (pid <= 0) return;
-  int st = 0;
-  if (grace.count() > 0) {
-    ::kill(pid, SIGTERM);
-    const auto deadline = Clock::now() + grace;
-    while (Clock::now() < deadline) {
-      if (::waitpid(pid, &st, WNOHANG) == pid) return;
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &st, 0);
-}
-
 std::string FindFarmemd(const std::string& given) {
   namespace fs = std::filesystem;
   if (!given.empty()) return given;

@@ -11,18 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "child_process.h"  // Spawn, KillAndReap
 #include "farmem/status.h"
 
 namespace farmem::bench {
-
-// fork + exec `args` (args[0] is the binary's path) with stdout/stderr redirected (-1 =
-// /dev/null); the child dies with us (PR_SET_PDEATHSIG) and inherits no other descriptor.
-// `cpu` >= 0 pins the child to that CPU before exec (what `taskset -c CPU` does).
-Result<pid_t> Spawn(const std::vector<std::string>& args, int stdout_fd, int stderr_fd,
-                    int cpu = -1);
-
-// SIGKILL (or SIGTERM with a grace period, then SIGKILL) and reap.
-void KillAndReap(pid_t pid, std::chrono::milliseconds grace);
 
 // `given` if not empty, else farmemd next to this executable, else on PATH; "" if none.
 std::string FindFarmemd(const std::string& given);

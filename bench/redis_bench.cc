@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "child_process.h"
 #include "objects_throughput_internal.h"
 
 namespace farmem::bench {
@@ -32,26 +33,6 @@ namespace {
 using RClock = std::chrono::steady_clock;
 
 constexpr timeval kRedisTimeout{5, 0};  // every hiredis call returns within this
-
-// A port that was free a moment ago (bind to port 0 and close). redis-server may still lose a
-// race for it; the caller retries with another port.
-Result<uint16_t> PickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::FromErrno("socket", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    return Status::FromErrno("bind 127.0.0.1:0", err);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Fork + exec redis-server; the child dies with this process (PR_SET_PDEATHSIG).
 Result<pid_t> SpawnRedis(const std::string& path, uint16_t port) {

@@ -38,6 +38,7 @@
 
 #include "bench_json.h"
 #include "bench_stats.h"
+#include "child_process.h"
 #include "farmem/client.h"
 #include "farmem/node.h"
 #include "farmem/objects.h"

@@ -28,6 +28,22 @@
 extern char** environ;
 
 namespace farmem::cli {
+
+int FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -46,22 +62,6 @@ void Progress(const std::string& line) {
 int Error(const std::string& message) {
   std::fprintf(stderr, "farmem cluster: error: %s\n", message.c_str());
   return kExitFailure;
-}
-
-// A port nobody listens on right now (bound to 127.0.0.1:0, then closed).
-int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
 }
 
 bool Executable(const std::string& path) {

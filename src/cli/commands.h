@@ -24,6 +24,10 @@ struct ClientOptions {
   std::string data_host = "127.0.0.1";  // where this node's transport and bootstrap listen
 };
 
+// A loopback port nobody listens on right now (bound to 127.0.0.1:0, then closed; -1 on error):
+// a child or embedded node may still lose a race for it.
+int FreeLoopbackPort();
+
 // A started node for talking to farmemd(s).
 Result<std::unique_ptr<Node>> MakeClientNode(const ClientOptions& options, const std::string& name);
 

@@ -2,7 +2,8 @@
 // 16 FAAs in flight on coroutines, STAT, free, double free — then of the object store (alloc,
 // write, direct_read, free 75 %, compact, read_any with pointer correction), then of a tiered
 // region twice its DRAM budget (write it all, read it back, read a hot part until it is promoted),
-// then of Storm transactions (transfers, an audit, forced conflicts shown as aborts), each step
+// then of Storm transactions (transfers, an audit, forced conflicts shown as aborts), then of
+// channels across 3 embedded nodes (barrier, ticket lock, atomic counter), each step
 // checked and timed. Runs against an embedded in-process farmemd — which first joins an
 // in-process control plane (memory://demo) where the client finds it — or running ones given with
 // --connect or found in a cluster with --cluster.
@@ -19,12 +20,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "common/log.h"
+#include "farmem/channels.h"
 #include "farmem/client.h"
 #include "farmem/cluster.h"
 #include "farmem/objects.h"
@@ -738,6 +741,147 @@ bool RunTxSteps(Node& node, const std::string& address) {
 }
 
 // A directory for the embedded server's tier file: /var/tmp when /tmp is tmpfs (refused).
+// The channels part (LOCO, docs/channels.md): three nodes embedded in this process, each with a
+// channels Manager over the same static participant list and one thread of its own. They pass a
+// barrier, take a ticket lock (homed at node 1) around a non-atomic increment of a word at node
+// 3, and fetch-and-add an atomic_var at node 2; node 1 checks the totals. The node threads
+// record their steps; the main thread prints them after the threads joined.
+namespace {
+
+struct ChannelStep {
+  std::string step;
+  bool ok = false;
+  double micros = 0;
+  std::string detail;
+};
+
+bool RunChannelSteps(const ClientOptions& client) {
+  namespace ch = farmem::channels;
+  constexpr int kNodes = 3;
+  constexpr uint64_t kLocked = 50, kAdds = 100, kEpisodes = 10;
+  constexpr auto kWait = std::chrono::seconds(10);
+  std::printf("channels (%d embedded nodes, one thread each)\n", kNodes);
+  StepLog log;
+  std::vector<ch::Participant> participants;
+  std::vector<uint16_t> ports;
+  for (int i = 1; i <= kNodes; i++) {
+    const int port = FreeLoopbackPort();
+    if (port <= 0) return log.Report("pick ports", false, 0, "no free loopback port");
+    ports.push_back(static_cast<uint16_t>(port));
+    participants.push_back({static_cast<ch::NodeId>(i), fmt::format("127.0.0.1:{}", port)});
+  }
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<std::unique_ptr<ch::Manager>> managers;
+  auto t0 = Clock::now();
+  for (int i = 1; i <= kNodes; i++) {
+    NodeConfig nc;
+    nc.name = fmt::format("channels-demo-{}", i);
+    nc.bootstrap_port = ports[i - 1];
+    // Channels are tested on native TCP and fabric shm: other providers use native TCP here.
+    const bool shm = client.backend == "fabric" && client.provider == "shm";
+    nc.transport.backend = shm ? "fabric" : "tcp";
+    nc.transport.provider = "shm";
+    nc.transport.cluster_token = client.token;
+    auto node = Node::Create(nc);
+    if (!node.ok()) return log.Report("start nodes", false, 0, node.status().ToString());
+    ch::ManagerConfig mc;
+    mc.self = static_cast<ch::NodeId>(i);
+    mc.participants = participants;
+    auto mgr = ch::Manager::Create(**node, mc);
+    Status st = mgr.ok() ? (*node)->start() : mgr.status();
+    if (!st.ok()) return log.Report("start nodes", false, 0, st.ToString());
+    nodes.push_back(std::move(*node));
+    managers.push_back(std::move(*mgr));
+  }
+  log.Report("start nodes", true, MicrosSince(t0),
+             fmt::format("{} nodes on {}, each a Manager with a 1 MiB channel region", kNodes,
+                         nodes[0]->transport().name()));
+
+  // Each node thread's steps (only node 1 records the timed ones); errors from every node.
+  std::vector<std::vector<ChannelStep>> steps(kNodes);
+  auto body = [&](ch::NodeId id) {
+    auto& out = steps[id - 1];
+    auto fail = [&](const std::string& step, const Status& st) {
+      out.push_back({step, false, 0, fmt::format("node {}: {}", id, st.ToString())});
+    };
+    auto t = Clock::now();
+    ch::Manager& m = *managers[id - 1];
+    if (Status st = m.connect(kWait); !st.ok()) return fail("connect", st);
+    auto thr = m.make_thread();
+    if (!thr.ok()) return fail("connect", thr.status());
+    ch::ChannelThread& th = **thr;
+    const std::vector<ch::NodeId> all = {1, 2, 3};
+    auto bar = ch::Barrier::Open(th, "demo/bar", all);
+    auto lock = ch::TicketLock::Open(th, "demo/lock", 1, all);
+    auto word = ch::Channel::Open(th, "demo/word", all, 8);
+    auto count = ch::AtomicVar::Open(th, "demo/count", 2, all);
+    for (const Status& st : {bar.status(), lock.status(), word.status(), count.status()})
+      if (!st.ok()) return fail("open channels", st);
+    for (const Status& st : {bar->wait_ready(kWait), lock->wait_ready(kWait),
+                             word->wait_ready(kWait), count->wait_ready(kWait)})
+      if (!st.ok()) return fail("open channels", st);
+    if (id == 1)
+      out.push_back({"connect + join", true, MicrosSince(t),
+                     "barrier, ticket lock, word, atomic_var on all 3"});
+
+    t = Clock::now();
+    for (uint64_t e = 0; e < kEpisodes; e++)
+      if (Status st = bar->arrive_and_wait(th, kWait); !st.ok()) return fail("barrier", st);
+    if (id == 1)
+      out.push_back({"barrier", true, MicrosSince(t) / kEpisodes,
+                     fmt::format("{} episodes (time per episode)", kEpisodes)});
+
+    t = Clock::now();
+    const uint64_t at3 = *word->slice_offset(3);
+    for (uint64_t i = 0; i < kLocked; i++) {
+      if (Status st = lock->lock(th, kWait); !st.ok()) return fail("ticket lock", st);
+      uint64_t v = 0;
+      if (Status st = th.read_sync(3, at3, &v, 8); !st.ok()) return fail("ticket lock", st);
+      v++;
+      if (auto w = th.write(3, at3, &v, 8); !w.ok()) return fail("ticket lock", w.status());
+      if (Status st = lock->unlock(th, kWait); !st.ok()) return fail("ticket lock", st);
+    }
+    if (Status st = bar->arrive_and_wait(th, kWait); !st.ok()) return fail("ticket lock", st);
+    if (id == 1) {
+      uint64_t v = 0;
+      Status st = th.read_sync(3, at3, &v, 8);
+      out.push_back({"ticket lock", st.ok() && v == kNodes * kLocked,
+                     MicrosSince(t) / (kNodes * kLocked),
+                     st.ok() ? fmt::format("{} x {} non-atomic increments under the lock: {} "
+                                           "(expect {}; time per acquisition)",
+                                           kNodes, kLocked, v, kNodes * kLocked)
+                             : st.ToString()});
+    }
+
+    t = Clock::now();
+    for (uint64_t i = 0; i < kAdds; i++)
+      if (auto r = count->fetch_add(th, 1); !r.ok()) return fail("atomic counter", r.status());
+    if (Status st = bar->arrive_and_wait(th, kWait); !st.ok()) return fail("atomic counter", st);
+    if (id == 1) {
+      auto v = count->load(th);
+      out.push_back({"atomic counter", v.ok() && *v == kNodes * kAdds,
+                     MicrosSince(t) / (kNodes * kAdds),
+                     v.ok() ? fmt::format("{} x {} fetch_add at node 2: {} (expect {})", kNodes,
+                                          kAdds, *v, kNodes * kAdds)
+                            : v.status().ToString()});
+    }
+    // Nobody stops while another still reads its memory.
+    if (Status st = bar->arrive_and_wait(th, kWait); !st.ok()) return fail("final barrier", st);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i <= kNodes; i++) threads.emplace_back(body, static_cast<ch::NodeId>(i));
+  for (auto& th : threads) th.join();
+  for (auto& node : nodes) node->stop();
+  managers.clear();
+  nodes.clear();
+  for (const auto& node_steps : steps)
+    for (const auto& s : node_steps) log.Report(s.step, s.ok, s.micros, s.detail);
+  std::printf("  channels: %d/%d checks passed\n", log.passed(), log.passed() + log.failed());
+  return log.failed() == 0;
+}
+
+}  // namespace
+
 std::string TierDemoFile() {
   const char* root = "/tmp";
   struct statfs st;
@@ -823,6 +967,9 @@ int RunDemo(const DemoOptions& options) {
     all_ok = RunTierSteps(**node, target) && all_ok;
     all_ok = RunTxSteps(**node, target) && all_ok;
   }
+  // The channels part runs on its own embedded nodes, so only with the embedded server (a demo
+  // against remote servers leaves this host's loopback alone).
+  if (server) all_ok = RunChannelSteps(client) && all_ok;
   if (server) {
     std::printf("cluster (memory://demo), continued\n");
     all_ok = cluster_demo.Finish() && all_ok;

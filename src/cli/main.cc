@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "channels_cli.h"
 #include "cli/commands.h"
 #include "cluster_cli.h"
 #include "objects_memory_cli.h"
@@ -238,6 +239,10 @@ int main(int argc, char** argv) {
   CLI::App* soak_child = farmem::AddSoakChildCommand(*bench, soak_child_opts);
   farmem::TxBenchOptions tx_bench_opts;
   CLI::App* tx_bench = farmem::AddTxBenchCommand(*bench, tx_bench_opts);
+  farmem::ChannelsBenchOptions channels_opts;
+  CLI::App* channels_bench = farmem::AddChannelsBenchCommand(*bench, channels_opts);
+  farmem::ChannelsNodeOptions channels_node_opts;
+  CLI::App* channels_node = farmem::AddChannelsNodeCommand(*bench, channels_node_opts);
 
   try {
     app.parse(argc, argv);
@@ -330,6 +335,8 @@ int main(int argc, char** argv) {
   if (soak->parsed()) return farmem::RunSoakBench(soak_opts);
   if (soak_child->parsed()) return farmem::RunSoakChild(soak_child_opts);
   if (tx_bench->parsed()) return farmem::RunTxBench(tx_bench_opts);
+  if (channels_bench->parsed()) return farmem::RunChannelsBench(channels_opts);
+  if (channels_node->parsed()) return farmem::RunChannelsNode(channels_node_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }

@@ -1,0 +1,400 @@
+// One participant process of `farmem bench channels` (`farmem bench channels-node`): a Node and a
+// channels Manager over the static participant list, one workload, one JSON line on stdout. One
+// thread (plus the node's own transport/RPC threads); every participant runs the same code.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_stats.h"
+#include "channels/channels_faults.h"
+#include "channels_bench.h"
+#include "farmem/channels.h"
+#include "farmem/node.h"
+
+namespace farmem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using channels::AckKey;
+using channels::ChannelThread;
+using channels::NodeId;
+
+constexpr auto kReadyTimeout = 60s;
+constexpr auto kBarrierTimeout = 60s;
+constexpr auto kLockTimeout = 30s;
+constexpr auto kOpTimeout = 30s;
+constexpr int64_t kInitialBalance = 1000;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The participants and the objects every workload shares: a start/end barrier.
+struct Participant {
+  const ChannelsNodeOptions& o;
+  NodeId self;
+  std::vector<NodeId> members;
+  std::unique_ptr<Node> node;
+  std::unique_ptr<channels::Manager> mgr;
+  std::unique_ptr<ChannelThread> thr;
+  std::unique_ptr<channels::Barrier> sync;  // start and end of every workload (not timed)
+
+  Status Sync() { return sync->arrive_and_wait(*thr, kBarrierTimeout); }
+};
+
+// Bytes of channel state this node holds for the workload, plus room for the small channels.
+size_t RegionBytes(const ChannelsNodeOptions& o) {
+  size_t bytes = size_t{1} << 20;
+  if (o.workload == "transfer") {
+    const size_t n = o.peers.size();
+    bytes += (static_cast<size_t>(o.accounts) + n - 1) / n * 8 +
+             static_cast<size_t>(o.locks_per_node) * n * 64;
+  }
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+Status Start(Participant& p) {
+  NodeConfig c;
+  c.name = fmt::format("channels-bench-{}", p.self);
+  const std::string& me = p.o.peers[p.self - 1];
+  const size_t colon = me.rfind(':');
+  if (colon == std::string::npos) return Status::InvalidArgument("peer '" + me + "': no port");
+  c.bootstrap_host = me.substr(0, colon);
+  c.bootstrap_port = static_cast<uint16_t>(std::stoul(me.substr(colon + 1)));
+  if (p.o.backend.rfind("fabric:", 0) == 0) {
+    c.transport.backend = "fabric";
+    c.transport.provider = p.o.backend.substr(7);
+  } else {
+    c.transport.backend = p.o.backend;
+  }
+  c.transport.listen_host = c.bootstrap_host;
+  c.transport.op_timeout = kOpTimeout;
+  auto node = Node::Create(c);
+  if (!node.ok()) return node.status();
+  p.node = std::move(*node);
+  channels::ManagerConfig mc;
+  mc.self = p.self;
+  for (size_t i = 0; i < p.o.peers.size(); i++) {
+    mc.participants.push_back({static_cast<NodeId>(i + 1), p.o.peers[i]});
+    p.members.push_back(static_cast<NodeId>(i + 1));
+  }
+  mc.region_bytes = RegionBytes(p.o);
+  auto mgr = channels::Manager::Create(*p.node, mc);
+  if (!mgr.ok()) return mgr.status();
+  p.mgr = std::move(*mgr);
+  if (Status st = p.node->start(); !st.ok()) return st;
+  if (Status st = p.mgr->connect(kReadyTimeout); !st.ok()) return st;
+  auto thr = p.mgr->make_thread();
+  if (!thr.ok()) return thr.status();
+  p.thr = std::move(*thr);
+  auto bar = channels::Barrier::Open(*p.thr, "bench/sync", p.members);
+  if (!bar.ok()) return bar.status();
+  p.sync = std::make_unique<channels::Barrier>(std::move(*bar));
+  return p.sync->wait_ready(kReadyTimeout);
+}
+
+// Transfer transactions: account i lives on node i % n + 1 in slot i / n of channel
+// "xfer/accounts"; it is guarded by ticket lock (i / n) % L of its node (the layout of the MPI
+// baseline's windows). Locks are taken in (lock index, node) order, so transfers never wait in a
+// cycle. The sum of all balances must stay accounts x 1000 (checked by the benchmark).
+Status Transfer(Participant& p, nlohmann::json& out) {
+  const ChannelsNodeOptions& o = p.o;
+  ChannelThread& t = *p.thr;
+  const size_t n = p.members.size();
+  const size_t slots = (static_cast<size_t>(o.accounts) + n - 1) / n;
+  auto accounts = channels::Channel::Open(t, "xfer/accounts", p.members, slots * 8);
+  if (!accounts.ok()) return accounts.status();
+  std::vector<channels::TicketLock> locks;  // [(node - 1) * L + k]
+  for (NodeId home : p.members) {
+    for (int k = 0; k < o.locks_per_node; k++) {
+      auto l =
+          channels::TicketLock::Open(t, fmt::format("xfer/lock/{}/{}", home, k), home, p.members);
+      if (!l.ok()) return l.status();
+      locks.push_back(std::move(*l));
+    }
+  }
+  if (Status st = accounts->wait_ready(kReadyTimeout); !st.ok()) return st;
+  for (auto& l : locks)
+    if (Status st = l.wait_ready(kReadyTimeout); !st.ok()) return st;
+  std::vector<uint64_t> base(n + 1);
+  for (NodeId m : p.members) {
+    auto off = accounts->slice_offset(m);
+    if (!off.ok()) return off.status();
+    base[m] = *off;
+  }
+  // This node's accounts start with the initial balance (before the start barrier, so before any
+  // remote access).
+  auto* mine = reinterpret_cast<int64_t*>(accounts->local_slice());
+  for (size_t s = 0; s < slots; s++)
+    mine[s] = s * n + (p.self - 1) < static_cast<size_t>(o.accounts) ? kInitialBalance : 0;
+  if (Status st = p.Sync(); !st.ok()) return st;
+
+  std::mt19937_64 rng(0x9e3779b97f4a7c15ULL * (p.self + 1));
+  std::uniform_int_distribution<long> pick(0, o.accounts - 1);
+  long ops = 0, acquisitions = 0;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(o.seconds);
+  while (Clock::now() < end) {
+    long a = pick(rng), b = pick(rng);
+    while (b == a) b = pick(rng);
+    const int64_t amount = static_cast<int64_t>(rng() % 10) + 1;
+    struct Acc {
+      NodeId node;
+      size_t lock;  // index in `locks`
+      uint64_t offset;
+      int64_t value;
+    } acc[2];
+    for (int k = 0; k < 2; k++) {
+      const size_t i = static_cast<size_t>(k == 0 ? a : b);
+      const size_t slot = i / n;
+      const NodeId node = static_cast<NodeId>(i % n + 1);
+      acc[k] = {node, (node - 1) * o.locks_per_node + slot % o.locks_per_node,
+                base[node] + slot * 8, 0};
+    }
+    const bool same = acc[0].lock == acc[1].lock;
+    // Order by (lock index within the node, node), as the MPI baseline's (window, rank).
+    auto key = [&](const Acc& x) { return std::make_pair(x.lock % o.locks_per_node, x.node); };
+    const int first = key(acc[0]) <= key(acc[1]) ? 0 : 1;
+    const int nlocks = same ? 1 : 2;
+    for (int k = 0; k < nlocks; k++) {
+      if (Status st = locks[acc[k == 0 ? first : 1 - first].lock].lock(t, kLockTimeout); !st.ok())
+        return st;
+    }
+    acquisitions += nlocks;
+    AckKey reads;
+    for (auto& x : acc) {
+      auto r = t.read(x.node, x.offset, &x.value, 8);
+      if (!r.ok()) return r.status();
+      reads |= *r;
+    }
+    if (Status st = t.wait(reads, kOpTimeout); !st.ok()) return st;
+    acc[0].value -= amount;
+    acc[1].value += amount;
+    for (auto& x : acc) {
+      // Writes copy their source at posting; unlock's thread fence places them.
+      if (auto w = t.write(x.node, x.offset, &x.value, 8); !w.ok()) return w.status();
+    }
+    for (int k = nlocks - 1; k >= 0; k--) {
+      if (Status st = locks[acc[k == 0 ? first : 1 - first].lock].unlock(t, kLockTimeout); !st.ok())
+        return st;
+    }
+    ops++;
+  }
+  const double secs = SecondsSince(t0);
+  if (Status st = p.Sync(); !st.ok()) return st;
+  // Every transfer's writes were placed before its unlock and before the end barrier.
+  int64_t sum = 0;
+  for (size_t s = 0; s < slots; s++) sum += mine[s];
+  out["ops"] = ops;
+  out["seconds"] = secs;
+  out["acquisitions"] = acquisitions;
+  out["balance_sum"] = sum;
+  return Status::OK();
+}
+
+// One ticket lock at node 1 around a non-atomic read, +1, write of a counter at node 1; the final
+// counter must equal the number of acquisitions.
+Status Lock(Participant& p, nlohmann::json& out) {
+  ChannelThread& t = *p.thr;
+  auto lock = channels::TicketLock::Open(t, "one/lock", 1, p.members);
+  if (!lock.ok()) return lock.status();
+  auto counter = channels::Channel::Open(t, "one/counter", p.members, 8);
+  if (!counter.ok()) return counter.status();
+  if (Status st = lock->wait_ready(kReadyTimeout); !st.ok()) return st;
+  if (Status st = counter->wait_ready(kReadyTimeout); !st.ok()) return st;
+  auto off = counter->slice_offset(1);
+  if (!off.ok()) return off.status();
+  if (Status st = p.Sync(); !st.ok()) return st;
+  long ops = 0;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(p.o.seconds);
+  while (Clock::now() < end) {
+    if (Status st = lock->lock(t, kLockTimeout); !st.ok()) return st;
+    uint64_t v = 0;
+    if (Status st = t.read_sync(1, *off, &v, 8); !st.ok()) return st;
+    v++;
+    if (auto w = t.write(1, *off, &v, 8); !w.ok()) return w.status();
+    if (Status st = lock->unlock(t, kLockTimeout); !st.ok()) return st;
+    ops++;
+  }
+  const double secs = SecondsSince(t0);
+  if (Status st = p.Sync(); !st.ok()) return st;
+  out["ops"] = ops;
+  out["seconds"] = secs;
+  out["acquisitions"] = ops;
+  if (p.self == 1) {
+    uint64_t v = 0;
+    if (Status st = t.read_sync(1, *off, &v, 8); !st.ok()) return st;
+    out["counter"] = v;
+  }
+  return Status::OK();
+}
+
+// `episodes` timed barrier episodes after 100 untimed ones; every sample goes to the benchmark.
+Status BarrierLatency(Participant& p, nlohmann::json& out) {
+  ChannelThread& t = *p.thr;
+  auto bar = channels::Barrier::Open(t, "timed/bar", p.members);
+  if (!bar.ok()) return bar.status();
+  auto probe = channels::Channel::Open(t, "timed/probe", p.members, 64);
+  if (!probe.ok()) return probe.status();
+  if (Status st = bar->wait_ready(kReadyTimeout); !st.ok()) return st;
+  if (Status st = probe->wait_ready(kReadyTimeout); !st.ok()) return st;
+  for (int i = 0; i < 100; i++)
+    if (Status st = bar->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
+  // The barrier's parts, timed alone (not judged; bench/README.md explains the barrier with them):
+  // a read of the own table through the transport (each poll of the wait), a read from a peer,
+  // and one 8-byte write to every member, waited for (the arrival).
+  {
+    const NodeId peer = static_cast<NodeId>(p.self % p.members.size() + 1);
+    std::vector<int64_t> self_ns, peer_ns, write_ns;
+    uint64_t buf[3] = {};
+    for (int i = 0; i < 300; i++) {
+      auto a = Clock::now();
+      if (Status st = t.read_sync(p.self, *probe->slice_offset(p.self), buf, 24); !st.ok())
+        return st;
+      self_ns.push_back((Clock::now() - a).count());
+      a = Clock::now();
+      if (Status st = t.read_sync(peer, *probe->slice_offset(peer), buf, 24); !st.ok()) return st;
+      peer_ns.push_back((Clock::now() - a).count());
+      a = Clock::now();
+      AckKey all;
+      for (NodeId m : p.members) {
+        auto w = t.write(m, *probe->slice_offset(m) + 8 * p.self, &buf[0], 8);
+        if (!w.ok()) return w.status();
+        all |= *w;
+      }
+      if (Status st = t.wait(all, kOpTimeout); !st.ok()) return st;
+      write_ns.push_back((Clock::now() - a).count());
+    }
+    out["probe_p50_us"] = {{"read_own_table", bench::Percentile(self_ns, 50) / 1e3},
+                           {"read_peer", bench::Percentile(peer_ns, 50) / 1e3},
+                           {"write_all_members", bench::Percentile(write_ns, 50) / 1e3}};
+  }
+  if (Status st = bar->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
+  std::vector<int64_t> ns;
+  ns.reserve(static_cast<size_t>(p.o.episodes));
+  const auto t0 = Clock::now();
+  for (long i = 0; i < p.o.episodes; i++) {
+    const auto a = Clock::now();
+    if (Status st = bar->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
+    ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - a).count());
+  }
+  out["ops"] = p.o.episodes;
+  out["seconds"] = SecondsSince(t0);
+  out["samples_ns"] = ns;
+  return Status::OK();
+}
+
+// Updates of an owned variable: store a 32-byte value, push it to the other members' caches, then
+// bump a version word (an atomic_var at the next node) — the release pattern of a kvstore update
+// (value, fence, release). Fenced: a thread fence between the push and the bump, so a reader that
+// sees the version sees the value. Unfenced: push and bump in flight together. Each update is
+// complete before the next; blocks of each kind alternate (order flipped every round).
+Status Fence(Participant& p, nlohmann::json& out) {
+  ChannelThread& t = *p.thr;
+  using Value = std::array<uint64_t, 4>;
+  std::vector<channels::OwnedVar<Value>> vars;
+  for (NodeId owner : p.members) {
+    auto v = channels::OwnedVar<Value>::Open(t, fmt::format("upd/val/{}", owner), owner, p.members);
+    if (!v.ok()) return v.status();
+    vars.push_back(std::move(*v));
+  }
+  std::vector<channels::AtomicVar> versions;
+  for (NodeId owner : p.members) {
+    const NodeId home = static_cast<NodeId>(owner % p.members.size() + 1);
+    auto v = channels::AtomicVar::Open(t, fmt::format("upd/ver/{}", owner), home, p.members);
+    if (!v.ok()) return v.status();
+    versions.push_back(std::move(*v));
+  }
+  for (auto& v : vars)
+    if (Status st = v.wait_ready(kReadyTimeout); !st.ok()) return st;
+  for (auto& v : versions)
+    if (Status st = v.wait_ready(kReadyTimeout); !st.ok()) return st;
+  auto& var = vars[p.self - 1];
+  auto& version = versions[p.self - 1];
+  if (Status st = p.Sync(); !st.ok()) return st;
+  uint64_t seq = 0;
+  auto block = [&](bool fenced, double seconds, double* rate) -> Status {
+    long n = 0;
+    const auto t0 = Clock::now();
+    const auto end = t0 + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      seq++;
+      if (Status st = var.store(Value{seq, seq, seq, seq}); !st.ok()) return st;
+      auto pushed = var.push(t);
+      if (!pushed.ok()) return pushed.status();
+      uint64_t old = 0;
+      if (fenced) {
+        if (Status st = t.fence_thread(kOpTimeout); !st.ok()) return st;
+        auto r = version.fetch_add(t, 1);
+        if (!r.ok()) return r.status();
+      } else {
+        auto bump = version.fetch_add_async(t, 1, &old);
+        if (!bump.ok()) return bump.status();
+        if (Status st = t.wait(*pushed | *bump, kOpTimeout); !st.ok()) return st;
+      }
+      n++;
+    }
+    *rate = static_cast<double>(n) / SecondsSince(t0);
+    return Status::OK();
+  };
+  std::vector<double> fenced, unfenced;
+  for (int r = 0; r < p.o.rounds; r++) {
+    double f = 0, u = 0;
+    const bool fenced_first = r % 2 == 0;
+    if (Status st = block(fenced_first, p.o.seconds, fenced_first ? &f : &u); !st.ok()) return st;
+    if (Status st = block(!fenced_first, p.o.seconds, fenced_first ? &u : &f); !st.ok()) return st;
+    fenced.push_back(f);
+    unfenced.push_back(u);
+  }
+  if (Status st = p.Sync(); !st.ok()) return st;
+  out["fenced_rates"] = fenced;
+  out["unfenced_rates"] = unfenced;
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunChannelsNode(const ChannelsNodeOptions& o) {
+  if (o.id < 1 || o.id > o.peers.size()) {
+    std::fprintf(stderr, "channels-node: --id %u not in 1..%zu\n", o.id, o.peers.size());
+    return 2;
+  }
+  // The benchmark's fail-without-protection check (docs/channels.md): ticket locks that do not
+  // wait for their turn must show up as violations.
+  if (const char* f = std::getenv("FARMEM_CHANNELS_FAULT"); f && std::string(f) == "lock_wait")
+    channels::testing::SetLockWaitDisabled(true);
+  Participant p{o, static_cast<NodeId>(o.id), {}, nullptr, nullptr, nullptr, nullptr};
+  nlohmann::json out = {{"node", o.id}, {"workload", o.workload}};
+  Status st = Start(p);
+  if (st.ok()) {
+    if (o.workload == "transfer") st = Transfer(p, out);
+    if (o.workload == "lock") st = Lock(p, out);
+    if (o.workload == "barrier") st = BarrierLatency(p, out);
+    if (o.workload == "fence") st = Fence(p, out);
+  }
+  // A last barrier: nobody stops its node while a peer still reads from it.
+  if (st.ok()) st = p.Sync();
+  if (!st.ok()) out["error"] = st.ToString();
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
+  p.thr.reset();
+  p.sync.reset();
+  if (p.node) p.node->stop();
+  p.mgr.reset();
+  p.node.reset();
+  return st.ok() ? 0 : 1;
+}
+
+}  // namespace farmem

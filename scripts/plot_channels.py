@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+# Plot or tabulate the JSON written by `farmem bench channels`: per-round farmem vs Open MPI for
+# the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, and
+# the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_soak_bench import fmt_ratio  # noqa: E402  (one "1.23x (min-max)" format for all plots)
+
+
+def num(v):
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+def table(doc):
+    m, c = doc.get("machine", {}), doc["config"]
+    print(f"# farmem bench channels — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
+          f"{c['processes']} processes, backend {c['backend']}, {c['rounds']} rounds of "
+          f"{c['seconds']} s, MPI wire {' '.join(c['mpi_wire'])}\n")
+    print("| target | farmem | baseline | ratio (min-max) | limit | result |")
+    print("|---|---|---|---|---|---|")
+    for t in doc["targets"]:
+        print(f"| {t['name']} | {num(t['value'])} | {num(t['baseline'])} | {fmt_ratio(t)} | "
+              f"{t['limit']} | {t['result']} |")
+
+
+def plot(doc, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = doc["runs"]
+    panels = [("transfer", "transfers/s", "transfer transactions", doc["targets"][0]),
+              ("lock", "acquisitions/s", "contended lock RMW", doc["targets"][1]),
+              ("barrier", "p50 (us)", "barrier p50", doc["targets"][3])]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.3))
+    w = 0.38
+    for ax, (key, unit, title, t) in zip(axes, panels):
+        f = [v if v is not None else 0 for v in runs[key]["farmem_values"]]
+        b = [v if v is not None else 0 for v in runs[key]["mpi_values"]]
+        xs = list(range(1, len(f) + 1))
+        ax.bar([x - w / 2 for x in xs], f, w, label="farmem channels")
+        ax.bar([x + w / 2 for x in xs], b, w, label="Open MPI")
+        ax.set_xticks(xs)
+        ax.set_xlabel("round")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{title}: {fmt_ratio(t)} {t['result']}\n({t['limit']})", fontsize=9)
+        ax.legend(fontsize=8)
+    fence = runs["fence"]
+    t = doc["targets"][4]
+    xs = list(range(1, len(fence["fenced_rates"]) + 1))
+    ax = axes[3]
+    ax.bar([x - w / 2 for x in xs], [v or 0 for v in fence["unfenced_rates"]], w, label="no fence")
+    ax.bar([x + w / 2 for x in xs], [v or 0 for v in fence["fenced_rates"]], w, label="fenced")
+    ax.set_xticks(xs)
+    ax.set_xlabel("round")
+    ax.set_ylabel("updates/s (3 nodes)")
+    ax.set_title(f"update fence: time {fmt_ratio(t)} {t['result']}\n({t['limit']})", fontsize=9)
+    ax.legend(fontsize=8)
+    c = doc["config"]
+    safety = doc["targets"][5]
+    wire = c["mpi_wire"]
+    btl = wire[wire.index("btl") + 1] if "btl" in wire else "?"
+    fig.suptitle(f"farmem bench channels: 3 processes, {c['backend']} vs Open MPI "
+                 f"(btl {btl}, osc {c.get('mpi_osc', '?')}); mutual-exclusion violations "
+                 f"{num(safety['value'])} in {num(safety['baseline'])} acquisitions "
+                 f"{safety['result']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__ or "usage: plot_channels.py channels.json [out.png]", file=sys.stderr)
+        sys.exit(2)
+    with open(sys.argv[1]) as f:
+        doc = json.load(f)
+    table(doc)
+    if len(sys.argv) > 2:
+        plot(doc, sys.argv[2])
+        print(f"\nwrote {sys.argv[2]}")
+
+
+if __name__ == "__main__":
+    main()
