@@ -16,6 +16,7 @@
 #include "raw_bench.h"
 #include "server/serve.h"
 #include "soak_cli.h"
+#include "tiered_cli.h"
 
 namespace {
 
@@ -235,6 +236,8 @@ int main(int argc, char** argv) {
   CLI::App* soak = farmem::AddSoakBenchCommand(*bench, soak_opts);
   farmem::SoakChildOptions soak_child_opts;
   CLI::App* soak_child = farmem::AddSoakChildCommand(*bench, soak_child_opts);
+  farmem::TieredBenchOptions tiered_opts;
+  CLI::App* tiered = farmem::AddTieredBenchCommand(*bench, tiered_opts);
 
   try {
     app.parse(argc, argv);
@@ -326,6 +329,7 @@ int main(int argc, char** argv) {
   if (cluster_bench->parsed()) return farmem::RunClusterBench(cluster_bench_opts);
   if (soak->parsed()) return farmem::RunSoakBench(soak_opts);
   if (soak_child->parsed()) return farmem::RunSoakChild(soak_child_opts);
+  if (tiered->parsed()) return farmem::RunTieredBench(tiered_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }
