@@ -219,15 +219,15 @@ Status WriteDataFile(const std::string& path, uint64_t bytes) {
   return st;
 }
 
-Result<double> FioRandomReadIops(const std::string& dir, double seconds) {
+Result<double> FioRandomReadIops(const std::string& dir, double seconds, int iodepth) {
   if (std::system("command -v fio >/dev/null 2>&1") != 0)
     return Status::Unavailable("fio not found on PATH (Debian: apt-get install fio)");
   const std::string file = dir + "/fio.dat";
   const std::string cmd = fmt::format(
       "fio --name=randread --filename={} --size=256M --rw=randread --bs=4k --direct=1 "
-      "--ioengine=io_uring --iodepth=32 --runtime={:.0f} --time_based --output-format=json "
+      "--ioengine=io_uring --iodepth={} --runtime={:.0f} --time_based --output-format=json "
       "2>/dev/null",
-      file, std::max(1.0, seconds));
+      file, iodepth, std::max(1.0, seconds));
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return Status::FromErrno("popen fio", errno);
   std::string out;
@@ -235,7 +235,6 @@ Result<double> FioRandomReadIops(const std::string& dir, double seconds) {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   const int rc = ::pclose(p);
-  ::unlink(file.c_str());
   if (rc != 0) return Status::Unavailable(fmt::format("fio exited with status {}", rc));
   // fio may print notes before the JSON document.
   const size_t brace = out.find('{');

@@ -75,7 +75,8 @@ inline uint64_t DataWord(uint64_t offset) {
   return (offset >> 3) * 0x9E3779B97F4A7C15ull + 0x1234567;
 }
 
-// fio 4 KiB random reads, O_DIRECT, on a file in `dir`: IOPS, or Unavailable("fio not found"...).
-Result<double> FioRandomReadIops(const std::string& dir, double seconds);
+// fio 4 KiB random reads, O_DIRECT, io_uring at `iodepth`, on a 256 MiB file in `dir`: IOPS, or
+// Unavailable("fio not found ...").
+Result<double> FioRandomReadIops(const std::string& dir, double seconds, int iodepth);
 
 }  // namespace farmem::bench

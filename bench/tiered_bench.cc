@@ -26,6 +26,7 @@
 #include "machine_info.h"
 #include "objects_throughput_internal.h"
 #include "tiered_baseline.h"
+#include "tiered_oracle.h"
 #include "zipf.h"
 
 namespace farmem {
@@ -339,6 +340,18 @@ TargetRecord NotMeasured(std::string name, std::string limit, std::string why) {
   return t;
 }
 
+// The `tier` section of a server's STAT document (what `farmem stat` shows), as a profile.
+Result<nlohmann::json> FetchTierStat(Node& node, Scheduler& s, const std::string& address) {
+  FARMEM_ASSIGN_OR_RETURN(PeerInfo peer, node.connect(address));
+  std::vector<std::byte> reply(1 << 20);
+  auto r = s.block_on(s.rpc(peer.id, RpcImm(kOpStat), {}, reply));
+  if (!r.ok()) return r.status().WithContext("STAT " + address);
+  auto j = nlohmann::json::parse(
+      std::string(reinterpret_cast<const char*>(reply.data()), r->length), nullptr, false);
+  if (j.is_discarded() || !j.contains("tier")) return Status::Protocol("STAT without 'tier'");
+  return j["tier"];
+}
+
 // A forked server with its subject (client) once started.
 struct Server {
   std::string name;
@@ -397,17 +410,17 @@ int RunTieredBench(TieredBenchOptions o) {
   }
 
   // The machine's own disk figure, before anything else uses the disk.
-  nlohmann::json disk;
-  {
-    auto iops = bench::FioRandomReadIops(*dir, o.quick ? 3 : 10);
-    if (iops.ok()) {
-      fmt::print("disk: fio 4 KiB random read, O_DIRECT, iodepth 32: {:.0f} IOPS ({:.0f} MiB/s)\n",
-                 *iops, *iops * 4096 / (1 << 20));
-      disk = {{"fio_4k_randread_direct_iops", *iops}};
-    } else {
+  nlohmann::json disk = nlohmann::json::object();
+  for (int depth : {32, 1}) {
+    auto iops = bench::FioRandomReadIops(*dir, o.quick ? 2 : 5, depth);
+    if (!iops.ok()) {
       fmt::print("disk: fio skipped: {}\n", iops.status().ToString());
       disk = {{"fio_skipped", iops.status().ToString()}};
+      break;
     }
+    fmt::print("disk: fio 4 KiB random read, O_DIRECT, iodepth {}: {:.0f} IOPS ({:.0f} MiB/s)\n",
+               depth, *iops, *iops * 4096 / (1 << 20));
+    disk[fmt::format("fio_4k_randread_direct_iops_qd{}", depth)] = *iops;
   }
 
   // Data files: one shared by every O_DIRECT tier server (writes always store DataWord, so they
@@ -509,7 +522,7 @@ int RunTieredBench(TieredBenchOptions o) {
   }
 
   // ---- Clients ----------------------------------------------------------------------------
-  bench::ObjectsServerSetup client_setup;  // tcp
+  bench::ObjectsServerSetup client_setup;                // tcp
   client_setup.token = TransportConfig().cluster_token;  // the servers run the default token
   auto node = bench::MakeObjectsClientNode(client_setup, "tiered-bench");
   if (!node.ok()) {
@@ -584,6 +597,15 @@ int RunTieredBench(TieredBenchOptions o) {
   auto c1 = RunCase(runner, zipf4k, case1, o.rounds, o.slice_seconds, warm);
   if (!c1.ok()) return fail(c1.status());
   cases.push_back(CaseJson(*c1, all));
+  // What a perfect hotspot policy would hit with the same budget and fill (information).
+  nlohmann::json oracle = nlohmann::json::object();
+  for (int pct : {20, 50, 100}) {
+    const uint64_t items = capacity / zipf4k.size;
+    const uint64_t target = (dram(pct) / unit) * defaults.fill_percent / 100;
+    const double h = bench::OracleHitRatio(items, zipf4k.size, unit, target, runner.Zipf(items));
+    oracle[fmt::format("dram{}", pct)] = h;
+    fmt::print("  oracle hit ratio, DRAM {} %, fill {} %: {:.3f}\n", pct, defaults.fill_percent, h);
+  }
   {
     const PageCounts& p = c1->pages[c1->Index(t50)];
     TargetRecord t;
@@ -594,8 +616,9 @@ int RunTieredBench(TieredBenchOptions o) {
     t.result = !std::isfinite(t.value) ? TargetResult::kUnknown
                : t.value >= 0.85       ? TargetResult::kPass
                                        : TargetResult::kMiss;
-    t.detail = fmt::format("pages read one-sidedly {} of {} (bitmap skips {}, pattern misses {})",
-                           p.hits, p.pages(), p.skips, p.pattern);
+    t.detail = fmt::format(
+        "pages read one-sidedly {} of {} (bitmap skips {}, pattern misses {}); oracle {:.3f}",
+        p.hits, p.pages(), p.skips, p.pattern, oracle["dram50"].get<double>());
     targets.push_back(t);
   }
   targets.push_back(RatioTarget("throughput_4k_zipf_dram50_vs_all_dram", *c1, t50, all, 0.80));
@@ -745,6 +768,30 @@ int RunTieredBench(TieredBenchOptions o) {
   }
 
   // ---- Report ----------------------------------------------------------------------------
+  nlohmann::json server_stats = nlohmann::json::object();
+  fmt::print("\nServer counters (STAT tier):\n");
+  for (const auto& sv : servers) {
+    if (sv.address.empty() || sv.name == "mmap") continue;
+    auto st = FetchTierStat(**node, **sched, sv.address);
+    if (!st.ok()) {
+      fmt::print("  {}: {}\n", sv.name, st.status().ToString());
+      continue;
+    }
+    const auto& j = *st;
+    fmt::print(
+        "  {:<18} resident {}/{} units, periods {}, promotions {}, demotions {}, "
+        "TIER_READs {} ({} from DRAM, {} from the file), file read {:.1f} MiB\n",
+        sv.name, j.value("resident_units", 0), j.value("budget_units", 0), j.value("periods", 0),
+        j.value("promotions", 0), j.value("demotions", 0), j.value("rpc_reads", 0),
+        j.value("reads_dram", 0), j.value("reads_file", 0),
+        j.value("io_read_bytes", 0) / 1048576.0);
+    server_stats[sv.name] = j;
+  }
+  for (const auto& sv : servers)
+    if (sv.cgroup)
+      fmt::print("  {:<18} cgroup usage {:.1f} MiB, peak {:.1f} MiB of {:.0f} MiB\n", sv.name,
+                 sv.cgroup->Usage() / 1048576.0, sv.cgroup->PeakUsage() / 1048576.0,
+                 sv.cgroup->limit() / 1048576.0);
   fmt::print("\nTargets:\n");
   for (const auto& t : targets)
     fmt::print("  {:<4} {:<52} {}  [{}]\n", bench::TargetResultName(t.result), t.name,
@@ -773,7 +820,9 @@ int RunTieredBench(TieredBenchOptions o) {
                         {"cgroup", cgroup_json},
                         {"servers", servers_json},
                         {"cases", cases},
+                        {"server_stats", server_stats},
                         {"ladder", ladder_json},
+                        {"oracle_hit_ratio_4k_zipf", oracle},
                         {"hot_set_move", timeline},
                         {"targets", bench::TargetsJson(targets)}};
   if (!o.json_path.empty()) {
