@@ -92,6 +92,10 @@ TargetRole MmapServerRole(std::string file, uint64_t capacity) {
     void* map = ::mmap(nullptr, capacity, PROT_READ, MAP_SHARED, fd, 0);
     ::close(fd);
     if (map == MAP_FAILED) return fail(Status::FromErrno("mmap " + file, errno));
+    // Random access: without this every fault reads ahead (fault-around, readahead window) and
+    // the cgroup evicts pages it was about to use; the baseline gets its best configuration.
+    if (::madvise(map, capacity, MADV_RANDOM) != 0)
+      return fail(Status::FromErrno("madvise(MADV_RANDOM) " + file, errno));
     const auto* base = static_cast<const std::byte*>(map);
     NodeConfig nc;  // default node settings, as farmemd's
     nc.name = "mmap-baseline";
