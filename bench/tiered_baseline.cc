@@ -83,8 +83,8 @@ TargetRole TierServerRole(TierConfig tier) {
   };
 }
 
-TargetRole MmapServerRole(std::string file, uint64_t capacity) {
-  return [file, capacity](int report_fd, int control_fd) {
+TargetRole MmapServerRole(std::string file, uint64_t capacity, bool random) {
+  return [file, capacity, random](int report_fd, int control_fd) {
     auto fail = [&](const Status& st) { (void)WriteMessage(report_fd, false, st.ToString()); };
     QuietBenchLogging();
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -93,8 +93,8 @@ TargetRole MmapServerRole(std::string file, uint64_t capacity) {
     ::close(fd);
     if (map == MAP_FAILED) return fail(Status::FromErrno("mmap " + file, errno));
     // Random access: without this every fault reads ahead (fault-around, readahead window) and
-    // the cgroup evicts pages it was about to use; the baseline gets its best configuration.
-    if (::madvise(map, capacity, MADV_RANDOM) != 0)
+    // the cgroup evicts pages it was about to use.
+    if (random && ::madvise(map, capacity, MADV_RANDOM) != 0)
       return fail(Status::FromErrno("madvise(MADV_RANDOM) " + file, errno));
     const auto* base = static_cast<const std::byte*>(map);
     NodeConfig nc;  // default node settings, as farmemd's

@@ -34,9 +34,10 @@ inline constexpr uint32_t kMmapMaxRead = 1u << 20;
 // child; reports its bootstrap address.
 TargetRole TierServerRole(TierConfig tier);
 
-// The mmap baseline: maps `file` (capacity bytes, MAP_SHARED, read-only), exports it as region
-// "mmap" and serves MMAP_READ; default node settings. Reports its bootstrap address.
-TargetRole MmapServerRole(std::string file, uint64_t capacity);
+// The mmap baseline: maps `file` (capacity bytes, MAP_SHARED, read-only; with `random`
+// MADV_RANDOM, else the kernel's default readahead), exports it as region "mmap" and serves
+// MMAP_READ; default node settings. Reports its bootstrap address.
+TargetRole MmapServerRole(std::string file, uint64_t capacity, bool random);
 
 // A memory cgroup (v2 memory.max, else v1 memory.limit_in_bytes) under /sys/fs/cgroup with a
 // limit; processes moved into it are charged for their memory including the page cache they
