@@ -618,12 +618,17 @@ int RunTieredBench(TieredBenchOptions o) {
   const Work zipf4k{true, 4096, 0};
   std::vector<Subject*> case1 = {t50, all, t20, t100};
   if (mrpc) case1.insert(case1.end(), {mrpc, mos, prpc, pos});
-  const std::vector<std::string> ladder_names = {"ladder-rpc", "ladder-rpc-direct",
-                                                 "ladder-tiering", "ladder-hotspot", "tier-50"};
-  std::vector<Subject*> ladder;
-  for (const auto& n : ladder_names) {
+  // The rungs of --tier-mode in order, each with the subject that runs it (`full` is tier-50).
+  const std::vector<std::pair<std::string, std::string>> rungs = {
+      {"rpc", "ladder-rpc"},
+      {"rpc-direct", "ladder-rpc-direct"},
+      {"tiering", "ladder-tiering"},
+      {"hotspot", "ladder-hotspot"},
+      {"full", "tier-50"}};
+  std::vector<std::pair<std::string, Subject*>> ladder;  // the rungs that have a server
+  for (const auto& [mode, n] : rungs) {
     if (S(n) == nullptr) continue;
-    ladder.push_back(S(n));
+    ladder.emplace_back(mode, S(n));
     if (std::find(case1.begin(), case1.end(), S(n)) == case1.end()) case1.push_back(S(n));
   }
   auto c1 = RunCase(runner, zipf4k, case1, o.rounds, o.slice_seconds, warm);
@@ -681,19 +686,19 @@ int RunTieredBench(TieredBenchOptions o) {
     double worst = std::numeric_limits<double>::infinity();
     std::vector<std::string> steps;
     for (size_t i = 0; i < ladder.size(); ++i) {
-      nlohmann::json step = {{"mode", ladder_names[i].substr(ladder_names[i].find('-') + 1)},
-                             {"subject", ladder[i]->name},
-                             {"median_ops_per_second", c1->Median(c1->Index(ladder[i]))}};
+      const auto& [mode, subject] = ladder[i];
+      nlohmann::json step = {{"mode", mode},
+                             {"subject", subject->name},
+                             {"median_ops_per_second", c1->Median(c1->Index(subject))}};
       if (i > 0) {
-        const auto rr = c1->Ratio(ladder[i], ladder[i - 1]);
+        const auto rr = c1->Ratio(subject, ladder[i - 1].second);
         step["ratio_vs_previous"] = bench::json_detail::OrNull(rr.median);
         worst = std::min(worst, rr.ratios.empty() ? 0.0 : rr.median);
-        steps.push_back(fmt::format("{} {}", ladder[i]->name, bench::FormatRoundRatios(rr)));
+        steps.push_back(fmt::format("{} {}", subject->name, bench::FormatRoundRatios(rr)));
       }
       ladder_json.push_back(step);
     }
-    ladder_json.back()["mode"] = "full";
-    if (ladder.size() != ladder_names.size()) {
+    if (ladder.size() != rungs.size()) {
       t = NotMeasured(t.name, t.limit,
                       "a step of the ladder has no server (cgroup for rpc: " + cgroup_skip + ")");
     } else {
