@@ -10,11 +10,12 @@ namespace farmem {
 
 struct TieredBenchOptions {
   bool quick = false;
-  uint64_t capacity_mib = 0;  // region size; 0 = 1024 (--quick: 256)
-  int rounds = 5;             // interleaved rounds per case (>= 5)
-  double slice_seconds = 0;   // measured time of one subject in one round; 0 = 1 (--quick: 0.5)
-  int inflight = 16;          // operations in flight (coroutines on the one client thread)
-  int warmup_periods = 3;     // steady state: periods of the workload before a case is measured
+  uint64_t capacity_mib = 0;    // region size; 0 = 1024 (--quick: 256)
+  int rounds = 5;               // interleaved rounds per case (>= 5)
+  double slice_seconds = 0;     // measured time of one subject in one round; 0 = 1 (--quick: 0.5)
+  int inflight = 16;            // operations in flight (coroutines on the one client thread)
+  int warmup_periods = 3;       // steady state: periods of the workload before a case is measured
+  uint32_t tier_period_ms = 0;  // the tier servers' --tier-period-ms; 0 = farmemd's default
   // The full workload matrix (uniform/Zipf x 64 B/4 KiB/16 KiB x read-only/50 % writes x DRAM
   // 20/50/100 %) besides the targets' cases: 1 on, 0 off, -1 = on unless --quick.
   int matrix = -1;

@@ -31,6 +31,10 @@ inline CLI::App* AddTieredBenchCommand(CLI::App& bench, TieredBenchOptions& o) {
                   "tier periods of the workload before a case is measured")
       ->capture_default_str()
       ->check(CLI::Range(0, 100));
+  cmd->add_option("--tier-period-ms", o.tier_period_ms,
+                  "the tier servers' hotspot period (default: farmemd's, 1000 ms); an experiment: "
+                  "the targets assume the default")
+      ->check(CLI::Range(10, 600000));
   cmd->add_option("--matrix", o.matrix,
                   "1: also run the whole workload matrix, 0: only the targets' cases "
                   "(default 1, --quick 0)")
