@@ -805,10 +805,11 @@ int RunTieredBench(TieredBenchOptions o) {
     fmt::print(
         "  {:<18} resident {}/{} units, periods {}, promotions {}, demotions {}, "
         "TIER_READs {} ({} from DRAM, {} from the file), file read {:.1f} MiB\n",
-        sv.name, j.value("resident_units", 0), j.value("budget_units", 0), j.value("periods", 0),
-        j.value("promotions", 0), j.value("demotions", 0), j.value("rpc_reads", 0),
-        j.value("reads_dram", 0), j.value("reads_file", 0),
-        j.value("io_read_bytes", 0) / 1048576.0);
+        sv.name, j.value("resident_units", uint64_t{0}), j.value("budget_units", uint64_t{0}),
+        j.value("periods", uint64_t{0}), j.value("promotions", uint64_t{0}),
+        j.value("demotions", uint64_t{0}), j.value("rpc_reads", uint64_t{0}),
+        j.value("reads_dram", uint64_t{0}), j.value("reads_file", uint64_t{0}),
+        j.value("io_read_bytes", uint64_t{0}) / 1048576.0);
     server_stats[sv.name] = j;
   }
   for (const auto& sv : servers)
