@@ -17,6 +17,7 @@
 #include "raw_bench.h"
 #include "server/serve.h"
 #include "soak_cli.h"
+#include "tiered_cli.h"
 #include "tx_cli.h"
 
 namespace {
@@ -243,6 +244,8 @@ int main(int argc, char** argv) {
   CLI::App* channels_bench = farmem::AddChannelsBenchCommand(*bench, channels_opts);
   farmem::ChannelsNodeOptions channels_node_opts;
   CLI::App* channels_node = farmem::AddChannelsNodeCommand(*bench, channels_node_opts);
+  farmem::TieredBenchOptions tiered_opts;
+  CLI::App* tiered = farmem::AddTieredBenchCommand(*bench, tiered_opts);
 
   try {
     app.parse(argc, argv);
@@ -337,6 +340,7 @@ int main(int argc, char** argv) {
   if (tx_bench->parsed()) return farmem::RunTxBench(tx_bench_opts);
   if (channels_bench->parsed()) return farmem::RunChannelsBench(channels_opts);
   if (channels_node->parsed()) return farmem::RunChannelsNode(channels_node_opts);
+  if (tiered->parsed()) return farmem::RunTieredBench(tiered_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }
