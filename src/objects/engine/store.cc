@@ -313,8 +313,18 @@ detail::Block* Store::TakeBlockStruct() {
     free_blocks_.pop_back();
     return b;
   }
-  all_blocks_.push_back(std::make_unique<detail::Block>());
-  return all_blocks_.back().get();
+  if (blocks_made_ == block_chunks_.size() * kBlockChunk) {
+    block_chunks_.push_back(std::make_unique<detail::Block[]>(kBlockChunk));
+  }
+  return BlockAtLocked(blocks_made_++);
+}
+
+std::vector<detail::Block*> Store::AllBlockStructs() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  std::vector<detail::Block*> all;
+  all.reserve(blocks_made_);
+  for (size_t i = 0; i < blocks_made_; ++i) all.push_back(BlockAtLocked(i));
+  return all;
 }
 
 void Store::RecycleBlockStruct(detail::Block* b) {
@@ -684,12 +694,7 @@ Result<uint64_t> Store::FreeOwned(OwnerId owner) {
 }
 
 Status Store::SweepOwnedLocked(OwnerId owner, uint64_t* freed) {
-  std::vector<detail::Block*> all;
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    all.reserve(all_blocks_.size());
-    for (const auto& b : all_blocks_) all.push_back(b.get());
-  }
+  const std::vector<detail::Block*> all = AllBlockStructs();
   for (detail::Block* b : all) {
     // A dead block holds no object; one revived after this check holds only objects allocated
     // after the call began, none of them `owner`'s (merges into it are excluded).
@@ -1000,8 +1005,8 @@ MetadataStats Store::Metadata() {
   uint64_t structs = 0, pool_slots = 0, lists = 0;
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
-    structs = all_blocks_.size();
-    pool_slots = all_blocks_.capacity() * sizeof(std::unique_ptr<detail::Block>) +
+    structs = block_chunks_.size() * kBlockChunk;  // whole chunks: made and spare structs
+    pool_slots = block_chunks_.capacity() * sizeof(std::unique_ptr<detail::Block[]>) +
                  free_blocks_.capacity() * sizeof(detail::Block*);
   }
   for (auto& w : workers_) {
@@ -1022,11 +1027,7 @@ MetadataStats Store::Metadata() {
 
 Result<MetadataStats> Store::RecountMetadata() {
   MetadataStats m = Metadata();
-  std::vector<detail::Block*> all;
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    for (const auto& b : all_blocks_) all.push_back(b.get());
-  }
+  const std::vector<detail::Block*> all = AllBlockStructs();
   m.per_slot = 0;
   m.id_tables = 0;
   for (detail::Block* b : all) {

@@ -130,8 +130,8 @@ struct ClassStats {
 // blocks; this is the rest a server pays for the same objects (issue 15: it was 2-4 MiB at 4 KiB
 // blocks on the objects-memory traces, often more than the live data, and counted nowhere).
 struct MetadataStats {
-  uint64_t block_structs =
-      0;                     // detail::Block structs (pooled ones too: never freed) + pool vectors
+  // Block struct chunks (spare and pooled structs too: never freed) + the pool's vectors.
+  uint64_t block_structs = 0;
   uint64_t per_slot = 0;     // occupied, slot_id, slot_gen, slot_owner and vblocks arrays
   uint64_t id_tables = 0;    // IdTable entries and used bits
   uint64_t owner_lists = 0;  // per worker and class `blocks` / `avail` lists, dead lists
@@ -462,7 +462,19 @@ class Store {
   RwLock merge_gate_;
 
   std::mutex pool_mu_;
-  std::vector<std::unique_ptr<detail::Block>> all_blocks_;
+  // Every block struct ever made (none is freed while the Store lives), in chunks of
+  // kBlockChunk structs (pool_mu_). Chunks keep these long-lived structs out of the stretch of
+  // malloc heap where per-slot arrays come and go: one struct allocated next to each block's
+  // arrays pinned the heap pages around the arrays of dead blocks, and malloc_trim could give
+  // little back after compaction (issue 15, docs/objects.md "Metadata accounting").
+  static constexpr size_t kBlockChunk = 512;
+  std::vector<std::unique_ptr<detail::Block[]>> block_chunks_;
+  size_t blocks_made_ = 0;
+  detail::Block* BlockAtLocked(size_t i) const {
+    return &block_chunks_[i / kBlockChunk][i % kBlockChunk];
+  }
+  // Pointers to the first `blocks_made_` structs (takes pool_mu_).
+  std::vector<detail::Block*> AllBlockStructs();
   std::vector<detail::Block*> free_blocks_;
   // Metadata counters (MetadataStats::per_slot, id_tables), changed by CountMetadataLocked.
   std::atomic<uint64_t> slot_meta_bytes_{0};
