@@ -1,8 +1,10 @@
 // farmem_alloc_replay: the child process of `farmem bench objects-memory`. Replays one trace
 // (objects_memory_trace.h) through malloc/free (glibc, or jemalloc via LD_PRELOAD) or through the
 // CoRM Store + Compactor, and prints one JSON document with the memory held (allocator accounting
-// and VmRSS growth) after every phase and, for CoRM, after compacting until nothing merges.
-// Each run is its own process so RSS figures are not polluted by earlier runs.
+// and VmRSS growth) after every phase and, for CoRM, after compacting until nothing merges; the
+// final figures also after giving free memory back (glibc malloc_trim(0), jemalloc purge).
+// Each run is its own process so RSS figures are not polluted by earlier runs; the baseline is
+// taken after the same trim/purge, so heap freed while building the trace is not reused unseen.
 #include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -72,8 +74,13 @@ class Allocator {
   virtual ~Allocator() = default;
   virtual Status Alloc(uint32_t obj, uint32_t size, uint32_t thread) = 0;
   virtual Status Free(uint32_t obj) = 0;
-  // Bytes the allocator says it holds (its own accounting).
+  // Bytes the allocator says it holds (its own accounting; CoRM: blocks + metadata).
   virtual uint64_t Accounted() = 0;
+  // CoRM: the store's metadata outside its blocks (part of Accounted); 0 for malloc.
+  virtual uint64_t Metadata() { return 0; }
+  // Gives free memory back to the system as a long-running server would: glibc malloc_trim(0)
+  // (CoRM's metadata lives in the glibc heap too), jemalloc arena.<all>.purge.
+  virtual void Release() { malloc_trim(0); }
   virtual json Describe() = 0;
 };
 
@@ -107,8 +114,20 @@ class MallocAllocator final : public Allocator {
     const struct mallinfo2 mi = mallinfo2();
     return mi.arena + mi.hblkhd;
   }
+  void Release() override {
+    if (mallctl_ == nullptr) {
+      malloc_trim(0);
+      return;
+    }
+    // MALLCTL_ARENAS_ALL (4096): purge the unused dirty pages of every arena. Cached objects in
+    // the threads' tcaches are flushed first (only the calling thread's can be; the others are
+    // idle pool threads whose caches are small).
+    mallctl_("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+    if (mallctl_("arena.4096.purge", nullptr, nullptr, nullptr, 0) != 0) purge_failed_ = true;
+  }
   json Describe() override {
     json d = {{"allocator", mallctl_ != nullptr ? "jemalloc" : "glibc"}};
+    if (purge_failed_) d["purge_failed"] = true;
     if (mallctl_ != nullptr) {
       d["accounting"] = "jemalloc stats.resident";
       d["jemalloc_active"] = JeStat("stats.active");
@@ -135,6 +154,7 @@ class MallocAllocator final : public Allocator {
 
   std::vector<void*> ptrs_;
   MallctlFn mallctl_ = nullptr;
+  bool purge_failed_ = false;
 };
 
 // ---- CoRM ------------------------------------------------------------------------------------
@@ -153,12 +173,18 @@ class CormAllocator final : public Allocator {
     return Status::OK();
   }
   Status Free(uint32_t obj) override { return store_->Free(ptrs_[obj]); }
-  uint64_t Accounted() override { return store_->blocks().Stats().physical_bytes_held; }
+  uint64_t Accounted() override {
+    return store_->blocks().Stats().physical_bytes_held + Metadata();
+  }
+  uint64_t Metadata() override { return store_->Metadata().total(); }
   json Describe() override {
     const auto& o = store_->options();
-    return {{"allocator", "corm"},        {"accounting", "CoRM BlockAllocator physical_bytes_held"},
-            {"block_size", o.block_size}, {"id_bits", o.id_bits},
-            {"hybrid", o.hybrid},         {"workers", o.workers}};
+    return {{"allocator", "corm"},
+            {"accounting", "CoRM physical_bytes_held + Store metadata (heap outside the blocks)"},
+            {"block_size", o.block_size},
+            {"id_bits", o.id_bits},
+            {"hybrid", o.hybrid},
+            {"workers", o.workers}};
   }
   farmem::corm::Store& store() { return *store_; }
 
@@ -246,14 +272,17 @@ class Pool {
 
 struct Snapshot {
   uint64_t accounted = 0;
+  uint64_t metadata = 0;
   ProcMem mem;
 };
 
 json Delta(const Snapshot& base, Allocator& a) {
   const uint64_t acc = a.Accounted();
+  const uint64_t meta = a.Metadata();
   const ProcMem m = ReadProcMem();
   auto diff = [](uint64_t x, uint64_t y) { return x > y ? x - y : 0; };
   return {{"accounted_bytes", diff(acc, base.accounted)},
+          {"metadata_bytes", diff(meta, base.metadata)},
           {"rss_bytes", diff(m.rss, base.mem.rss)},
           {"rss_anon_bytes", diff(m.anon, base.mem.anon)},
           {"rss_shmem_bytes", diff(m.shmem, base.mem.shmem)}};
@@ -309,7 +338,10 @@ int main(int argc, char** argv) {
   }
 
   Pool pool(*alloc, threads);
-  const Snapshot base{alloc->Accounted(), ReadProcMem()};
+  // A clean baseline: the trace generator's freed temporaries go back to the system first, or
+  // the run would reuse them without growing its RSS (and read up to ~2 MiB low).
+  alloc->Release();
+  const Snapshot base{alloc->Accounted(), alloc->Metadata(), ReadProcMem()};
   json out;
   out["trace"] = spec->ToString();
   out["config"] = alloc->Describe();
@@ -333,6 +365,8 @@ int main(int argc, char** argv) {
   out["phases"] = phases;
   out["after_trace"] = Delta(base, *alloc);
   out["trace_seconds"] = Since(t_all);
+  alloc->Release();
+  out["after_trace_released"] = Delta(base, *alloc);
 
   if (corm != nullptr) {
     farmem::corm::CompactionOptions co;
@@ -363,10 +397,21 @@ int main(int argc, char** argv) {
                          {"collisions", cs.collisions},
                          {"skipped_busy", cs.skipped_busy}};
     out["after_compaction"] = Delta(base, *alloc);
+    alloc->Release();
+    out["after_compaction_released"] = Delta(base, *alloc);
     const auto ss = corm->store().Stats();
     out["live_objects"] = ss.live_objects;
     out["live_blocks"] = ss.live_blocks;
+    const farmem::corm::MetadataStats& md = ss.metadata;
+    out["metadata"] = {{"block_structs", md.block_structs},
+                       {"per_slot", md.per_slot},
+                       {"id_tables", md.id_tables},
+                       {"owner_lists", md.owner_lists},
+                       {"per_vblock", md.per_vblock},
+                       {"per_owner", md.per_owner},
+                       {"block_struct_size", sizeof(farmem::corm::detail::Block)}};
   }
+  out["config"] = alloc->Describe();  // again, after the purges: records a failed one
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
   return 0;

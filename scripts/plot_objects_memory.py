@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # Plot or tabulate the JSON written by `farmem bench objects-memory`: active memory per series
-# (allocator accounting and RSS growth) for the synthetic traces and the Redis-like traces.
+# (allocator accounting and RSS growth) for the synthetic traces and the Redis-like traces, with
+# the live payload, glibc after malloc_trim, jemalloc after purge and hybrid after trim (issue 15).
 # Usage: plot_objects_memory.py objects_memory.json [out.png]   (no out.png or matplotlib: tables)
 import json
 import sys
@@ -16,11 +17,22 @@ SERIES = [
     ("hybrid", "hybrid", "tab:blue", "-"),
     ("glibc", "glibc", "tab:red", "-."),
     ("jemalloc", "jemalloc", "tab:purple", "-."),
+    ("glibc_trim", "glibc-trim", "salmon", ":"),
+    ("jemalloc_purge", "jemalloc-purge", "plum", ":"),
+    ("hybrid_trim", "hybrid-trim (RSS)", "navy", "--"),
+    ("live", "live payload", "tab:green", ":"),
 ]
 MIB = float(1 << 20)
 
 
 def value(trace, key, metric):
+    if key == "live":  # the trace's live payload bytes (the issue-15 targets' yardstick)
+        return trace.get("live_payload_bytes", 0) / MIB
+    if key == "hybrid_trim":  # hybrid after compaction and malloc_trim(0): RSS only
+        s = trace["series"].get("hybrid", {}).get("after_compaction_released")
+        if metric != "rss_bytes" or not s or s.get("rss_bytes") is None:
+            return None
+        return s["rss_bytes"] / MIB
     s = trace["series"].get(key)
     if not s or metric not in s or s[metric] is None:
         return None
@@ -42,11 +54,14 @@ def table(doc):
             cells = [fmt(value(t, k, metric)) for k, _, _, _ in SERIES]
             print(f"| {t['label']} | {t['block_size'] // 1024} KiB | " + " | ".join(cells) + " |")
         print()
-    print("| target | result | ratio | detail |")
-    print("|---|---|---|---|")
+    print("| target | value (MiB) | baseline (MiB) | ratio | limit | result | detail |")
+    print("|---|---|---|---|---|---|---|")
     for t in doc.get("targets", []):
         r = "n/a" if t.get("ratio") is None else f"{t['ratio']:.2f}x"
-        print(f"| {t['name']} | {t['result']} | {r} | {t.get('detail', '')} |")
+        v = "" if t.get("value") is None else f"{t['value'] / MIB:.2f}"
+        b = "" if t.get("baseline") is None else f"{t['baseline'] / MIB:.2f}"
+        lim = "" if t.get("limit") is None else f"<= {t['limit']:.2f}x"
+        print(f"| {t['name']} | {v} | {b} | {r} | {lim} | {t['result']} | {t.get('detail', '')} |")
 
 
 def plot(doc, out):

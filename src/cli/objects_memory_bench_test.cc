@@ -353,7 +353,7 @@ TEST(ObjectsMemoryBench, TargetsPassAndMiss) {
       Fig(Synthetic(64, 0.5, 0), 100, 500, 600, 1, 1),  // not covered by target 2
   };
   auto t = EvaluateMemoryTargets(traces);
-  ASSERT_EQ(t.size(), 3u);
+  ASSERT_EQ(t.size(), 7u);  // 3 CoRM targets, then issue 15's 4
   EXPECT_EQ(t[0].result, "PASS");
   EXPECT_DOUBLE_EQ(*t[0].ratio, 1.0);  // 2100 / 2100 is the worst
   EXPECT_EQ(t[1].result, "PASS");
@@ -377,6 +377,106 @@ TEST(ObjectsMemoryBench, TargetsPassAndMiss) {
   EXPECT_EQ(t[2].result, "n/a");
   EXPECT_FALSE(t[2].ratio.has_value());
   EXPECT_EQ(EvaluateMemoryTargets({})[0].result, "n/a");
+}
+
+// Issue 15's series: glibc-trim and jemalloc-purge are read from the glibc / jemalloc child's
+// figures after malloc_trim / purge; a purge that failed is an error, not a result; CoRM's
+// figures carry the metadata and the trimmed RSS.
+TEST(ObjectsMemoryBench, ReleasedSeriesAndMetadataFromChild) {
+  const auto& all = AllSeries();
+  ASSERT_EQ(all.size(), 9u);
+  const SeriesDef& gt = all[7];
+  const SeriesDef& jp = all[8];
+  ASSERT_EQ(gt.key, "glibc_trim");
+  ASSERT_EQ(jp.key, "jemalloc_purge");
+  EXPECT_EQ(gt.from, "glibc");
+  EXPECT_EQ(jp.from, "jemalloc");
+  nlohmann::json glibc_doc = {
+      {"config", {{"allocator", "glibc"}}},
+      {"after_trace", {{"accounted_bytes", 50}, {"rss_bytes", 60}}},
+      {"after_trace_released", {{"accounted_bytes", 20}, {"rss_bytes", 30}}}};
+  auto g = FiguresFromChild(gt, glibc_doc);
+  EXPECT_TRUE(g.error.empty()) << g.error;
+  EXPECT_EQ(g.accounted, 20);
+  EXPECT_EQ(g.rss, 30);
+  EXPECT_EQ(FiguresFromChild(all[5], glibc_doc).rss, 60);  // plain glibc: before the trim
+  // glibc-trim needs the glibc child: a jemalloc document is refused, and vice versa.
+  EXPECT_FALSE(FiguresFromChild(jp, glibc_doc).error.empty());
+  nlohmann::json je_doc = glibc_doc;
+  je_doc["config"] = {{"allocator", "jemalloc"}, {"purge_failed", true}};
+  EXPECT_NE(FiguresFromChild(jp, je_doc).error.find("purge"), std::string::npos);
+  je_doc["config"].erase("purge_failed");
+  EXPECT_TRUE(FiguresFromChild(jp, je_doc).error.empty());
+  EXPECT_FALSE(FiguresFromChild(gt, je_doc).error.empty());
+
+  nlohmann::json corm = CormDoc(100, 40);
+  corm["after_compaction"]["metadata_bytes"] = 7;
+  corm["after_compaction_released"] = {{"accounted_bytes", 40}, {"rss_bytes", 35}};
+  auto h = FiguresFromChild(all[4], corm);
+  EXPECT_TRUE(h.error.empty()) << h.error;
+  EXPECT_EQ(h.metadata, 7);
+  EXPECT_EQ(h.rss_released, 35);
+  EXPECT_EQ(h.accounted_released, 40);
+}
+
+// Targets 4-7 (issue 15), on hybrid's RSS after compaction + trim.
+TEST(ObjectsMemoryBench, Issue15TargetsPassAndMiss) {
+  auto fig = [](TraceSpec spec, uint64_t live, double hybrid, double glibc_trim, double je_purge) {
+    TraceFigures t;
+    t.spec = spec;
+    t.label = spec.Label();
+    t.live_payload_bytes = live;
+    for (const auto& d : AllSeries()) {
+      SeriesFigures s;
+      s.key = d.key;
+      s.accounted = s.rss = 1e9;
+      if (d.key == "hybrid") s.rss_released = hybrid;
+      if (d.key == "glibc_trim") s.rss = glibc_trim;
+      if (d.key == "jemalloc_purge") s.rss = je_purge;
+      t.series.push_back(s);
+    }
+    return t;
+  };
+  TraceSpec t3;
+  t3.kind = TraceKind::kT3;
+  std::vector<TraceFigures> traces = {
+      fig(Synthetic(256, 0.9, 0), 1000, 1200, 2000, 1400),  // 1.2x live, 0.86x jemalloc
+      fig(Synthetic(64, 0.9, 0), 1000, 1400, 9000, 8000),   // 1.4x live
+      fig(t3, 1000, 1450, 1700, 1650),                      // 1.45x live, 0.88x jemalloc
+  };
+  auto t = EvaluateMemoryTargets(traces);
+  ASSERT_EQ(t.size(), 7u);
+  EXPECT_EQ(t[3].result, "PASS");
+  EXPECT_NEAR(*t[3].ratio, 1450.0 / 1650, 1e-12);
+  EXPECT_EQ(*t[3].value, 1450);
+  EXPECT_EQ(*t[3].baseline, 1650);  // the better of the two
+  EXPECT_EQ(*t[3].limit, 0.9);
+  EXPECT_EQ(t[4].result, "PASS");
+  EXPECT_NEAR(*t[4].ratio, 1.2, 1e-12);
+  EXPECT_EQ(t[5].result, "PASS");
+  EXPECT_NEAR(*t[5].ratio, 1.4, 1e-12);
+  EXPECT_EQ(t[6].result, "PASS");
+  EXPECT_NEAR(*t[6].ratio, 1.45, 1e-12);
+
+  traces[0] = fig(Synthetic(256, 0.9, 0), 1000, 1400, 2000, 1500);  // 1.4x live, 0.93x
+  traces[2] = fig(t3, 1000, 1600, 1700, 1650);                      // 1.6x live
+  t = EvaluateMemoryTargets(traces);
+  EXPECT_EQ(t[3].result, "MISS");
+  EXPECT_NEAR(*t[3].ratio, 1600.0 / 1650, 1e-12);
+  EXPECT_EQ(t[4].result, "MISS");
+  EXPECT_EQ(t[5].result, "PASS");
+  EXPECT_EQ(t[6].result, "MISS");
+
+  // A hybrid run without the trimmed figure, or no malloc baseline, is n/a, not a PASS.
+  traces = {fig(Synthetic(256, 0.9, 0), 1000, NAN, 2000, 1400)};
+  t = EvaluateMemoryTargets(traces);
+  EXPECT_EQ(t[3].result, "n/a");
+  EXPECT_EQ(t[4].result, "n/a");
+  traces = {fig(Synthetic(256, 0.9, 0), 1000, 1000, NAN, NAN)};
+  traces[0].series[7].error = "exit code 1";
+  traces[0].series[8].skipped = true;
+  traces[0].series[8].error = "not found";
+  EXPECT_EQ(EvaluateMemoryTargets(traces)[3].result, "n/a");
 }
 
 }  // namespace

@@ -49,19 +49,35 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
     out += fmt::format("         {} owned by client sessions, {} persistent\n",
                        U(o, "owned_objects"), U(o, "persistent_objects"));
   }
+  if (o.contains("metadata") && o["metadata"].is_object()) {
+    const nlohmann::json& m = o["metadata"];
+    out += fmt::format(
+        "         metadata {} outside the blocks: {} growing with the objects (block structs {}, "
+        "per-slot {}, ID tables {}, lists {}), {} fixed tables\n",
+        FormatBytes(U(m, "total")), FormatBytes(U(m, "dynamic")),
+        FormatBytes(U(m, "block_structs")), FormatBytes(U(m, "per_slot")),
+        FormatBytes(U(m, "id_tables")), FormatBytes(U(m, "owner_lists")),
+        FormatBytes(U(m, "per_vblock") + U(m, "per_owner")));
+  }
   auto id_bits = cfg.find("id_bits");
   out += fmt::format("         block {}, id_bits {}, {} size classes, objects up to {}\n",
                      FormatBytes(U(cfg, "block_size")),
                      id_bits != cfg.end() && id_bits->is_number() ? id_bits->dump() : "?",
                      U(o, "num_classes"), FormatBytes(U(o, "max_object_size")));
   if (o.contains("classes") && o["classes"].is_array() && !o["classes"].empty()) {
-    out += fmt::format("\n{:<6} {:>9} {:>8} {:>10} {:>10} {:>6}\n", "CLASS", "SLOT", "BLOCKS",
-                       "LIVE", "CAPACITY", "FRAG");
+    out += fmt::format("\n{:<6} {:>9} {:>8} {:>10} {:>10} {:>6} {:>18}\n", "CLASS", "SLOT",
+                       "BLOCKS", "LIVE", "CAPACITY", "FRAG", "MERGED/TRIED");
     for (const auto& c : o["classes"]) {
       if (!c.is_object()) continue;
-      out += fmt::format("{:<6} {:>9} {:>8} {:>10} {:>10} {:>5.1f}%\n", U(c, "class"),
+      // Merge success rate per class: collisions keep half-empty blocks apart (issue 15).
+      const std::string merges =
+          U(c, "merge_attempts") == 0
+              ? std::string("-")
+              : fmt::format("{}/{} {:.0f}%", U(c, "merges"), U(c, "merge_attempts"),
+                            100.0 * D(c, "merge_success_rate"));
+      out += fmt::format("{:<6} {:>9} {:>8} {:>10} {:>10} {:>5.1f}% {:>18}\n", U(c, "class"),
                          FormatBytes(U(c, "slot_size")), U(c, "blocks"), U(c, "live"),
-                         U(c, "capacity_slots"), 100.0 * D(c, "fragmentation"));
+                         U(c, "capacity_slots"), 100.0 * D(c, "fragmentation"), merges);
     }
   }
   if (o.contains("compaction") && o["compaction"].is_object()) {

@@ -1,5 +1,6 @@
-// Tests of the `farmem stat` table's tier section: residency against the budget, promotions,
-// demotions, write-backs and file IO from a STAT "tier" object; absent without one.
+// Tests of the `farmem stat` table's tier section (residency against the budget, promotions,
+// demotions, write-backs and file IO from a STAT "tier" object; absent without one) and of the
+// objects section's metadata line and per-class merge success rate.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,37 @@ TEST(StatFormat, TierSectionShowsResidencyBudgetMovesAndIo) {
   EXPECT_NE(out.find("resident 3 of 4 budget unit(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("17 promotion(s), 14 demotion(s), 5 write-back(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("file IO: read 2.0 MiB, written 1.0 MiB"), std::string::npos) << out;
+}
+
+TEST(StatFormat, ObjectsSectionShowsMetadataAndMergeSuccessPerClass) {
+  nlohmann::json s = {{"node", "n"}};
+  s["objects"] = {{"config", {{"block_size", 4096u}, {"id_bits", 16}}},
+                  {"live_objects", 10u},
+                  {"live_blocks", 2u},
+                  {"classes",
+                   {{{"class", 3u},
+                     {"slot_size", 64u},
+                     {"blocks", 2u},
+                     {"live", 10u},
+                     {"capacity_slots", 100u},
+                     {"fragmentation", 0.9}}}}};
+  // A server without the metadata and merge fields (older farmemd): no metadata line, "-".
+  std::string out = FormatStatTable(s, "a:1");
+  EXPECT_EQ(out.find("metadata"), std::string::npos) << out;
+  EXPECT_NE(out.find("MERGED/TRIED"), std::string::npos) << out;
+  s["objects"]["metadata"] = {{"total", 3u << 20},      {"dynamic", 1u << 20},
+                              {"block_structs", 512u},  {"per_slot", 700u},
+                              {"id_tables", 256u},      {"owner_lists", 64u},
+                              {"per_vblock", 1u << 20}, {"per_owner", 1u << 20}};
+  s["objects"]["classes"][0]["merge_attempts"] = 8u;
+  s["objects"]["classes"][0]["merges"] = 2u;
+  s["objects"]["classes"][0]["merge_success_rate"] = 0.25;
+  out = FormatStatTable(s, "a:1");
+  EXPECT_NE(out.find("metadata 3.0 MiB outside the blocks: 1.0 MiB growing with the objects"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("2.0 MiB fixed tables"), std::string::npos) << out;
+  EXPECT_NE(out.find("2/8 25%"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -281,6 +281,12 @@ BlockAllocatorStats BlockAllocator::Stats() const {
   s.pool_bytes_total = pools_.size() * pool_bytes_;
   s.remaps = remaps_;
   s.punches = punches_;
+  // libstdc++'s deque holds its elements in 512-byte chunks (plus a small map of them).
+  const uint64_t deque_bytes = (free_virt_.size() * sizeof(uint32_t) / 512 + 1) * 512;
+  s.metadata_bytes = vstate_.capacity() * sizeof(VState) + vphys_.capacity() * sizeof(uint32_t) +
+                     refs_.capacity() * sizeof(uint32_t) + phys_in_use_.capacity() +
+                     free_phys_.capacity() * sizeof(uint32_t) + pools_.capacity() * sizeof(Pool) +
+                     deque_bytes;
   return s;
 }
 

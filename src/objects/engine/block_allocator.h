@@ -47,6 +47,9 @@ struct BlockAllocatorStats {
   uint64_t pool_bytes_total = 0;  // memfd capacity created (not resident memory)
   uint64_t remaps = 0;
   uint64_t punches = 0;
+  // Heap bytes of the allocator's own tables: per virtual block (state, mapping, home count;
+  // fixed by reserve_bytes), per physical block, and the free lists.
+  uint64_t metadata_bytes = 0;
 };
 
 // Thread-safe (one internal mutex; calls are rare, block-granular). Takes no other lock, so any

@@ -53,6 +53,7 @@ bool Compactor::CanMerge(const BlockSnapshot& src, const BlockSnapshot& dst) {
 
 Compactor::Compactor(Store& store, CompactionOptions options)
     : store_(store), options_(std::move(options)) {
+  stats_.classes.resize(store_.classes().count());
   if (options_.compact_on_alloc_failure) {
     store_.SetAllocFailureHook([this](uint32_t size_class) {
       // Merge blocks of the failing class first, then everything else: any freed physical
@@ -176,6 +177,12 @@ Result<uint32_t> Compactor::CompactClassLocked(uint32_t size_class, bool paced, 
       if (paced) Pace();
       if (deadline && std::chrono::steady_clock::now() >= *deadline) return merges;
       auto r = TryMerge(cands[i], cands[j]);
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ClassMergeStats& cm = stats_.classes[size_class];
+        ++cm.attempts;
+        if (r.ok() && *r) ++cm.merges;
+      }
       if (!r.ok()) {
         if (first_error.ok()) first_error = r.status();
         continue;
@@ -293,6 +300,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   if (!CanMerge(SnapshotLocked(src), SnapshotLocked(dst))) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.collisions;
+    ++stats_.classes[src.size_class].collisions;
     return false;
   }
   BlockAllocator& ba = *store_.ba_;
@@ -395,6 +403,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     store_.table_[v].store(&dst, std::memory_order_release);
     dst.vblocks.push_back(v);
   }
+  store_.CountMetadataLocked(dst);  // dst.vblocks may have grown
   for (const Move& m : plan) {
     // The object keeps its generation (its pointers carry it) and its owner (FreeOwned must
     // still find it; the per-owner counts do not change).
@@ -410,9 +419,8 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   // 7. The source's physical pages are unreachable now: punch them.
   const uint32_t src_pblock = src.pblock;
   src.vblocks.clear();
-  src.ids.Clear();
-  std::fill(src.occupied.begin(), src.occupied.end(), 0);
   store_.MarkDeadLocked(src);
+  store_.DropSlotMetadataLocked(src);
   Status punch = ba.ReleasePhysical(src_pblock);
   if (!punch.ok()) FARMEM_LOG_WARN("CoRM compaction: {}", punch.ToString());
   {

@@ -46,6 +46,16 @@ struct CompactionOptions {
   std::function<bool(std::chrono::steady_clock::time_point deadline)> wait_for_readers;
 };
 
+// Merge attempts of one size class (issue 15: merges that fail on ID collisions leave
+// half-empty blocks half empty; the success rate per class shows where).
+struct ClassMergeStats {
+  uint64_t attempts = 0;    // source/partner pairs tried (TryMerge calls)
+  uint64_t merges = 0;      // of which merged
+  uint64_t collisions = 0;  // of which rejected: ID or offset collision
+  // The rest (attempts - merges - collisions) were skipped busy, changed meanwhile or failed.
+  double success_rate() const { return attempts == 0 ? 0.0 : double(merges) / double(attempts); }
+};
+
 struct CompactionStats {
   uint64_t rounds = 0;
   uint64_t compactions = 0;   // successful block merges
@@ -61,6 +71,7 @@ struct CompactionStats {
   // remap; only with wait_for_readers set): total and longest single wait.
   uint64_t grace_wait_ns = 0;
   uint64_t grace_wait_max_ns = 0;
+  std::vector<ClassMergeStats> classes;  // one entry per size class
 };
 
 // What the merge predicate looks at in a block (also used by tests on real blocks).

@@ -215,6 +215,84 @@ TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
   EXPECT_FALSE(st.Read(stale, out).ok());
 }
 
+// Metadata accounting (issue 15): the running counters Stats() reports equal a recount of every
+// block struct after each kind of change that resizes per-slot arrays, ID tables or vblocks —
+// new blocks, merges (the destination gains the source's virtual blocks), retirement and the
+// recycling of dead structs. Merge attempts and successes are counted per size class.
+TEST(Compaction, MetadataCountersMatchARecountAndMergesAreCountedPerClass) {
+  auto s = Store::Create(Opts(16));
+  ASSERT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.max_candidate_occupancy = 1.0;
+  Compactor comp(st, co);
+  auto expect_recount = [&](const char* when) {
+    auto recount = st.RecountMetadata();
+    ASSERT_TRUE(recount.ok()) << recount.status().ToString();
+    const MetadataStats counted = st.Stats().metadata;
+    EXPECT_EQ(counted.per_slot, recount->per_slot) << when;
+    EXPECT_EQ(counted.id_tables, recount->id_tables) << when;
+    EXPECT_EQ(counted, *recount) << when;
+  };
+  expect_recount("empty store");
+  const MetadataStats empty = st.Stats().metadata;
+  EXPECT_EQ(empty.block_structs + empty.per_slot + empty.id_tables, 0u);
+  EXPECT_GT(empty.per_vblock, 0u);
+  EXPECT_GT(empty.per_owner, 0u);
+
+  const uint32_t c40 = *st.classes().ClassFor(40);
+  const uint32_t per_block = st.classes().at(c40).slots_per_block;
+  ASSERT_GT(per_block, detail::IdTable::kScanMaxSlots);  // blocks with an ID table
+  std::vector<ObjectPtr> objs;
+  for (uint32_t i = 0; i < 6 * per_block; ++i) {
+    auto p = st.Alloc(40, i % 2);
+    ASSERT_TRUE(p.ok());
+    objs.push_back(*p);
+  }
+  expect_recount("after allocating");
+  const MetadataStats full = st.Stats().metadata;
+  const uint64_t blocks = st.Stats().live_blocks;
+  // Per slot at least occupied (1 B) + ID, generation and owner (2 B each).
+  EXPECT_GE(full.per_slot, blocks * per_block * 7);
+  EXPECT_GT(full.id_tables, 0u);
+  EXPECT_GE(full.block_structs, blocks * sizeof(detail::Block));
+  // Free all but one object per four: every block is a quarter full and merges.
+  for (size_t i = 0; i < objs.size(); ++i) {
+    if (i % 4 != 0) {
+      ASSERT_TRUE(st.Free(objs[i]).ok());
+    }
+  }
+  expect_recount("after freeing");
+  auto merged = comp.CompactClass(c40);
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  ASSERT_GE(*merged, 1u);
+  expect_recount("after merging");
+  const CompactionStats cs = comp.stats();
+  ASSERT_EQ(cs.classes.size(), st.classes().count());
+  const ClassMergeStats& cm = cs.classes[c40];
+  EXPECT_EQ(cm.merges, *merged);
+  EXPECT_EQ(cm.merges, cs.compactions);
+  EXPECT_GE(cm.attempts, cm.merges + cm.collisions);
+  EXPECT_EQ(cm.collisions, cs.collisions);
+  for (uint32_t c = 0; c < cs.classes.size(); ++c) {
+    if (c != c40) {
+      EXPECT_EQ(cs.classes[c].attempts, 0u) << "class " << c;
+    }
+  }
+  // Empty every block (retirement), then allocate again (dead structs are recycled).
+  for (size_t i = 0; i < objs.size(); i += 4) {
+    ObjectPtr p = objs[i];
+    ASSERT_TRUE(st.Free(p).ok());
+  }
+  expect_recount("after retiring every block");
+  for (uint32_t i = 0; i < per_block; ++i) {
+    ASSERT_TRUE(st.Alloc(40, 0).ok());
+    ASSERT_TRUE(st.Alloc(40, 1).ok());
+  }
+  expect_recount("after recycling block structs");
+  EXPECT_LT(st.Stats().metadata.per_slot, full.per_slot);
+}
+
 // Ownership across merges: owners 1 and 2 and persistent objects in a fragmented heap, compacted
 // until nothing merges (objects move to other blocks, with IDs also to other offsets). FreeOwned(1)
 // must still free every object of owner 1 — the owner moved with it — and nothing else; the counts

@@ -37,14 +37,15 @@
 // (Store::SyncAvailLocked / MarkDeadLocked), taking the owner's lists_mu after Block::mu.
 // Block structs are never freed while the Store lives. A block that dies (emptied or merged
 // away) leaves both lists at once and goes to its owner's `dead` list; only the owner recycles
-// it (generation bumped), in Alloc under Worker::mu + Block::mu, so a stale Block* is always safe
-// to lock and re-validate, and a Block* Alloc read from `avail` cannot be recycled before Alloc
-// locks it (Alloc holds Worker::mu). `generation` changes only while the struct is in no list,
-// so reading it under lists_mu for a listed block is race-free.
-// Invariant (virtual-address reuse): every live object homed at virtual block v lives in the
-// logical block that v maps to, and v is in that block's `vblocks`. Compaction moves all objects
-// of a block together with all its virtual blocks, so the invariant holds across merges; a
-// virtual block is released only when its home count is 0.
+// it (generation bumped), in Alloc under Worker::mu + Block::mu. A block's per-slot arrays and
+// ID table are freed when it dies (only the struct waits), so a stale Block* is always safe
+// to lock and re-validate (and must be re-validated before its arrays are touched), and a Block*
+// Alloc read from `avail` cannot be recycled before Alloc locks it (Alloc holds Worker::mu).
+// `generation` changes only while the struct is in no list, so reading it under lists_mu for a
+// listed block is race-free. Invariant (virtual-address reuse): every live object homed at virtual
+// block v lives in the logical block that v maps to, and v is in that block's `vblocks`. Compaction
+// moves all objects of a block together with all its virtual blocks, so the invariant holds across
+// merges; a virtual block is released only when its home count is 0.
 #pragma once
 
 #include <pthread.h>
@@ -124,6 +125,26 @@ struct ClassStats {
   uint64_t slot_size = 0;
 };
 
+// Memory the store keeps outside its blocks, in the malloc heap (bytes; vector capacities and
+// struct sizes, without malloc's own per-chunk overhead). physical_bytes_held counts only the
+// blocks; this is the rest a server pays for the same objects (issue 15: it was 2-4 MiB at 4 KiB
+// blocks on the objects-memory traces, often more than the live data, and counted nowhere).
+struct MetadataStats {
+  // Block struct chunks (spare and pooled structs too: never freed) + the pool's vectors.
+  uint64_t block_structs = 0;
+  uint64_t per_slot = 0;     // occupied, slot_id, slot_gen, slot_owner and vblocks arrays
+  uint64_t id_tables = 0;    // IdTable entries and used bits
+  uint64_t owner_lists = 0;  // per worker and class `blocks` / `avail` lists, dead lists
+  // Fixed at Create, sized by reserve_bytes / block_size: table_, next_gen_ and the block
+  // allocator's per-virtual-block arrays; plus its per-physical-block array and free lists.
+  uint64_t per_vblock = 0;
+  uint64_t per_owner = 0;  // fixed: owned_ and owner_pending_ (65536 entries each)
+  // What grows with the objects (everything but the fixed tables).
+  uint64_t dynamic() const { return block_structs + per_slot + id_tables + owner_lists; }
+  uint64_t total() const { return dynamic() + per_vblock + per_owner; }
+  bool operator==(const MetadataStats&) const = default;
+};
+
 struct StoreStats {
   uint64_t live_objects = 0;
   uint64_t live_blocks = 0;
@@ -131,6 +152,7 @@ struct StoreStats {
   uint64_t owned_objects = 0;            // live objects with an owner != kPersistentOwner
   uint64_t persistent_objects = 0;       // live objects owned by kPersistentOwner
   BlockAllocatorStats blocks;
+  MetadataStats metadata;
 };
 
 // Reader/writer lock with deadlines and writer preference (pthread rwlock).
@@ -236,6 +258,10 @@ struct Block {
   // Guarded by the owner's lists_mu: positions in the owner's lists (kNoPos: not listed).
   uint32_t list_pos = kNoPos;
   uint32_t avail_pos = kNoPos;
+  // Guarded by mu: the per-slot and ID-table bytes last added to the Store's metadata counters
+  // (Store::CountMetadataLocked), so a resize adds only its difference.
+  uint64_t counted_slot_bytes = 0;
+  uint64_t counted_id_bytes = 0;
 
   uint32_t primary() const { return vblocks.front(); }
   // Slot of the object with this ID (kIds), or IdTable::kNotFound.
@@ -246,6 +272,10 @@ struct Block {
 
   // Forgets the object in an occupied slot (exclusive lock held).
   void RemoveObject(uint32_t slot);
+
+  // Heap bytes of the per-slot arrays (vblocks included) and of the ID table (lock held).
+  uint64_t SlotArrayBytes() const;
+  uint64_t IdTableBytes() const { return ids.MemoryBytes(); }
 };
 
 }  // namespace detail
@@ -336,6 +366,12 @@ class Store {
 
   ClassStats Stats(uint32_t size_class);
   StoreStats Stats();
+  // Metadata bytes from the running counters (cheap; what Stats() reports).
+  MetadataStats Metadata();
+  // The same figures recomputed by visiting every block struct under its lock: what the counters
+  // must equal whenever no operation is in flight (tests check it after every kind of change).
+  // TimedOut if a block lock is not taken within op_timeout.
+  Result<MetadataStats> RecountMetadata();
 
   // Called (without locks held) when a block allocation fails for lack of memory, before one
   // retry; the Compactor installs itself here.
@@ -386,6 +422,11 @@ class Store {
   // the same tag is skipped, so the most likely stale pointer, one to the slot's previous
   // object, fails even the one-sided tag check (docs/objects.md, "Pointer identity").
   uint16_t IssueGenLocked(uint32_t v, uint16_t id, uint16_t id_mask, uint16_t prev_tag);
+  // Frees a dead block's per-slot arrays, vblocks and ID table (exclusive lock held, b dead).
+  void DropSlotMetadataLocked(detail::Block& b);
+  // Brings the metadata counters up to date with b's per-slot arrays and ID table after they
+  // were resized (exclusive lock held). Every resize site calls it (docs/objects.md, "Metadata").
+  void CountMetadataLocked(detail::Block& b);
   // Releases alias vblock v of b if its home count is 0 (exclusive lock held).
   Status MaybeReleaseAliasLocked(detail::Block& b, uint32_t v);
   detail::Block* TakeBlockStruct();
@@ -421,8 +462,23 @@ class Store {
   RwLock merge_gate_;
 
   std::mutex pool_mu_;
-  std::vector<std::unique_ptr<detail::Block>> all_blocks_;
+  // Every block struct ever made (none is freed while the Store lives), in chunks of
+  // kBlockChunk structs (pool_mu_). Chunks keep these long-lived structs out of the stretch of
+  // malloc heap where per-slot arrays come and go: one struct allocated next to each block's
+  // arrays pinned the heap pages around the arrays of dead blocks, and malloc_trim could give
+  // little back after compaction (issue 15, docs/objects.md "Metadata accounting").
+  static constexpr size_t kBlockChunk = 512;
+  std::vector<std::unique_ptr<detail::Block[]>> block_chunks_;
+  size_t blocks_made_ = 0;
+  detail::Block* BlockAtLocked(size_t i) const {
+    return &block_chunks_[i / kBlockChunk][i % kBlockChunk];
+  }
+  // Pointers to the first `blocks_made_` structs (takes pool_mu_).
+  std::vector<detail::Block*> AllBlockStructs();
   std::vector<detail::Block*> free_blocks_;
+  // Metadata counters (MetadataStats::per_slot, id_tables), changed by CountMetadataLocked.
+  std::atomic<uint64_t> slot_meta_bytes_{0};
+  std::atomic<uint64_t> id_meta_bytes_{0};
 
   std::mutex hook_mu_;
   std::function<void(uint32_t)> alloc_failure_hook_;

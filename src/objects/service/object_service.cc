@@ -281,6 +281,10 @@ void ObjectService::metrics(MetricsWriter& w) const {
   w.gauge("farmem_objects_physical_bytes",
           "Physical memory held by the object store (its own accounting).",
           num(obj, "physical_bytes_held"));
+  w.gauge("farmem_objects_metadata_bytes",
+          "Heap memory of the object store outside its blocks (block structs, per-slot and ID "
+          "tables, lists, fixed per-virtual-block and per-session tables).",
+          num(obj, "metadata_bytes"));
   w.gauge("farmem_objects_virtual_blocks",
           "Virtual blocks mapped (primaries and compaction aliases).",
           num(obj, "virtual_blocks_in_use"));
@@ -307,6 +311,9 @@ void ObjectService::metrics(MetricsWriter& w) const {
        "1 - live / capacity of a size class."},
       {"blocks", "farmem_objects_class_blocks", "Blocks of a size class."},
       {"live", "farmem_objects_class_live", "Live objects of a size class."},
+      {"merge_attempts", "farmem_objects_class_merge_attempts",
+       "Compaction merge attempts in a size class."},
+      {"merges", "farmem_objects_class_merges", "Compaction merges done in a size class."},
   };
   for (const PerClass& m : kPerClass) {
     w.family(m.name, MetricsWriter::Kind::kGauge, m.help);
@@ -583,20 +590,27 @@ nlohmann::json ObjectService::Stats() const {
   const corm::SizeClasses& classes = store.classes();
   uint64_t live = 0, blocks = 0, slot_bytes = 0;
   json list = json::array();
+  const corm::CompactionStats comp = compactor_->stats();
   for (uint32_t i = 0; i < classes.count(); ++i) {
     const corm::ClassStats cs = store.Stats(i);
     live += cs.live_objects;
     blocks += cs.blocks;
     slot_bytes += cs.live_objects * cs.slot_size;
+    const corm::ClassMergeStats cm =
+        i < comp.classes.size() ? comp.classes[i] : corm::ClassMergeStats{};
     // Only classes in use: a 1 MiB-block store has ~90 classes, most of them empty.
-    if (cs.blocks == 0) continue;
+    if (cs.blocks == 0 && cm.attempts == 0) continue;
     list.push_back({{"class", i},
                     {"slot_size", cs.slot_size},
                     {"payload_capacity", classes.at(i).payload_capacity},
                     {"blocks", cs.blocks},
                     {"live", cs.live_objects},
                     {"capacity_slots", cs.capacity_slots},
-                    {"fragmentation", cs.fragmentation}});
+                    {"fragmentation", cs.fragmentation},
+                    {"merge_attempts", cm.attempts},
+                    {"merges", cm.merges},
+                    {"merge_collisions", cm.collisions},
+                    {"merge_success_rate", cm.success_rate()}});
   }
   const corm::BlockAllocatorStats bs = store.blocks().Stats();
   j["num_classes"] = classes.count();
@@ -609,6 +623,14 @@ nlohmann::json ObjectService::Stats() const {
   j["live_blocks"] = blocks;
   j["live_slot_bytes"] = slot_bytes;
   j["physical_bytes_held"] = bs.physical_bytes_held;
+  // Heap memory outside the blocks (docs/objects.md, "Metadata"): what grows with the objects,
+  // and the tables fixed at start (sized by the reservation and the session-ID space).
+  const corm::MetadataStats& md = ss.metadata;
+  j["metadata_bytes"] = md.total();
+  j["metadata"] = {{"block_structs", md.block_structs}, {"per_slot", md.per_slot},
+                   {"id_tables", md.id_tables},         {"owner_lists", md.owner_lists},
+                   {"per_vblock", md.per_vblock},       {"per_owner", md.per_owner},
+                   {"dynamic", md.dynamic()},           {"total", md.total()}};
   j["physical_blocks_in_use"] = bs.physical_blocks_in_use;
   j["physical_blocks_free"] = bs.physical_blocks_free;
   j["virtual_blocks_in_use"] = bs.virtual_blocks_in_use;
@@ -618,7 +640,7 @@ nlohmann::json ObjectService::Stats() const {
   j["punches"] = bs.punches;
   j["process_rss_bytes"] = ProcessRssBytes();
   j["classes"] = std::move(list);
-  j["compaction"] = CompactionJson(compactor_->stats());
+  j["compaction"] = CompactionJson(comp);
   return j;
 }
 
