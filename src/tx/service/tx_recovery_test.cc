@@ -42,6 +42,28 @@ std::string Fault() {
   return e ? e : "";
 }
 
+// Moves kAmount from `from` to `to` in one transaction of `tx` (aborted on an error). An abort
+// ("stale commit" when a slow machine let the 100 ms lease run out before the commit, "locked")
+// leaves nothing behind and is tried again: the tests check outcomes, not timing.
+Status Transfer(BlockingTx& tx, uint64_t from, uint64_t to) {
+  Status st = Status::Aborted("not tried");
+  for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) {
+    tx.start();
+    auto wf = tx.write(0, Key(from));
+    auto wt = wf.ok() ? tx.write(0, Key(to)) : Result<std::span<std::byte>>(wf.status());
+    if (!wt.ok()) {
+      (void)tx.abort();
+      st = wt.status();
+      continue;
+    }
+    const uint64_t nf = U64(*wf) - kAmount, nt = U64(*wt) + kAmount;
+    std::memcpy(wf->data(), &nf, 8);
+    std::memcpy(wt->data(), &nt, 8);
+    st = tx.commit();
+  }
+  return st;
+}
+
 class TxRecovery : public ::testing::TestWithParam<std::string> {
  protected:
   void Start(tx::TxTableOptions options = {}, milliseconds op_timeout = milliseconds(2000)) {
@@ -82,33 +104,11 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;
   }
-  // Retries Transfer while it aborts (a slow machine may let the lease run out before the
-  // commit: a timing outcome, not what the tests check).
-  Status TransferRetrying(TxClient& client, uint64_t from, uint64_t to) {
-    Status st = Transfer(client, from, to);
-    for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) st = Transfer(client, from, to);
-    return st;
-  }
-  // Moves kAmount from `from` to `to` (one transaction of `client`; aborted on an error).
+  // Transfer (below) on a BlockingTx of `client`.
   Status Transfer(TxClient& client, uint64_t from, uint64_t to) {
     auto t = BlockingTx::Create(client, *cluster_->node);
     if (!t.ok()) return t.status();
-    BlockingTx& tx = **t;
-    tx.start();
-    auto wf = tx.write(0, Key(from));
-    if (!wf.ok()) {
-      (void)tx.abort();
-      return wf.status();
-    }
-    auto wt = tx.write(0, Key(to));
-    if (!wt.ok()) {
-      (void)tx.abort();
-      return wt.status();
-    }
-    const uint64_t nf = U64(*wf) - kAmount, nt = U64(*wt) + kAmount;
-    std::memcpy(wf->data(), &nf, 8);
-    std::memcpy(wt->data(), &nt, 8);
-    return tx.commit();
+    return ::farmem::tx_test::Transfer(**t, from, to);
   }
   uint64_t Stat(size_t server, const char* key) {
     return cluster_->servers[server].service->Stats()[key].get<uint64_t>();
@@ -153,15 +153,25 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
     }
     return total;
   }
+  // The transfer left no trace / was installed everywhere; the bank invariant either way.
+  void ExpectUnchanged(const std::vector<uint64_t>& b) {
+    ASSERT_EQ(b.size(), kAccounts);
+    EXPECT_EQ(Total(b), kAccounts * kStart);
+    EXPECT_EQ(b[a_], kStart);
+    EXPECT_EQ(b[b_], kStart);
+  }
+  void ExpectTransferred(const std::vector<uint64_t>& b) {
+    ASSERT_EQ(b.size(), kAccounts);
+    EXPECT_EQ(Total(b), kAccounts * kStart);
+    EXPECT_EQ(b[a_], kStart - kAmount);
+    EXPECT_EQ(b[b_], kStart + kAmount);
+  }
   // A client of fault `at` transfers a_ -> b_ and dies there; returns the balances once free.
   std::vector<uint64_t> DieAt(TxDieAt at, TxClientFaults faults = {}) {
     faults.die_at = at;
     auto dying = Client(faults);
     if (!dying) return {};
     Status st = Transfer(*dying, a_, b_);
-    // An abort ("stale commit" when a slow machine let the lease run out before the commit,
-    // "locked") left nothing behind: try again until the client reaches its fault.
-    for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) st = Transfer(*dying, a_, b_);
     EXPECT_EQ(st.code(), Code::kInternal) << st.ToString();
     return BalancesWhenFree();
   }
@@ -231,37 +241,25 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TxRecovery, AClientDyingHoldingLocksChangesNothingAndItsLocksExpire) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kHoldingLocks);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart);
-  EXPECT_EQ(b[b_], kStart);
+  ExpectUnchanged(DieAt(TxDieAt::kHoldingLocks));
   EXPECT_EQ(Stat(0, "prepares") + Stat(1, "prepares"), 0u);
 }
 
 TEST_P(TxRecovery, AClientDyingAfterThePreparesIsAbortedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kAfterPrepare);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart);
-  EXPECT_EQ(b[b_], kStart);
+  ExpectUnchanged(DieAt(TxDieAt::kAfterPrepare));
   if (Fault().empty()) {
     // The prepared participant asked the first one, which fenced the transaction as aborted.
     EXPECT_EQ(Stat(1, "recovered_aborts"), 1u);
     EXPECT_EQ(Stat(0, "statuses"), 1u);
   }
   // The dead client's transaction can no longer commit at the first participant.
-  EXPECT_TRUE(TransferRetrying(*client_, a_, b_).ok());
+  EXPECT_TRUE(Transfer(*client_, a_, b_).ok());
 }
 
 TEST_P(TxRecovery, AClientDyingAfterTheFirstDecisionIsCommittedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kAfterFirstDecide);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart - kAmount);
-  EXPECT_EQ(b[b_], kStart + kAmount);
+  ExpectTransferred(DieAt(TxDieAt::kAfterFirstDecide));
   if (Fault().empty()) {
     EXPECT_EQ(Stat(1, "recovered_commits"), 1u);
   }
@@ -273,18 +271,12 @@ class TxRecoveryProcess : public TxRecovery {};
 
 TEST_P(TxRecoveryProcess, AClientProcessKilledHoldingLocksChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = KillProcessAt("holding");
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart);
+  ExpectUnchanged(KillProcessAt("holding"));
 }
 
 TEST_P(TxRecoveryProcess, AClientProcessKilledAfterThePreparesIsAbortedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = KillProcessAt("prepare");
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[b_], kStart);
+  ExpectUnchanged(KillProcessAt("prepare"));
   if (Fault().empty()) {
     EXPECT_EQ(Stat(1, "recovered_aborts"), 1u);
   }
@@ -292,11 +284,7 @@ TEST_P(TxRecoveryProcess, AClientProcessKilledAfterThePreparesIsAbortedEverywher
 
 TEST_P(TxRecoveryProcess, AClientProcessKilledAfterTheFirstDecisionIsCommittedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = KillProcessAt("decide");
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart - kAmount);
-  EXPECT_EQ(b[b_], kStart + kAmount);
+  ExpectTransferred(KillProcessAt("decide"));
   if (Fault().empty()) {
     EXPECT_EQ(Stat(1, "recovered_commits"), 1u);
   }
@@ -334,7 +322,7 @@ TEST_P(TxRecovery, APreparedParticipantKeepsItsLocksWhileTheFirstParticipantIsDo
   f.die_at = TxDieAt::kAfterPrepare;
   auto dying = Client(f);
   ASSERT_TRUE(dying);
-  EXPECT_EQ(TransferRetrying(*dying, a_, b_).code(), Code::kInternal);
+  EXPECT_EQ(Transfer(*dying, a_, b_).code(), Code::kInternal);
   cluster_->Stop(0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (Stat(1, "recovery_unreachable") == 0 && std::chrono::steady_clock::now() < deadline) {
@@ -490,22 +478,7 @@ TEST(TxRecoveryChild, DISABLED_Client) {
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto t = BlockingTx::Create(**client, **node);
   ASSERT_TRUE(t.ok());
-  Status result = Status::Aborted("not yet");
-  for (int i = 0; i < 50 && result.code() == Code::kAborted; ++i) {
-    BlockingTx& tx = **t;
-    tx.start();
-    auto wf = tx.write(0, Key(from));
-    auto wt = wf.ok() ? tx.write(0, Key(to)) : Result<std::span<std::byte>>(wf.status());
-    if (!wt.ok()) {
-      (void)tx.abort();
-      result = wt.status();
-      continue;
-    }
-    const uint64_t nf = U64(*wf) - kAmount, nt = U64(*wt) + kAmount;
-    std::memcpy(wf->data(), &nf, 8);
-    std::memcpy(wt->data(), &nt, 8);
-    result = tx.commit();
-  }
+  const Status result = Transfer(**t, from, to);
   ASSERT_EQ(result.code(), Code::kInternal) << result.ToString();
   std::printf("FARMEM_TX_CHILD_AT_STEP %s\n", step);
   std::fflush(stdout);
