@@ -1,12 +1,17 @@
 // Failure tests of multi-participant commit (docs/tx.md "Multi-participant commit"): a client
-// that dies (test fault TxClientFaults::die_at: its sends stop at the exact step) holding locks,
-// after the prepares and after the first decision, between two partitions; the bank invariant
-// must hold and every lock be freed. With the protection removed (one_phase_commit: no prepare /
-// decide; TxTableFaults::no_prepare_pin: prepared locks expire) the transfer is torn. Also a
-// stopped server (errors, never a hang), a dead first participant (prepared locks stay: 2PC
-// blocks) and the decision fence of TX_STATUS. FARMEM_TX_FAULT=one_phase|no_pin runs the die
-// tests with that protection removed (they then fail). Main thread plus the servers' threads.
+// that dies (test fault TxClientFaults::die_at: its sends stop at the exact step; in-process, and
+// as a separate process then SIGKILLed) holding locks, after the prepares and after the first
+// decision, between two partitions; the bank invariant must hold and every lock be freed. With
+// the protection removed (one_phase_commit: no prepare / decide; TxTableFaults::no_prepare_pin:
+// prepared locks expire) the transfer is torn. Also a stopped server (errors, never a hang), a
+// dead first participant (prepared locks stay: 2PC blocks) and the decision fence of TX_STATUS.
+// FARMEM_TX_FAULT=one_phase|no_pin runs the die tests with that protection removed (they then
+// fail). Main thread plus the servers' threads (and a child process of this binary).
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -35,6 +40,28 @@ constexpr uint64_t kAmount = 30;
 std::string Fault() {
   const char* e = std::getenv("FARMEM_TX_FAULT");
   return e ? e : "";
+}
+
+// Moves kAmount from `from` to `to` in one transaction of `tx` (aborted on an error). An abort
+// ("stale commit" when a slow machine let the 100 ms lease run out before the commit, "locked")
+// leaves nothing behind and is tried again: the tests check outcomes, not timing.
+Status Transfer(BlockingTx& tx, uint64_t from, uint64_t to) {
+  Status st = Status::Aborted("not tried");
+  for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) {
+    tx.start();
+    auto wf = tx.write(0, Key(from));
+    auto wt = wf.ok() ? tx.write(0, Key(to)) : Result<std::span<std::byte>>(wf.status());
+    if (!wt.ok()) {
+      (void)tx.abort();
+      st = wt.status();
+      continue;
+    }
+    const uint64_t nf = U64(*wf) - kAmount, nt = U64(*wt) + kAmount;
+    std::memcpy(wf->data(), &nf, 8);
+    std::memcpy(wt->data(), &nt, 8);
+    st = tx.commit();
+  }
+  return st;
 }
 
 class TxRecovery : public ::testing::TestWithParam<std::string> {
@@ -77,33 +104,11 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;
   }
-  // Retries Transfer while it aborts (a slow machine may let the lease run out before the
-  // commit: a timing outcome, not what the tests check).
-  Status TransferRetrying(TxClient& client, uint64_t from, uint64_t to) {
-    Status st = Transfer(client, from, to);
-    for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) st = Transfer(client, from, to);
-    return st;
-  }
-  // Moves kAmount from `from` to `to` (one transaction of `client`; aborted on an error).
+  // Transfer (below) on a BlockingTx of `client`.
   Status Transfer(TxClient& client, uint64_t from, uint64_t to) {
     auto t = BlockingTx::Create(client, *cluster_->node);
     if (!t.ok()) return t.status();
-    BlockingTx& tx = **t;
-    tx.start();
-    auto wf = tx.write(0, Key(from));
-    if (!wf.ok()) {
-      (void)tx.abort();
-      return wf.status();
-    }
-    auto wt = tx.write(0, Key(to));
-    if (!wt.ok()) {
-      (void)tx.abort();
-      return wt.status();
-    }
-    const uint64_t nf = U64(*wf) - kAmount, nt = U64(*wt) + kAmount;
-    std::memcpy(wf->data(), &nf, 8);
-    std::memcpy(wt->data(), &nt, 8);
-    return tx.commit();
+    return ::farmem::tx_test::Transfer(**t, from, to);
   }
   uint64_t Stat(size_t server, const char* key) {
     return cluster_->servers[server].service->Stats()[key].get<uint64_t>();
@@ -148,16 +153,82 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
     }
     return total;
   }
+  // The transfer left no trace / was installed everywhere; the bank invariant either way.
+  void ExpectUnchanged(const std::vector<uint64_t>& b) {
+    ASSERT_EQ(b.size(), kAccounts);
+    EXPECT_EQ(Total(b), kAccounts * kStart);
+    EXPECT_EQ(b[a_], kStart);
+    EXPECT_EQ(b[b_], kStart);
+  }
+  void ExpectTransferred(const std::vector<uint64_t>& b) {
+    ASSERT_EQ(b.size(), kAccounts);
+    EXPECT_EQ(Total(b), kAccounts * kStart);
+    EXPECT_EQ(b[a_], kStart - kAmount);
+    EXPECT_EQ(b[b_], kStart + kAmount);
+  }
   // A client of fault `at` transfers a_ -> b_ and dies there; returns the balances once free.
   std::vector<uint64_t> DieAt(TxDieAt at, TxClientFaults faults = {}) {
     faults.die_at = at;
     auto dying = Client(faults);
     if (!dying) return {};
     Status st = Transfer(*dying, a_, b_);
-    // An abort ("stale commit" when a slow machine let the lease run out before the commit,
-    // "locked") left nothing behind: try again until the client reaches its fault.
-    for (int i = 0; i < 50 && st.code() == Code::kAborted; ++i) st = Transfer(*dying, a_, b_);
     EXPECT_EQ(st.code(), Code::kInternal) << st.ToString();
+    return BalancesWhenFree();
+  }
+
+  // A separate client process (this binary, running TxRecoveryChild.DISABLED_Client) transfers
+  // a_ -> b_ and stops at `step` ("holding" / "prepare" / "decide"); once it says so it is
+  // killed with SIGKILL (the kernel closes its connections). Returns the balances once free.
+  std::vector<uint64_t> KillProcessAt(const std::string& step) {
+    std::vector<std::string> args = {"/proc/self/exe",
+                                     "--gtest_filter=TxRecoveryChild.DISABLED_Client",
+                                     "--gtest_also_run_disabled_tests"};
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    std::string servers = cluster_->addresses[0] + "," + cluster_->addresses[1];
+    env.push_back("FARMEM_TX_CHILD_SERVERS=" + servers);
+    env.push_back("FARMEM_TX_CHILD_BACKEND=" + GetParam());
+    env.push_back("FARMEM_TX_CHILD_STEP=" + step);
+    env.push_back("FARMEM_TX_CHILD_KEYS=" + std::to_string(a_) + "," + std::to_string(b_));
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int fds[2];
+    if (pipe(fds) != 0) {
+      ADD_FAILURE() << "pipe";
+      return {};
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {  // only async-signal-safe calls until exec
+      dup2(fds[1], 1);
+      close(fds[0]);
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    bool reached = false;
+    while (!reached && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fds[0], POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n <= 0) break;  // the child exited
+      out.append(buf, static_cast<size_t>(n));
+      reached = out.find("FARMEM_TX_CHILD_AT_STEP") != std::string::npos;
+    }
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(fds[0]);
+    if (!reached) {
+      ADD_FAILURE() << "the client process did not reach its step; its output:\n" << out;
+      return {};
+    }
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     return BalancesWhenFree();
   }
 
@@ -170,37 +241,50 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TxRecovery, AClientDyingHoldingLocksChangesNothingAndItsLocksExpire) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kHoldingLocks);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart);
-  EXPECT_EQ(b[b_], kStart);
+  ExpectUnchanged(DieAt(TxDieAt::kHoldingLocks));
   EXPECT_EQ(Stat(0, "prepares") + Stat(1, "prepares"), 0u);
 }
 
 TEST_P(TxRecovery, AClientDyingAfterThePreparesIsAbortedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kAfterPrepare);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart);
-  EXPECT_EQ(b[b_], kStart);
+  ExpectUnchanged(DieAt(TxDieAt::kAfterPrepare));
   if (Fault().empty()) {
     // The prepared participant asked the first one, which fenced the transaction as aborted.
     EXPECT_EQ(Stat(1, "recovered_aborts"), 1u);
     EXPECT_EQ(Stat(0, "statuses"), 1u);
   }
   // The dead client's transaction can no longer commit at the first participant.
-  EXPECT_TRUE(TransferRetrying(*client_, a_, b_).ok());
+  EXPECT_TRUE(Transfer(*client_, a_, b_).ok());
 }
 
 TEST_P(TxRecovery, AClientDyingAfterTheFirstDecisionIsCommittedEverywhere) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  const auto b = DieAt(TxDieAt::kAfterFirstDecide);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_EQ(Total(b), kAccounts * kStart);
-  EXPECT_EQ(b[a_], kStart - kAmount);
-  EXPECT_EQ(b[b_], kStart + kAmount);
+  ExpectTransferred(DieAt(TxDieAt::kAfterFirstDecide));
+  if (Fault().empty()) {
+    EXPECT_EQ(Stat(1, "recovered_commits"), 1u);
+  }
+}
+
+// The same three steps with a real client process SIGKILLed there (native TCP only: the fabric
+// shm runs take seconds longer and add nothing the in-process tests do not check).
+class TxRecoveryProcess : public TxRecovery {};
+
+TEST_P(TxRecoveryProcess, AClientProcessKilledHoldingLocksChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ExpectUnchanged(KillProcessAt("holding"));
+}
+
+TEST_P(TxRecoveryProcess, AClientProcessKilledAfterThePreparesIsAbortedEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ExpectUnchanged(KillProcessAt("prepare"));
+  if (Fault().empty()) {
+    EXPECT_EQ(Stat(1, "recovered_aborts"), 1u);
+  }
+}
+
+TEST_P(TxRecoveryProcess, AClientProcessKilledAfterTheFirstDecisionIsCommittedEverywhere) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ExpectTransferred(KillProcessAt("decide"));
   if (Fault().empty()) {
     EXPECT_EQ(Stat(1, "recovered_commits"), 1u);
   }
@@ -238,7 +322,7 @@ TEST_P(TxRecovery, APreparedParticipantKeepsItsLocksWhileTheFirstParticipantIsDo
   f.die_at = TxDieAt::kAfterPrepare;
   auto dying = Client(f);
   ASSERT_TRUE(dying);
-  EXPECT_EQ(TransferRetrying(*dying, a_, b_).code(), Code::kInternal);
+  EXPECT_EQ(Transfer(*dying, a_, b_).code(), Code::kInternal);
   cluster_->Stop(0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (Stat(1, "recovery_unreachable") == 0 && std::chrono::steady_clock::now() < deadline) {
@@ -367,7 +451,43 @@ TEST(TxRecoveryOneServer, WritesToTwoTablesCommitInOneDecide) {
   EXPECT_EQ(stat["commits"].get<uint64_t>(), 0u);  // no TX_COMMIT
 }
 
+// The client process of KillProcessAt (run only as its child: disabled otherwise): connects,
+// transfers with TxClientFaults::die_at at the step asked, says so on stdout and waits to be
+// killed.
+TEST(TxRecoveryChild, DISABLED_Client) {
+  const char* servers = std::getenv("FARMEM_TX_CHILD_SERVERS");
+  const char* backend = std::getenv("FARMEM_TX_CHILD_BACKEND");
+  const char* step = std::getenv("FARMEM_TX_CHILD_STEP");
+  const char* keys = std::getenv("FARMEM_TX_CHILD_KEYS");
+  ASSERT_TRUE(servers && backend && step && keys) << "run by KillProcessAt only";
+  const std::string sv = servers, kv = keys, st = step;
+  const std::vector<std::string> addresses = {sv.substr(0, sv.find(',')),
+                                              sv.substr(sv.find(',') + 1)};
+  const uint64_t from = std::stoull(kv.substr(0, kv.find(','))),
+                 to = std::stoull(kv.substr(kv.find(',') + 1));
+  auto node = Node::Create(node::testing::MakeConfig(backend, "tx-child-client"));
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE((*node)->start().ok());
+  TxClientOptions o;
+  o.lease = milliseconds(kLeaseMs);
+  o.faults.die_at = st == "holding"   ? TxDieAt::kHoldingLocks
+                    : st == "prepare" ? TxDieAt::kAfterPrepare
+                                      : TxDieAt::kAfterFirstDecide;
+  if (Fault() == "one_phase") o.faults.one_phase_commit = true;
+  auto client = TxClient::Connect(**node, addresses, o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto t = BlockingTx::Create(**client, **node);
+  ASSERT_TRUE(t.ok());
+  const Status result = Transfer(**t, from, to);
+  ASSERT_EQ(result.code(), Code::kInternal) << result.ToString();
+  std::printf("FARMEM_TX_CHILD_AT_STEP %s\n", step);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // SIGKILLed here
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TxRecovery, kTxBackends, TxBackendName);
+INSTANTIATE_TEST_SUITE_P(Tcp, TxRecoveryProcess, ::testing::Values(std::string("tcp")),
+                         TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test
