@@ -239,6 +239,7 @@ Result<ItemRead> TxTable::LockForUpdate(std::span<const std::byte> key, uint64_t
   if (holder != 0 && holder != txid && LockLive(f.item, now) && !options_.faults.no_lock_check) {
     return Aborted("locked", "held by transaction " + std::to_string(holder));
   }
+  if (holder == 0) NoteLocked(mb, f.item);
   Begin(f.item);
   Store(f.item, item::kLock, txid);
   Store(f.item, item::kLease, now + lease_ns);
@@ -264,6 +265,7 @@ Result<uint64_t> TxTable::LockForInsert(std::span<const std::byte> key, uint64_t
   } else {
     FARMEM_ASSIGN_OR_RETURN(slot, FreeSlot(f));
   }
+  if (Load(slot, item::kLock) == 0) NoteLocked(mb, slot);
   Begin(slot);
   Store(slot, item::kLock, txid);
   Store(slot, item::kLease, now + lease_ns);
@@ -511,31 +513,44 @@ Status TxTable::Remove(std::span<const std::byte> key) {
   return Status::OK();
 }
 
+void TxTable::NoteLocked(uint32_t main_bucket, const Slot& s) {
+  std::lock_guard lk(lock_candidates_mu_);
+  lock_candidates_.emplace_back(main_bucket, s.offset);
+}
+
 uint64_t TxTable::ReapExpired() {
-  uint64_t freed = 0;
-  const uint64_t item_words = ItemWords(g_);
-  for (uint32_t mb = 0; mb < g_.num_buckets; ++mb) {
-    std::lock_guard lk(StripeOf(mb));
-    const uint64_t now = Now();
-    uint64_t bucket = mb;
-    for (;;) {
-      auto* b = reinterpret_cast<uint64_t*>(region_ + BucketOffset(g_, bucket));
-      for (uint32_t s = 0; s < g_.width; ++s) {
-        Slot slot{b + 1 + s * item_words, ItemOffset(g_, bucket, s)};
-        if (Load(slot, item::kLock) != 0 && Load(slot, item::kLease) <= now) {
-          Begin(slot);
-          Store(slot, item::kLock, 0);
-          Store(slot, item::kLease, 0);
-          End(slot);
-          ++freed;
-        }
-      }
-      const uint64_t link = std::atomic_ref<uint64_t>(b[0]).load(std::memory_order_relaxed);
-      if (link == 0) break;
-      bucket = link - 1;
-    }
+  std::vector<std::pair<uint32_t, uint64_t>> batch;
+  {
+    std::lock_guard lk(lock_candidates_mu_);
+    batch.swap(lock_candidates_);
   }
+  // An item locked and released many times between two calls is listed once per lock taken
+  // over a zero word; keep one entry each, so the list never outgrows the locked items plus
+  // the locks taken in one reaper period.
+  std::sort(batch.begin(), batch.end());
+  batch.erase(std::unique(batch.begin(), batch.end()), batch.end());
+  uint64_t freed = 0;
+  size_t kept = 0;
+  for (const auto& [mb, offset] : batch) {
+    std::lock_guard lk(StripeOf(mb));
+    const Slot slot{reinterpret_cast<uint64_t*>(region_ + offset), offset};
+    if (Load(slot, item::kLock) == 0) continue;  // released since: nothing to reap
+    if (Load(slot, item::kLease) <= Now()) {
+      Release(slot);
+      ++freed;
+      continue;
+    }
+    batch[kept++] = {mb, offset};
+  }
+  batch.resize(kept);
+  std::lock_guard lk(lock_candidates_mu_);
+  lock_candidates_.insert(lock_candidates_.end(), batch.begin(), batch.end());
   return freed;
+}
+
+size_t TxTable::LockCandidatesForTesting() {
+  std::lock_guard lk(lock_candidates_mu_);
+  return lock_candidates_.size();
 }
 
 TxTableStats TxTable::Stats() {

@@ -438,6 +438,38 @@ TEST(TxTable, ReapExpiredFreesOnlyExpiredLocks) {
   EXPECT_EQ(f.t->Lookup(K(3), {}).status().code(), Code::kNotFound);
 }
 
+// The reaper visits the items locked since its last step, not the table: a hot item locked and
+// unlocked many times is visited once, released items leave the list, and a takeover of an
+// expired lock keeps the item listed (its new holder's lock is reaped in turn).
+TEST(TxTable, ReaperVisitsOnlyLockedItemsAndItsListStaysBounded) {
+  Fixture f;
+  for (uint64_t k = 1; k <= 3; ++k) ASSERT_TRUE(f.t->Insert(K(k), V(k, 32)).ok());
+  for (uint64_t txid = 1; txid <= 500; ++txid) {
+    ASSERT_TRUE(f.t->LockForUpdate(K(1), txid, kLease, {}).ok());
+    ASSERT_TRUE(f.t->Unlock(K(1), txid).ok());
+  }
+  ASSERT_TRUE(f.t->LockForUpdate(K(1), 600, 10 * kLease, {}).ok());  // hot item, held
+  ASSERT_TRUE(f.t->LockForUpdate(K(2), 601, kLease, {}).ok());       // will expire
+  EXPECT_EQ(f.t->LockCandidatesForTesting(), 502u);
+  EXPECT_EQ(f.t->ReapExpired(), 0u);
+  EXPECT_EQ(f.t->LockCandidatesForTesting(), 2u) << "one entry per item still locked";
+  f.clock.ns += kLease + 1;
+  EXPECT_EQ(f.t->ReapExpired(), 1u);
+  EXPECT_EQ(f.t->Lookup(K(2), {})->lock_txid, 0u);
+  EXPECT_EQ(f.t->LockCandidatesForTesting(), 1u);
+  // Takeover of an expired lock: the item is listed already, and the new lock is reaped later.
+  ASSERT_TRUE(f.t->LockForUpdate(K(3), 700, kLease, {}).ok());
+  f.clock.ns += kLease + 1;
+  ASSERT_TRUE(f.t->LockForUpdate(K(3), 701, kLease, {}).ok());
+  f.clock.ns += kLease + 1;
+  EXPECT_EQ(f.t->ReapExpired(), 1u);
+  EXPECT_EQ(f.t->Lookup(K(3), {})->lock_txid, 0u);
+  ASSERT_TRUE(f.t->Unlock(K(1), 600).ok());
+  EXPECT_EQ(f.t->ReapExpired(), 0u);
+  EXPECT_EQ(f.t->LockCandidatesForTesting(), 0u);
+  EXPECT_EQ(f.t->Stats().locked_items, 0u);
+}
+
 // The odd marking: an owner change paused in the middle of its value (the hook runs there) is
 // copied by a one-sided reader. With the marking the copy is refused (busy); without it the
 // copy passes the check with half old, half new value words.
