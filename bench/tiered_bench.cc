@@ -820,7 +820,10 @@ int RunTieredBench(TieredBenchOptions o) {
   fmt::print("\nTargets:\n");
   for (const auto& t : targets)
     fmt::print("  {:<4} {:<52} {}  [{}]\n", bench::TargetResultName(t.result), t.name,
-               t.ratio ? fmt::format("{:.4g}", *t.ratio) : std::string("n/a"), t.limit);
+               t.ratio                  ? fmt::format("{:.4g}", *t.ratio)
+               : std::isfinite(t.value) ? fmt::format("{:.4g}", t.value)  // e.g. ms, no ratio
+                                        : std::string("n/a"),
+               t.limit);
   for (const auto& t : targets)
     if (!t.detail.empty()) fmt::print("  {}: {}\n", t.name, t.detail);
   nlohmann::json servers_json = nlohmann::json::object();
