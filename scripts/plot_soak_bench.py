@@ -5,14 +5,7 @@
 import json
 import sys
 
-
-def fmt_ratio(t):
-    r = t.get("ratio")
-    if r is None:
-        return "n/a"
-    if t.get("ratio_min") is not None:
-        return f"{r:.2f}x ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
-    return f"{r:.2f}x"
+from bench_plot import fmt_ratio
 
 
 def table(doc):

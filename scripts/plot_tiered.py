@@ -5,14 +5,11 @@
 import json
 import sys
 
+from bench_plot import fmt_ratio as _fmt_ratio
+
 
 def fmt_ratio(t):
-    r = t.get("ratio")
-    if r is None:
-        return "n/a"
-    if t.get("ratio_min") is not None:
-        return f"{r:.3g} ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
-    return f"{r:.3g}"
+    return _fmt_ratio(t, spec=".3g", unit="")
 
 
 def table(doc):

@@ -1,0 +1,12 @@
+# Helpers shared by the scripts/plot_*.py scripts that read `farmem bench ... --json` output
+# (imported from the script's own directory: python puts it first on sys.path).
+
+
+def fmt_ratio(t, spec=".2f", unit="x"):
+    """A target's judged ratio with its rounds' min-max: "0.94x (0.88-1.00)"; "n/a" if none."""
+    r = t.get("ratio")
+    if r is None:
+        return "n/a"
+    if t.get("ratio_min") is not None:
+        return f"{r:{spec}}{unit} ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
+    return f"{r:{spec}}{unit}"
