@@ -201,6 +201,12 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
       return {};
     }
     const pid_t pid = fork();
+    if (pid < 0) {  // never reach kill(pid) below with -1: that signals every process
+      close(fds[0]);
+      close(fds[1]);
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return {};
+    }
     if (pid == 0) {  // only async-signal-safe calls until exec
       dup2(fds[1], 1);
       close(fds[0]);
