@@ -104,7 +104,7 @@ class EtcdProcess {
     FARMEM_RETURN_IF_ERROR(Prepare());
     use_tls_ = false;
     extra_args_ = std::move(extra_args);
-    return Restart();
+    return FirstStart();
   }
 
   // Like Start, with TLS on the client port: etcd listens on https:// and url() is etcds://.
@@ -114,7 +114,7 @@ class EtcdProcess {
     tls_ = std::move(tls);
     use_tls_ = true;
     extra_args_ = std::move(extra_args);
-    return Restart();
+    return FirstStart();
   }
 
   // Picks the ports and creates the temporary directory without starting etcd (Start and
@@ -166,6 +166,13 @@ class EtcdProcess {
     posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, (dir_ + "/etcd.stderr").c_str(),
                                      O_WRONLY | O_CREAT | O_APPEND, 0644);
+    // Ready means *this* etcd serves its client port: a port that only accepts could belong to
+    // another test's etcd that took it between FreeLoopbackPort and our bind (our etcd then exits,
+    // but a test that saw the port accept would talk to the other one). So also wait for this
+    // run's "serving client traffic" line in our own log (written after the listener is up).
+    std::error_code size_ec;
+    const auto log_start = std::filesystem::file_size(dir_ + "/etcd.log", size_ec);
+    const uint64_t log_offset = size_ec ? 0 : static_cast<uint64_t>(log_start);
     int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return Status::FromErrno("posix_spawn etcd", rc);
@@ -177,7 +184,8 @@ class EtcdProcess {
         pid_ = -1;
         return Status::Unavailable("etcd exited at start; see " + dir_ + "/etcd.stderr");
       }
-      if (PortAccepts(client_port_)) return Status::OK();
+      if (PortAccepts(client_port_) && LogHasSince(log_offset, "serving client traffic"))
+        return Status::OK();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     Kill();
@@ -220,6 +228,13 @@ class EtcdProcess {
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
     pid_t pid = -1;
+    // Ready means *this* etcd serves its client port: a port that only accepts could belong to
+    // another test's etcd that took it between FreeLoopbackPort and our bind (our etcd then exits,
+    // but a test that saw the port accept would talk to the other one). So also wait for this
+    // run's "serving client traffic" line in our own log (written after the listener is up).
+    std::error_code size_ec;
+    const auto log_start = std::filesystem::file_size(dir_ + "/etcd.log", size_ec);
+    const uint64_t log_offset = size_ec ? 0 : static_cast<uint64_t>(log_start);
     int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return Status::FromErrno("posix_spawn etcdctl", rc);
@@ -247,6 +262,34 @@ class EtcdProcess {
   const std::string& dir() const { return dir_; }
 
  private:
+  // Restart, and when etcd exits at once — its ports were taken by another process between
+  // FreeLoopbackPort and its bind — again on fresh ports and an empty data dir, up to 3 tries.
+  Status FirstStart() {
+    Status st = Restart();
+    for (int i = 0; i < 2 && st.code() == Code::kUnavailable; ++i) {
+      client_port_ = FreeLoopbackPort();
+      peer_port_ = FreeLoopbackPort();
+      std::error_code ec;
+      std::filesystem::remove_all(dir_ + "/data", ec);
+      st = Restart();
+    }
+    return st;
+  }
+
+  // Whether dir_/etcd.log contains `what` at or after byte `offset`.
+  bool LogHasSince(uint64_t offset, const std::string& what) const {
+    FILE* f = std::fopen((dir_ + "/etcd.log").c_str(), "r");
+    if (f == nullptr) return false;
+    std::string text;
+    if (std::fseek(f, static_cast<long>(offset), SEEK_SET) == 0) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    }
+    std::fclose(f);
+    return text.find(what) != std::string::npos;
+  }
+
   void Signal(int sig) {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGCONT);
