@@ -228,13 +228,6 @@ class EtcdProcess {
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
     pid_t pid = -1;
-    // Ready means *this* etcd serves its client port: a port that only accepts could belong to
-    // another test's etcd that took it between FreeLoopbackPort and our bind (our etcd then exits,
-    // but a test that saw the port accept would talk to the other one). So also wait for this
-    // run's "serving client traffic" line in our own log (written after the listener is up).
-    std::error_code size_ec;
-    const auto log_start = std::filesystem::file_size(dir_ + "/etcd.log", size_ec);
-    const uint64_t log_offset = size_ec ? 0 : static_cast<uint64_t>(log_start);
     int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return Status::FromErrno("posix_spawn etcdctl", rc);
