@@ -10,3 +10,13 @@ def fmt_ratio(t, spec=".2f", unit="x"):
     if t.get("ratio_min") is not None:
         return f"{r:{spec}}{unit} ({t['ratio_min']:.2f}-{t['ratio_max']:.2f})"
     return f"{r:{spec}}{unit}"
+
+
+def print_targets(doc, ratio=fmt_ratio):
+    """The markdown table of a benchmark JSON's `targets` (value, baseline, ratio, limit, result)."""
+    print("| target | value | baseline | ratio (min-max) | limit | result |")
+    print("|---|---|---|---|---|---|")
+    for t in doc["targets"]:
+        v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
+        b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
+        print(f"| {t['name']} | {v} | {b} | {ratio(t)} | {t['limit']} | {t['result']} |")

@@ -5,19 +5,14 @@
 import json
 import sys
 
-from bench_plot import fmt_ratio
+from bench_plot import fmt_ratio, print_targets
 
 
 def table(doc):
     m = doc.get("machine", {})
     print(f"# farmem bench soak — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
           f"{doc['options']['rounds']} rounds, wall {doc.get('wall_seconds', 0):.0f} s\n")
-    print("| target | value | baseline | ratio (min-max) | limit | result |")
-    print("|---|---|---|---|---|---|")
-    for t in doc["targets"]:
-        v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
-        b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
-        print(f"| {t['name']} | {v} | {b} | {fmt_ratio(t)} | {t['limit']} | {t['result']} |")
+    print_targets(doc)
     print("\n| round | baseline ops/s | hostile ops/s | ratio | RSS baseline MiB | RSS hostile MiB |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(doc["rounds"], 1):

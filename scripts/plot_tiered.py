@@ -6,6 +6,7 @@ import json
 import sys
 
 from bench_plot import fmt_ratio as _fmt_ratio
+from bench_plot import print_targets
 
 
 def fmt_ratio(t):
@@ -18,12 +19,7 @@ def table(doc):
     print(f"# farmem bench tiered — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
           f"{c['capacity_bytes'] >> 20} MiB region, {c['rounds']} rounds x {c['slice_seconds']} s, "
           f"disk {json.dumps(doc.get('disk', {}))}\n")
-    print("| target | value | baseline | ratio (min-max) | limit | result |")
-    print("|---|---|---|---|---|---|")
-    for t in doc["targets"]:
-        v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
-        b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
-        print(f"| {t['name']} | {v} | {b} | {fmt_ratio(t)} | {t['limit']} | {t['result']} |")
+    print_targets(doc, fmt_ratio)
     print("\n| workload | subject | median ops/s | vs all-dram | hit ratio |")
     print("|---|---|---|---|---|")
     for case in doc["cases"]:

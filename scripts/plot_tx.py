@@ -7,7 +7,7 @@ import json
 import statistics
 import sys
 
-from bench_plot import fmt_ratio
+from bench_plot import print_targets
 
 
 def med(v):
@@ -33,12 +33,7 @@ def table(doc):
     o = doc["options"]
     print(f"# farmem bench tx — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
           f"{o['rounds']} rounds of {o['seconds']} s, {o['threads']} threads x {o['inflight']}\n")
-    print("| target | value | baseline | ratio (min-max) | limit | result |")
-    print("|---|---|---|---|---|---|")
-    for t in doc["targets"]:
-        v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
-        b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
-        print(f"| {t['name']} | {v} | {b} | {fmt_ratio(t)} | {t['limit']} | {t['result']} |")
+    print_targets(doc)
     for spec, r in doc["results"].items():
         kv = r.get("kv", {})
         print(f"\n## {spec}\n\n| KV configuration | lookups/s (median) | server CPU-s per M |")
