@@ -612,7 +612,8 @@ TEST_F(EtcdBackendTest, PausedEtcdCallsReturnByDeadlineAndWatchRecovers) {
   ASSERT_TRUE(p.ok());
   want.push_back({*p, "/p/a", false});
   ASSERT_TRUE(c.WaitEvents(1));
-  etcd_.Pause();
+  Status paused = etcd_.Pause();
+  ASSERT_TRUE(paused.ok()) << paused.ToString();
   for (int i = 0; i < 3; ++i) {
     auto start = Clock::now();
     auto g = backend_->get("/p/a", In(milliseconds(500)));

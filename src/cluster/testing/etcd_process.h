@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -196,9 +197,21 @@ class EtcdProcess {
   void Stop() { Signal(SIGTERM); }
   // SIGKILL and wait.
   void Kill() { Signal(SIGKILL); }
-  // SIGSTOP / SIGCONT: etcd keeps its sockets but answers nothing (a hung store).
-  void Pause() {
-    if (pid_ > 0) ::kill(pid_, SIGSTOP);
+  // SIGSTOP / SIGCONT: etcd keeps its sockets but answers nothing (a hung store). Pause returns
+  // only once every etcd thread is stopped: a group stop is not instant — on a loaded machine a
+  // Go thread already running went on answering requests for tens of milliseconds after kill()
+  // returned (seen in CI: a get answered 0 ms after the SIGSTOP). Internal after 10 s.
+  Status Pause() {
+    if (pid_ <= 0) return Status::Internal("etcd is not running");
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      // Sent again each round: harmless when already stopped, and a stop that a SIGCONT raced
+      // away is not waited for in vain.
+      ::kill(pid_, SIGSTOP);
+      if (AllThreadsStopped()) return Status::OK();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return Status::Internal("etcd pid " + std::to_string(pid_) + " did not stop within 10 s");
   }
   void Resume() {
     if (pid_ > 0) ::kill(pid_, SIGCONT);
@@ -267,6 +280,28 @@ class EtcdProcess {
       st = Restart();
     }
     return st;
+  }
+
+  // Whether every thread of etcd is in state T (stopped) or t (traced), from /proc/PID/task.
+  bool AllThreadsStopped() const {
+    std::error_code ec;
+    std::filesystem::directory_iterator it("/proc/" + std::to_string(pid_) + "/task", ec);
+    if (ec) return false;
+    bool any = false;
+    for (const auto& task : it) {
+      FILE* f = std::fopen((task.path() / "stat").c_str(), "r");
+      if (f == nullptr) continue;  // the thread just exited
+      char buf[512];
+      size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+      std::fclose(f);
+      buf[n] = '\0';
+      // "pid (comm) S ...": the state follows the last ')' (comm may contain one).
+      const char* close = std::strrchr(buf, ')');
+      if (close == nullptr || close[1] != ' ') return false;
+      if (close[2] != 'T' && close[2] != 't') return false;
+      any = true;
+    }
+    return any;
   }
 
   // Whether dir_/etcd.log contains `what` at or after byte `offset`.
