@@ -75,6 +75,9 @@ Status Err(int e, std::string_view what) {
     case EBADF:
       n = "EBADF";
       break;
+    case ENOTSUP:
+      n = "ENOTSUP";
+      break;
     default:
       break;
   }
@@ -177,14 +180,21 @@ std::unique_ptr<MetaStore> NewClusterMetaStore(Cluster& cluster, std::string pre
 
 int ErrnoOf(const Status& s) {
   if (s.ok()) return 0;
-  static const std::pair<const char*, int> kNames[] = {
-      {"ENOENT:", ENOENT},       {"EEXIST:", EEXIST},
-      {"ENOTDIR:", ENOTDIR},     {"EISDIR:", EISDIR},
-      {"ENOTEMPTY:", ENOTEMPTY}, {"ENOSPC:", ENOSPC},
-      {"EBUSY:", EBUSY},         {"EINVAL:", EINVAL},
-      {"EFBIG:", EFBIG},         {"ENAMETOOLONG:", ENAMETOOLONG},
-      {"ENODATA:", ENODATA},     {"EPERM:", EPERM},
-      {"EBADF:", EBADF},         {"EIO:", EIO}};
+  static const std::pair<const char*, int> kNames[] = {{"ENOENT:", ENOENT},
+                                                       {"EEXIST:", EEXIST},
+                                                       {"ENOTDIR:", ENOTDIR},
+                                                       {"EISDIR:", EISDIR},
+                                                       {"ENOTEMPTY:", ENOTEMPTY},
+                                                       {"ENOSPC:", ENOSPC},
+                                                       {"EBUSY:", EBUSY},
+                                                       {"EINVAL:", EINVAL},
+                                                       {"EFBIG:", EFBIG},
+                                                       {"ENAMETOOLONG:", ENAMETOOLONG},
+                                                       {"ENODATA:", ENODATA},
+                                                       {"EPERM:", EPERM},
+                                                       {"EBADF:", EBADF},
+                                                       {"ENOTSUP:", ENOTSUP},
+                                                       {"EIO:", EIO}};
   for (const auto& [n, e] : kNames)
     if (s.message().starts_with(n)) return e;
   if (s.code() == Code::kResourceExhausted) return ENOSPC;
@@ -720,8 +730,9 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
     in->rec.h.ctime_ns = NowNs();
     return Persist(*in);
   }
-  // Other names are not stored (ENOTSUP-like): only region attributes exist.
-  return Err(EPERM, "only user.region.{persistent,multihosted,onewriter} can be set");
+  // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
+  // cp -a take as "this file system has none".
+  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter} can be set");
 }
 
 Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {

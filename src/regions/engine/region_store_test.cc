@@ -200,6 +200,8 @@ TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
   EXPECT_EQ(*store_->getxattr(g, "user.region.onewriter"), "0");
   EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.onewriter", "yes")), EINVAL);
   EXPECT_EQ(ErrnoOf(store_->getxattr(g, "user.other").status()), ENODATA);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "system.posix_acl_access", "x")), ENOTSUP);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.ownerpid", "1")), EPERM);
 }
 
 TEST_F(RegionStoreTest, NamespaceOperations) {
