@@ -424,8 +424,8 @@ Result<InodeAttr> RegionStore::lookup(uint64_t parent, std::string_view name) {
 
 Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t parent,
                                                                   std::string_view name,
-                                                                  uint32_t mode,
-                                                                  const Caller& who) {
+                                                                  uint32_t mode, const Caller& who,
+                                                                  std::string_view target) {
   FARMEM_RETURN_IF_ERROR(CheckName(name));
   FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
   if (dir->children.contains(name)) return Err(EEXIST, std::string(name));
@@ -440,6 +440,7 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
   h.owner_pid = who.pid;
   h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
   if (in->is_dir()) in->parent = parent;
+  in->rec.target = std::string(target);  // symlinks: in the record before it is first persisted
   FARMEM_RETURN_IF_ERROR(Persist(*in));
   FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, h.ino));
   inodes_[h.ino] = in;
@@ -469,27 +470,7 @@ Result<InodeAttr> RegionStore::symlink(uint64_t parent, std::string_view name,
   if (target.empty() || target.size() > kMaxSymlinkBytes)
     return Err(ENAMETOOLONG, "symlink target empty or longer than 4096 bytes");
   std::lock_guard lk(mu_);
-  FARMEM_RETURN_IF_ERROR(CheckName(name));
-  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
-  if (dir->children.contains(name)) return Err(EEXIST, std::string(name));
-  // The target goes into the record before it is first persisted.
-  uint64_t ino = next_ino_;
-  auto in = std::make_shared<Inode>();
-  in->rec.h.ino = ino;
-  in->rec.target = std::string(target);
-  in->rec.h.mode = S_IFLNK | 0777;
-  in->rec.h.uid = who.uid;
-  in->rec.h.gid = who.gid;
-  in->rec.h.nlink = 1;
-  in->rec.h.owner_pid = who.pid;
-  in->rec.h.atime_ns = in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
-  ++next_ino_;
-  FARMEM_RETURN_IF_ERROR(Persist(*in));
-  FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, ino));
-  inodes_[ino] = in;
-  dir->children.emplace(std::string(name), ino);
-  dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = in->rec.h.ctime_ns;
-  FARMEM_RETURN_IF_ERROR(Persist(*dir));
+  FARMEM_ASSIGN_OR_RETURN(auto in, NewInode(parent, name, S_IFLNK | 0777, who, target));
   return AttrOf(*in);
 }
 

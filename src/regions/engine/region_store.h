@@ -178,8 +178,9 @@ class RegionStore {
   Result<std::shared_ptr<Inode>> Get(uint64_t ino);     // mu_ held
   Result<std::shared_ptr<Inode>> GetDir(uint64_t ino);  // mu_ held
   Result<std::shared_ptr<Inode>> NewInode(uint64_t parent, std::string_view name, uint32_t mode,
-                                          const Caller& who);  // mu_ held
-  Status Persist(const Inode& in);                             // mu_ held
+                                          const Caller& who,
+                                          std::string_view target = {});  // mu_ held
+  Status Persist(const Inode& in);                                        // mu_ held
   Status PersistDirent(uint64_t parent, std::string_view name, uint64_t ino);
   Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
   void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
