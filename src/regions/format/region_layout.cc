@@ -32,6 +32,7 @@ Result<InodeRecord> DecodeInode(std::string_view bytes) {
   std::memcpy(&r.h, bytes.data(), sizeof(r.h));
   if (r.h.magic != kInodeMagic) return Status::InvalidArgument("inode record: bad magic");
   if (r.h.version != kInodeVersion) return Status::InvalidArgument("inode record: bad version");
+  if (r.h.reserved != 0) return Status::InvalidArgument("inode record: reserved field not 0");
   if ((r.h.attr_flags & ~kAttrKnown) != 0)
     return Status::InvalidArgument("inode record: unknown attribute flags");
   uint32_t type = r.h.mode & S_IFMT;

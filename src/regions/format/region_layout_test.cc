@@ -85,6 +85,8 @@ TEST(RegionLayout, HostileInodeRecordsAreRejected) {
   uint32_t huge = 0xffffffff;
   expect_bad(patch(offsetof(InodeRecordHeader, map_entries), &huge, 4), "map length");
   expect_bad(patch(offsetof(InodeRecordHeader, target_len), &huge, 4), "target length");
+  uint32_t seven = 7;
+  expect_bad(patch(offsetof(InodeRecordHeader, reserved), &seven, 4), "reserved");  // fuzz find
   uint32_t fifo = S_IFIFO | 0644;
   expect_bad(patch(offsetof(InodeRecordHeader, mode), &fifo, 4), "mode");
   uint64_t small = 1;  // 3 chunks mapped, 1 byte long

@@ -324,8 +324,9 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
   fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &store);
   if (se == nullptr) return Status::IoError("regions: fuse_session_new failed");
   Status result;
-  // libfuse installs its handlers only over SIG_DFL; a library of this process (a crash reporter)
-  // already handles SIGINT/SIGTERM by exiting, which would leave a dead mount behind.
+  // libfuse installs its handlers only over SIG_DFL, and libinfinipath (libfabric's psm provider,
+  // common/fuzz_support.h) has already installed SIGINT/SIGTERM handlers that call exit(1), which
+  // would leave a dead mount behind (ENOTCONN until fusermount3 -u): put SIG_DFL back first.
   struct sigaction dfl {
   }, saved[3];
   dfl.sa_handler = SIG_DFL;
