@@ -312,6 +312,14 @@ Status RegionStore::Load() {
       dirents.emplace_back(key, d.ino);
     }
   }
+  // Session units die with the clients that allocated them: metadata naming units from an
+  // earlier store can only be trusted when units are persistent (else its chunks may already
+  // belong to someone else).
+  if (!units_.empty() && !options_.persistent_units)
+    return Status::FailedPrecondition(
+        "regions metadata: names " + std::to_string(units_.size()) +
+        " unit(s) of an earlier mount, but this store allocates session units, which do not "
+        "outlive a mount; open it with persistent units");
   if (inodes_.empty()) {
     auto root = std::make_shared<Inode>();
     root->rec.h.ino = kRootIno;

@@ -265,8 +265,14 @@ TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
   EXPECT_EQ(store_->stats().chunks_in_use, 2u);
   // New inodes do not reuse old numbers.
   EXPECT_GT(Create("g"), lf->ino);
-  // Hostile metadata: a store refuses to open on it, and says why.
+  // A store with session units refuses metadata that names units of an earlier one.
   store_.reset();
+  env_.options.persistent_units = false;
+  auto session = env_.OpenStore();
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.status().code(), Code::kFailedPrecondition) << session.status().ToString();
+  env_.options.persistent_units = true;
+  // Hostile metadata: a store refuses to open on it, and says why.
   ASSERT_TRUE(env_.meta->put("inode/99", "garbage").ok());
   auto bad = env_.OpenStore();
   ASSERT_FALSE(bad.ok());

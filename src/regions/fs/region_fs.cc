@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -423,6 +424,28 @@ Status RunRegionFs(const RegionFsOptions& o) {
   FARMEM_ASSIGN_OR_RETURN(auto node, Node::Create(nc));
   FARMEM_RETURN_IF_ERROR(node->start());
   so.root_mode = 0755;
+  // Running farmemds outlive this mount, so its units must too (the metadata in a shared store
+  // names them); the embedded server's memory dies with the process anyway.
+  so.persistent_units = !o.servers.empty();
+  // One mount per namespace until the multi-mount protocol exists (docs/regions.md "Not built"):
+  // claim it with a key bound to this process's membership lease.
+  std::string member = "regions-mount-" + std::to_string(getpid());
+  ClusterMember self;
+  self.name = member;
+  self.roles = {"regions-mount"};
+  FARMEM_RETURN_IF_ERROR(cluster->join(self));
+  ClusterPutOptions bound;
+  bound.bind_to_lease = true;
+  auto claimed = cluster->put_if("regions-mount", member, 0, bound);
+  // TEST ONLY: FARMEM_REGIONS_FAULT=no_claim lets a second mount in (tests/regions_etcd_test.sh).
+  const char* fault = std::getenv("FARMEM_REGIONS_FAULT");
+  if (fault != nullptr && std::string_view(fault) == "no_claim") claimed = int64_t{0};
+  if (!claimed.ok()) {
+    auto holder = cluster->get("regions-mount");
+    return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
+                                      (holder.ok() ? holder->value : std::string("?")) +
+                                      "); several mounts of one namespace are not supported yet");
+  }
   Status result;
   {
     auto store = RegionStore::Open(*node, *meta, so);
