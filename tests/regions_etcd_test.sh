@@ -48,13 +48,7 @@ mount_at() {
   mkdir -p "$1"
   "$FARMEM" mount "$1" --cluster "$URL" --server "$SERVER" >"$WORK/$2.out" 2>"$WORK/$2.err" &
   PID=$!
-  for _ in $(seq 100); do
-    grep -q '^regions: mounted at' "$WORK/$2.out" 2>/dev/null && grep -qs " $1 " /proc/mounts &&
-      return 0
-    kill -0 "$PID" 2>/dev/null || fail "farmem mount at $1 exited"
-    sleep 0.1
-  done
-  fail "$1 not mounted within 10 s"
+  wait_mounted "$WORK/$2.out" "$1" "$PID"
 }
 unmount() {
   kill -TERM "$PID"

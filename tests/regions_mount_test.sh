@@ -38,13 +38,7 @@ mount_regions() {
   mkdir -p "$MNT"
   "$FARMEM" mount "$MNT" --memory-mib 40 >"$WORK/mount.out" 2>"$WORK/mount.err" &
   PID=$!
-  for _ in $(seq 100); do
-    grep -q '^regions: mounted at' "$WORK/mount.out" 2>/dev/null && grep -qs " $MNT " /proc/mounts &&
-      return 0
-    kill -0 "$PID" 2>/dev/null || fail "farmem mount exited"
-    sleep 0.1
-  done
-  fail "not mounted within 10 s"
+  wait_mounted "$WORK/mount.out" "$MNT" "$PID"
 }
 
 # Reads a file with O_DIRECT (every byte from the daemon, none from the page cache).
