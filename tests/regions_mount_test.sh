@@ -2,10 +2,10 @@
 # Remote regions over FUSE (docs/regions.md "Tests"): `farmem mount` with no flags (embedded
 # farmemd, memory:// metadata, a 40 MiB budget), then Unix tools against it, compared with tmpfs:
 # random data + sha256 (also read back with O_DIRECT, past the page cache), cp -a + diff -r of the
-# repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file,
-# mkdir/rmdir/readdir, symlink, ONEWRITER (second writer EBUSY), ENOSPC with the rest intact and
+# repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, chmod/chown/
+# utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second writer EBUSY), ENOSPC with the rest intact and
 # the space reusable after rm, df from the budget, clean unmount on SIGTERM and by fusermount3 -u.
-# FARMEM_REGIONS_FAULT=no_tail|no_onewriter (passed to the daemon) makes a check fail.
+# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms (passed to the daemon) makes a check fail.
 # SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
 set -euo pipefail
 
@@ -93,6 +93,26 @@ ln -s random "$MNT/link"
 [[ "$(readlink "$MNT/link")" == random && "$(sum "$MNT/link")" == "$(sum "$REF/random")" ]] || fail "symlink"
 ln "$MNT/random" "$MNT/hard" 2>/dev/null && fail "hard link succeeded"
 log "mkdir/rmdir/readdir, symlink, hard link refused: ok"
+
+# 5b. chmod, chown, utimens (as on tmpfs), and the kernel's permission checks on our modes.
+for d in "$REF" "$MNT"; do
+  echo secret >"$d/perm"
+  chmod 0640 "$d/perm"
+  chown 1234:5678 "$d/perm"
+  touch -d "2001-02-03 04:05:06.789" "$d/perm"
+done
+[[ "$(stat -c '%a %u %g %Y %y' "$MNT/perm")" == "$(stat -c '%a %u %g %Y %y' "$REF/perm")" ]] ||
+  fail "chmod/chown/touch -d: $(stat -c '%a %u %g %y' "$MNT/perm") vs $(stat -c '%a %u %g %y' "$REF/perm")"
+echo top >"$MNT/private"
+chmod 0600 "$MNT/private"
+if command -v runuser >/dev/null && id nobody >/dev/null 2>&1; then
+  chmod 0755 "$WORK"  # mktemp made it 0700: nobody must reach the mount point
+  runuser -u nobody -- cat "$MNT/private" >/dev/null 2>&1 && fail "nobody read a 0600 root file"
+  runuser -u nobody -- cat "$MNT/random" >/dev/null 2>&1 || fail "nobody cannot read a 0644 file"
+  log "chmod/chown/touch -d as on tmpfs; nobody: EACCES on 0600, reads 0644"
+else
+  log "chmod/chown/touch -d as on tmpfs (no runuser/nobody: permission check not run)"
+fi
 
 # 6. ONEWRITER inherited from the directory: the second writer gets EBUSY.
 mkdir "$MNT/solo"

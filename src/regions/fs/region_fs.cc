@@ -32,6 +32,13 @@ using regions::RegionStore;
 constexpr double kTimeout = 1.0;          // attr/entry cache, seconds (close-to-open)
 constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 
+// TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
+// namespace in; no_perms mounts without default_permissions (the kernel then checks nothing).
+bool FsFault(std::string_view name) {
+  const char* f = std::getenv("FARMEM_REGIONS_FAULT");
+  return f != nullptr && name == f;
+}
+
 RegionStore& Store(fuse_req_t req) {
   return *static_cast<RegionStore*>(fuse_req_userdata(req));
 }
@@ -314,8 +321,8 @@ std::string RandomToken() {
 // with: RunRegionFs blocks SIGINT/SIGTERM/SIGHUP before it starts any thread, so only this thread
 // (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
 Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblocked) {
-  std::vector<std::string> argv_s = {"farmem-mount", "-o",
-                                     "default_permissions,fsname=farmem-regions,subtype=regions"};
+  std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
+  if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
   if (getuid() == 0) argv_s.back() += ",allow_other";
   if (o.debug) argv_s.push_back("-d");
   std::vector<char*> argv;
@@ -437,9 +444,7 @@ Status RunRegionFs(const RegionFsOptions& o) {
   ClusterPutOptions bound;
   bound.bind_to_lease = true;
   auto claimed = cluster->put_if("regions-mount", member, 0, bound);
-  // TEST ONLY: FARMEM_REGIONS_FAULT=no_claim lets a second mount in (tests/regions_etcd_test.sh).
-  const char* fault = std::getenv("FARMEM_REGIONS_FAULT");
-  if (fault != nullptr && std::string_view(fault) == "no_claim") claimed = int64_t{0};
+  if (FsFault("no_claim")) claimed = int64_t{0};
   if (!claimed.ok()) {
     auto holder = cluster->get("regions-mount");
     return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
