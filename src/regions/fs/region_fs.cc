@@ -174,6 +174,9 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto h = Store(req).open(ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
   fi->fh = *h;
+  // One mount per namespace (the claim in RunRegionFs): every change to a file went through this
+  // kernel's page cache, so what it cached is current and an open need not drop it.
+  fi->keep_cache = 1;
   fuse_reply_open(req, fi);
 }
 
@@ -184,6 +187,7 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   auto h = s.open(a->ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
   fi->fh = *h;
+  fi->keep_cache = 1;
   fuse_entry_param e{};
   e.ino = a->ino;
   e.attr = ToStat(*a);
