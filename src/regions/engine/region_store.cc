@@ -833,6 +833,7 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
   size_t n = 0;
   {
     std::lock_guard lk(mu_);
+    if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "read of a non-file");
     uint64_t size = in->rec.h.size;
     if (offset >= size) return size_t{0};
