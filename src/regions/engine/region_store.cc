@@ -345,6 +345,25 @@ Status RegionStore::Load() {
     p->second->children.emplace(std::string(rest.substr(slash + 1)), ino);
     if (c->second->is_dir()) c->second->parent = parent;
   }
+  // One tree: every inode reachable from the root through exactly one name (no cycles, no
+  // orphans, no second parent), so walks up the tree (rename's cycle check) end at the root.
+  std::unordered_map<uint64_t, int> names;
+  std::vector<uint64_t> todo{kRootIno};
+  names[kRootIno] = 1;
+  while (!todo.empty()) {
+    auto dir = inodes_[todo.back()];
+    todo.pop_back();
+    for (auto& [name, child] : dir->children) {
+      if (++names[child] > 1)
+        return Status::InvalidArgument("regions metadata: inode " + std::to_string(child) +
+                                       " has more than one name");
+      if (inodes_[child]->is_dir()) todo.push_back(child);
+    }
+  }
+  if (names.size() != inodes_.size())
+    return Status::InvalidArgument(
+        "regions metadata: " + std::to_string(inodes_.size() - names.size()) +
+        " inode(s) not reachable from the root");
   // Every chunk in exactly one map, and only in units that exist.
   for (auto& [ino, in] : inodes_) {
     for (MapEntry e : in->rec.map) {

@@ -277,6 +277,32 @@ TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
   auto bad = env_.OpenStore();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("inode/99"), std::string_view::npos);
+  ASSERT_TRUE(env_.meta->remove("inode/99").ok());
+  ASSERT_TRUE(env_.OpenStore().ok());
+  // A directory cycle cut off from the root (d2 in d3, d3 in d2) and a second name for a file.
+  auto put_dirent = [&](uint64_t parent, const std::string& name, uint64_t ino) {
+    DirentRecord d{ino};
+    return env_.meta->put("dirent/" + std::to_string(parent) + "/" + name,
+                          std::string(reinterpret_cast<const char*>(&d), sizeof(d)));
+  };
+  ASSERT_TRUE(put_dirent(ld->ino, "again", lf->ino).ok());
+  auto twice = env_.OpenStore();
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("more than one name"), std::string_view::npos);
+  ASSERT_TRUE(env_.meta->remove("dirent/" + std::to_string(ld->ino) + "/again").ok());
+  InodeRecord dir;
+  dir.h.mode = S_IFDIR | 0755;
+  dir.h.nlink = 2;
+  for (uint64_t ino : {500u, 501u}) {
+    dir.h.ino = ino;
+    ASSERT_TRUE(env_.meta->put("inode/" + std::to_string(ino), EncodeInode(dir)).ok());
+  }
+  ASSERT_TRUE(put_dirent(500, "x", 501).ok());
+  ASSERT_TRUE(put_dirent(501, "y", 500).ok());
+  auto cycle = env_.OpenStore();
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_NE(cycle.status().message().find("not reachable"), std::string_view::npos)
+      << cycle.status().ToString();
 }
 
 TEST_F(RegionStoreTest, MultihostedRegionsSpreadIn2MiBSteps) {
