@@ -19,8 +19,12 @@ endif()
 # farmem.pc). The server half (service, pools, objects engine/service, server) is there so a
 # program can embed a MemoryServer like `farmem demo` does; farmem_bench (hiredis) is not.
 # farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend);
-# the tier engine (farmemd's tiered region) brings liburing.
+# the tier engine (farmemd's tiered region) brings liburing; the regions file system
+# (include/farmem/regionfs.h) brings libfuse3.
 set(FARMEM_INSTALLED_LIBS
+    farmem_regions_fs
+    farmem_regions_engine
+    farmem_regions_format
     farmem_server
     farmem_cluster
     farmem_objects_service

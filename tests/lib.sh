@@ -1,6 +1,6 @@
 # Shell helpers shared by the integration tests in this folder (sourced, not run): log and fail,
-# waiting for farmemd's ready line, and the veth links and reachability probe of the
-# network-namespace tests. Callers run under `set -euo pipefail` and set, before sourcing,
+# waiting for farmemd's ready line or a `farmem mount`, and the veth links and reachability probe
+# of the network-namespace tests. Callers run under `set -euo pipefail` and set, before sourcing,
 # TEST_NAME (the prefix of every line) and WORK (their scratch folder); LOG_GLOBS, when set at
 # failure time, names more files for fail to show (unquoted: it is globbed then).
 
@@ -66,4 +66,16 @@ netns_probe() {
   local ns=$1 ip=$2 out
   out="$(ip netns exec "$ns" timeout 5 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1 || true)"
   grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
+}
+
+# Waits up to 10 s until `farmem mount` (pid $3, stdout in file $1) printed its mounted line and
+# $2 is in /proc/mounts; fails if the process exits first or the time runs out.
+wait_mounted() {
+  local out=$1 mnt=$2 pid=$3
+  for _ in $(seq 100); do
+    grep -q '^regions: mounted at' "$out" 2>/dev/null && grep -qs " $mnt " /proc/mounts && return 0
+    kill -0 "$pid" 2>/dev/null || fail "farmem mount at $mnt exited"
+    sleep 0.1
+  done
+  fail "$mnt not mounted within 10 s"
 }

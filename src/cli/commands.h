@@ -12,6 +12,7 @@
 
 #include "farmem/cluster.h"
 #include "farmem/node.h"
+#include "farmem/regionfs.h"
 #include "farmem/status.h"
 
 namespace farmem::cli {
@@ -79,6 +80,9 @@ struct HoldOptions {
   uint32_t seconds = 0;             // 0 = until SIGTERM/SIGINT (or SIGKILL)
 };
 int RunHold(const HoldOptions& options);
+
+// `farmem mount DIR` (mount_cmd.cc): serves remote regions over FUSE until unmounted.
+int RunMount(RegionFsOptions options);
 
 struct CompactOptions {
   ClientOptions client;

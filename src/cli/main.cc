@@ -1,5 +1,6 @@
 // `farmem`: the command-line tool. Subcommands: serve (run a memory server, same as farmemd),
-// demo (guided, checked tour of the raw and object APIs), stat (server statistics), hold
+// demo (guided, checked tour of the raw and object APIs), stat (server statistics), mount (remote
+// regions over FUSE), hold
 // (allocate and keep until killed: sessions demo and test), compact
 // (one object-store compaction round), cluster (the control plane: members, watch, metadata, a
 // local cluster up/down), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote call failed,
@@ -126,6 +127,25 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   hold->add_option("--seconds", hold_opts.seconds, "hold this long, then exit (0 = until killed)")
       ->capture_default_str();
+
+  farmem::RegionFsOptions mount_opts;
+  uint64_t mount_memory_mib = 1024;
+  CLI::App* mount = app.add_subcommand(
+      "mount", "mount remote regions (files whose bytes live in farmemd memory) with FUSE");
+  mount->add_option("dir", mount_opts.mountpoint, "mount point (an existing directory)")
+      ->required();
+  mount->add_option("--cluster", mount_opts.cluster_url,
+                    "metadata store URL (default: memory://regions in this process)");
+  mount->add_option("--cluster-name", mount_opts.cluster_name, "cluster within the store")
+      ->capture_default_str();
+  mount->add_option("--server", mount_opts.servers,
+                    "farmemd bootstrap HOST:PORT, repeatable (none: an embedded memory server)");
+  mount->add_option("--token", mount_opts.token, "cluster token of --server (env FARMEM_TOKEN)");
+  mount->add_option("--memory-mib", mount_memory_mib, "budget of the embedded memory server")
+      ->capture_default_str();
+  mount->add_option("--threads", mount_opts.threads, "FUSE worker threads at most (1..64)")
+      ->capture_default_str();
+  mount->add_flag("--debug", mount_opts.debug, "log every FUSE request on stderr");
 
   farmem::cli::CompactOptions compact_opts;
   uint16_t compact_class = 0;
@@ -288,6 +308,15 @@ int main(int argc, char** argv) {
     ApplyTokenEnv(*stat, stat_opts.client);
     if (int rc = check_target(*stat, stat_opts.address, stat_opts.cluster)) return rc;
     return farmem::cli::RunStat(stat_opts);
+  }
+  if (mount->parsed()) {
+    if (mount->get_option("--token")->count() == 0) {
+      if (const char* env = std::getenv("FARMEM_TOKEN")) mount_opts.token = env;
+    }
+    if (mount_memory_mib == 0 || mount_memory_mib > (1u << 20))
+      return Usage("--memory-mib must be 1..1048576");
+    mount_opts.memory_bytes = mount_memory_mib << 20;
+    return farmem::cli::RunMount(mount_opts);
   }
   if (hold->parsed()) {
     ApplyTokenEnv(*hold, hold_opts.client);

@@ -1,0 +1,986 @@
+// RegionStore implementation. Lock order: an inode's `io` lock before mu_. Reads hold `io`
+// shared and writes/truncates/reclaims hold it exclusive while their one-sided operations run, so
+// no chunk is freed (and possibly handed to another region) while an operation may touch it.
+// Invariant: every byte of an allocated chunk at or past the inode's size is zero (fresh chunks
+// are zeroed where a write does not cover them; a shrink zeroes the tail of its last chunk).
+#include "regions/engine/region_store.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace farmem::regions {
+
+namespace {
+
+// Test-only protections that FARMEM_REGIONS_FAULT removes (docs/regions.md "Tests"):
+//   no_zero: fresh chunks are not zeroed where a write does not cover them;
+//   no_tail: a shrink does not zero the tail of its last chunk;
+//   no_pin: an unlinked or shrunk inode's chunks are freed while handles still have it open;
+//   no_onewriter: ONEWRITER lets a second writer in;
+//   no_rollback: a write that ran out of memory keeps the chunks it did get.
+bool Fault(std::string_view name) {
+  static const std::string fault = [] {
+    const char* e = std::getenv("FARMEM_REGIONS_FAULT");
+    return std::string(e ? e : "");
+  }();
+  return fault == name;
+}
+
+Status Err(int e, std::string_view what) {
+  const char* n = "EIO";
+  switch (e) {
+    case ENOENT:
+      n = "ENOENT";
+      break;
+    case EEXIST:
+      n = "EEXIST";
+      break;
+    case ENOTDIR:
+      n = "ENOTDIR";
+      break;
+    case EISDIR:
+      n = "EISDIR";
+      break;
+    case ENOTEMPTY:
+      n = "ENOTEMPTY";
+      break;
+    case ENOSPC:
+      n = "ENOSPC";
+      break;
+    case EBUSY:
+      n = "EBUSY";
+      break;
+    case EINVAL:
+      n = "EINVAL";
+      break;
+    case EFBIG:
+      n = "EFBIG";
+      break;
+    case ENAMETOOLONG:
+      n = "ENAMETOOLONG";
+      break;
+    case ENODATA:
+      n = "ENODATA";
+      break;
+    case EPERM:
+      n = "EPERM";
+      break;
+    case EBADF:
+      n = "EBADF";
+      break;
+    case ENOTSUP:
+      n = "ENOTSUP";
+      break;
+    default:
+      break;
+  }
+  std::string msg = std::string(n) + ": " + std::string(what);
+  switch (e) {
+    case ENOENT:
+    case ENODATA:
+      return Status::NotFound(msg);
+    case EEXIST:
+    case ENOTEMPTY:
+    case EBUSY:
+      return Status::FailedPrecondition(msg);
+    case ENOSPC:
+      return Status::ResourceExhausted(msg);
+    case EIO:
+      return Status::IoError(msg);
+    default:
+      return Status::InvalidArgument(msg);
+  }
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status CheckName(std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos)
+    return Err(EINVAL, "bad file name");
+  if (name.size() > 255) return Err(ENAMETOOLONG, "file name longer than 255 bytes");
+  return Status::OK();
+}
+
+// One one-sided transfer of a read or write.
+struct Piece {
+  RemoteRef ref;
+  std::byte* dst = nullptr;        // read
+  const std::byte* src = nullptr;  // write
+  size_t len = 0;
+};
+
+const std::byte* ZeroChunk() {
+  static const std::vector<std::byte> zeros(kChunkBytes);
+  return zeros.data();
+}
+
+// Runs every piece at once on `s`; writes are delivery-complete (acknowledged only once the
+// bytes reached remote memory).
+Status RunPieces(Scheduler& s, const std::vector<Piece>& pieces, bool write) {
+  if (pieces.empty()) return Status::OK();
+  std::vector<Status> st(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    s.spawn([](Scheduler& s, Piece p, Status* out, bool write) -> Task<void> {
+      if (write)
+        *out = co_await s.write(p.ref, p.src, p.len, true);
+      else
+        *out = co_await s.read(p.ref, p.dst, p.len);
+    }(s, pieces[i], &st[i], write));
+  }
+  Status run = s.run(std::chrono::seconds(60));
+  if (!run.ok())
+    return Err(EIO, "remote " + std::string(write ? "write" : "read") + ": " + run.ToString());
+  for (const Status& x : st)
+    if (!x.ok())
+      return Err(EIO, "remote " + std::string(write ? "write" : "read") + ": " + x.ToString());
+  return Status::OK();
+}
+
+class ClusterMeta : public MetaStore {
+ public:
+  ClusterMeta(Cluster& c, std::string prefix) : c_(c), prefix_(std::move(prefix)) {}
+  Status put(std::string_view key, std::string_view value) override {
+    auto r = c_.put(prefix_ + std::string(key), value);
+    return r.ok() ? Status::OK() : r.status();
+  }
+  Status remove(std::string_view key) override {
+    Status s = c_.remove(prefix_ + std::string(key));
+    return s.code() == Code::kNotFound ? Status::OK() : s;
+  }
+  Result<std::vector<std::pair<std::string, std::string>>> list(std::string_view prefix) override {
+    FARMEM_ASSIGN_OR_RETURN(auto kvs, c_.list(prefix_ + std::string(prefix)));
+    std::vector<std::pair<std::string, std::string>> out;
+    out.reserve(kvs.size());
+    for (auto& kv : kvs) out.emplace_back(kv.key.substr(prefix_.size()), std::move(kv.value));
+    return out;
+  }
+
+ private:
+  Cluster& c_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+std::unique_ptr<MetaStore> NewClusterMetaStore(Cluster& cluster, std::string prefix) {
+  return std::make_unique<ClusterMeta>(cluster, std::move(prefix));
+}
+
+int ErrnoOf(const Status& s) {
+  if (s.ok()) return 0;
+  static const std::pair<const char*, int> kNames[] = {{"ENOENT:", ENOENT},
+                                                       {"EEXIST:", EEXIST},
+                                                       {"ENOTDIR:", ENOTDIR},
+                                                       {"EISDIR:", EISDIR},
+                                                       {"ENOTEMPTY:", ENOTEMPTY},
+                                                       {"ENOSPC:", ENOSPC},
+                                                       {"EBUSY:", EBUSY},
+                                                       {"EINVAL:", EINVAL},
+                                                       {"EFBIG:", EFBIG},
+                                                       {"ENAMETOOLONG:", ENAMETOOLONG},
+                                                       {"ENODATA:", ENODATA},
+                                                       {"EPERM:", EPERM},
+                                                       {"EBADF:", EBADF},
+                                                       {"ENOTSUP:", ENOTSUP},
+                                                       {"EIO:", EIO}};
+  for (const auto& [n, e] : kNames)
+    if (s.message().starts_with(n)) return e;
+  if (s.code() == Code::kResourceExhausted) return ENOSPC;
+  if (s.code() == Code::kNotFound) return ENOENT;
+  return EIO;
+}
+
+struct RegionStore::Inode {
+  InodeRecord rec;  // header (size, mode, ...), map, symlink target
+  std::map<std::string, uint64_t, std::less<>> children;  // directories
+  uint64_t parent = 0;                                    // directories
+  uint32_t opens = 0;
+  uint32_t writers = 0;
+  std::vector<MapEntry> deferred;  // cut off by a shrink while open: freed at the last release
+  bool reclaimed = false;
+  std::shared_mutex io;
+  bool is_dir() const { return (rec.h.mode & S_IFMT) == S_IFDIR; }
+  bool is_reg() const { return (rec.h.mode & S_IFMT) == S_IFREG; }
+};
+
+struct RegionStore::Unit {
+  uint32_t server = 0;
+  RemoteRef base;
+  uint16_t used = 0;  // bit i: chunk i is in some region's map
+};
+
+struct RegionStore::Server {
+  std::string address;
+  std::unique_ptr<RawClient> client;
+};
+
+RegionStore::RegionStore(Node& node, MetaStore& meta, RegionStoreOptions options)
+    : node_(node), meta_(meta), options_(std::move(options)) {}
+
+RegionStore::~RegionStore() {
+  {
+    std::lock_guard lk(sched_mu_);
+    scheds_.clear();
+  }
+  if (!options_.persistent_units) {
+    // Session units go with the clients' sessions anyway; free them now so the servers see it
+    // at once.
+    std::lock_guard lk(mu_);
+    for (auto& [gid, u] : units_) (void)servers_[u->server]->client->free_raw(u->base);
+  }
+}
+
+Result<std::unique_ptr<RegionStore>> RegionStore::Open(Node& node, MetaStore& meta,
+                                                       RegionStoreOptions options) {
+  if (options.servers.empty()) return Status::InvalidArgument("regions: no memory server given");
+  std::unique_ptr<RegionStore> s(new RegionStore(node, meta, std::move(options)));
+  for (const std::string& a : s->options_.servers) {
+    RawClientOptions ro;
+    ro.session_ttl = s->options_.session_ttl;
+    auto c = RawClient::Connect(node, a, ro);
+    if (!c.ok())
+      return Status(c.status().code(), "regions: server " + a + ": " + c.status().ToString());
+    auto srv = std::make_unique<Server>();
+    srv->address = a;
+    srv->client = std::move(*c);
+    s->servers_.push_back(std::move(srv));
+  }
+  FARMEM_RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+Status RegionStore::Load() {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto kvs, meta_.list(""));
+  std::vector<std::pair<std::string, uint64_t>> dirents;
+  for (auto& [key, value] : kvs) {
+    auto num = [](std::string_view t) -> std::optional<uint64_t> {
+      if (t.empty() || t.size() > 19) return std::nullopt;
+      uint64_t v = 0;
+      for (char ch : t) {
+        if (ch < '0' || ch > '9') return std::nullopt;
+        v = v * 10 + static_cast<uint64_t>(ch - '0');
+      }
+      return v;
+    };
+    if (key.starts_with("inode/")) {
+      auto ino = num(std::string_view(key).substr(6));
+      auto rec = DecodeInode(value);
+      if (!ino || !rec.ok() || rec->h.ino != *ino)
+        return Status::InvalidArgument("regions metadata: bad " + key + ": " +
+                                       (rec.ok() ? "number mismatch" : rec.status().ToString()));
+      auto in = std::make_shared<Inode>();
+      in->rec = std::move(*rec);
+      inodes_[*ino] = in;
+      next_ino_ = std::max(next_ino_, *ino + 1);
+    } else if (key.starts_with("unit/")) {
+      auto gid = num(std::string_view(key).substr(5));
+      auto rec = DecodeUnit(value);
+      if (!gid || *gid == 0 || *gid > kMaxGid || !rec.ok())
+        return Status::InvalidArgument("regions metadata: bad " + key);
+      auto u = std::make_unique<Unit>();
+      auto it = std::find_if(servers_.begin(), servers_.end(),
+                             [&](auto& s) { return s->address == rec->address; });
+      if (it == servers_.end())
+        return Status::InvalidArgument("regions metadata: " + key + " is on server " +
+                                       rec->address + ", which this store was not given");
+      u->server = static_cast<uint32_t>(it - servers_.begin());
+      u->base = RemoteRef{(*it)->client->server().id, rec->key, rec->offset};
+      units_[*gid] = std::move(u);
+      next_gid_ = std::max<uint32_t>(next_gid_, static_cast<uint32_t>(*gid) + 1);
+    } else if (key.starts_with("dirent/")) {
+      std::string_view rest = std::string_view(key).substr(7);
+      size_t slash = rest.find('/');
+      auto parent = slash == std::string_view::npos ? std::nullopt : num(rest.substr(0, slash));
+      if (!parent || value.size() != sizeof(DirentRecord) ||
+          !CheckName(rest.substr(slash + 1)).ok())
+        return Status::InvalidArgument("regions metadata: bad " + key);
+      DirentRecord d;
+      std::memcpy(&d, value.data(), sizeof(d));
+      dirents.emplace_back(key, d.ino);
+    }
+  }
+  // Session units die with the clients that allocated them: metadata naming units from an
+  // earlier store can only be trusted when units are persistent (else its chunks may already
+  // belong to someone else).
+  if (!units_.empty() && !options_.persistent_units)
+    return Status::FailedPrecondition(
+        "regions metadata: names " + std::to_string(units_.size()) +
+        " unit(s) of an earlier mount, but this store allocates session units, which do not "
+        "outlive a mount; open it with persistent units");
+  if (inodes_.empty()) {
+    auto root = std::make_shared<Inode>();
+    root->rec.h.ino = kRootIno;
+    root->rec.h.mode = S_IFDIR | (options_.root_mode & 07777);
+    root->rec.h.nlink = 2;
+    root->rec.h.attr_flags = options_.root_attrs & kAttrKnown;
+    root->rec.h.atime_ns = root->rec.h.mtime_ns = root->rec.h.ctime_ns = NowNs();
+    root->parent = kRootIno;
+    inodes_[kRootIno] = root;
+    return Persist(*root);
+  }
+  if (!inodes_.contains(kRootIno) || !inodes_[kRootIno]->is_dir())
+    return Status::InvalidArgument("regions metadata: no root directory");
+  inodes_[kRootIno]->parent = kRootIno;
+  for (auto& [key, ino] : dirents) {
+    std::string_view rest = std::string_view(key).substr(7);
+    size_t slash = rest.find('/');
+    uint64_t parent = std::stoull(std::string(rest.substr(0, slash)));
+    auto p = inodes_.find(parent);
+    auto c = inodes_.find(ino);
+    if (p == inodes_.end() || !p->second->is_dir() || c == inodes_.end() || ino == kRootIno)
+      return Status::InvalidArgument("regions metadata: dangling " + key);
+    p->second->children.emplace(std::string(rest.substr(slash + 1)), ino);
+    if (c->second->is_dir()) c->second->parent = parent;
+  }
+  // One tree: every inode reachable from the root through exactly one name (no cycles, no
+  // orphans, no second parent), so walks up the tree (rename's cycle check) end at the root.
+  std::unordered_map<uint64_t, int> names;
+  std::vector<uint64_t> todo{kRootIno};
+  names[kRootIno] = 1;
+  while (!todo.empty()) {
+    auto dir = inodes_[todo.back()];
+    todo.pop_back();
+    for (auto& [name, child] : dir->children) {
+      if (++names[child] > 1)
+        return Status::InvalidArgument("regions metadata: inode " + std::to_string(child) +
+                                       " has more than one name");
+      if (inodes_[child]->is_dir()) todo.push_back(child);
+    }
+  }
+  if (names.size() != inodes_.size())
+    return Status::InvalidArgument(
+        "regions metadata: " + std::to_string(inodes_.size() - names.size()) +
+        " inode(s) not reachable from the root");
+  // Every chunk in exactly one map, and only in units that exist.
+  for (auto& [ino, in] : inodes_) {
+    for (MapEntry e : in->rec.map) {
+      if (e == kHole) continue;
+      auto u = units_.find(EntryGid(e));
+      if (u == units_.end())
+        return Status::InvalidArgument("regions metadata: inode " + std::to_string(ino) +
+                                       " maps a chunk of unknown unit");
+      uint16_t bit = static_cast<uint16_t>(1u << (EntryUnitOffset(e) >> kChunkShift));
+      if (u->second->used & bit)
+        return Status::InvalidArgument("regions metadata: a chunk is mapped twice");
+      u->second->used |= bit;
+    }
+  }
+  return Status::OK();
+}
+
+Scheduler& RegionStore::Sched() {
+  std::lock_guard lk(sched_mu_);
+  auto& s = scheds_[std::this_thread::get_id()];
+  if (!s) {
+    auto made = node_.make_scheduler();
+    if (!made.ok()) std::abort();  // the node is started; a scheduler cannot fail then
+    s = std::move(*made);
+  }
+  return *s;
+}
+
+Result<std::shared_ptr<RegionStore::Inode>> RegionStore::Get(uint64_t ino) {
+  auto it = inodes_.find(ino);
+  if (it == inodes_.end()) return Err(ENOENT, "no inode " + std::to_string(ino));
+  return it->second;
+}
+
+Result<std::shared_ptr<RegionStore::Inode>> RegionStore::GetDir(uint64_t ino) {
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (!in->is_dir()) return Err(ENOTDIR, "inode " + std::to_string(ino) + " is not a directory");
+  return in;
+}
+
+Status RegionStore::Persist(const Inode& in) {
+  return meta_.put("inode/" + std::to_string(in.rec.h.ino), EncodeInode(in.rec));
+}
+
+Status RegionStore::PersistDirent(uint64_t parent, std::string_view name, uint64_t ino) {
+  std::string key = "dirent/" + std::to_string(parent) + "/" + std::string(name);
+  if (ino == 0) return meta_.remove(key);
+  DirentRecord d{ino};
+  return meta_.put(key, std::string_view(reinterpret_cast<const char*>(&d), sizeof(d)));
+}
+
+InodeAttr RegionStore::AttrOf(const Inode& in) const {
+  const InodeRecordHeader& h = in.rec.h;
+  InodeAttr a;
+  a.ino = h.ino;
+  a.mode = h.mode;
+  a.uid = h.uid;
+  a.gid = h.gid;
+  a.nlink = h.nlink;
+  a.size = in.is_reg() ? h.size : (in.is_dir() ? 4096 : in.rec.target.size());
+  a.chunks = static_cast<uint64_t>(
+      std::count_if(in.rec.map.begin(), in.rec.map.end(), [](MapEntry e) { return e != kHole; }));
+  a.atime_ns = h.atime_ns;
+  a.mtime_ns = h.mtime_ns;
+  a.ctime_ns = h.ctime_ns;
+  a.attr_flags = h.attr_flags;
+  a.owner_pid = h.owner_pid;
+  return a;
+}
+
+Result<InodeAttr> RegionStore::getattr(uint64_t ino) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  return AttrOf(*in);
+}
+
+Result<InodeAttr> RegionStore::lookup(uint64_t parent, std::string_view name) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+  auto it = dir->children.find(name);
+  if (it == dir->children.end()) return Err(ENOENT, std::string(name));
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(it->second));
+  return AttrOf(*in);
+}
+
+Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t parent,
+                                                                  std::string_view name,
+                                                                  uint32_t mode, const Caller& who,
+                                                                  std::string_view target) {
+  FARMEM_RETURN_IF_ERROR(CheckName(name));
+  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+  if (dir->children.contains(name)) return Err(EEXIST, std::string(name));
+  auto in = std::make_shared<Inode>();
+  InodeRecordHeader& h = in->rec.h;
+  h.ino = next_ino_++;
+  h.mode = mode;
+  h.uid = who.uid;
+  h.gid = who.gid;
+  h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
+  h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
+  h.owner_pid = who.pid;
+  h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
+  if (in->is_dir()) in->parent = parent;
+  in->rec.target = std::string(target);  // symlinks: in the record before it is first persisted
+  FARMEM_RETURN_IF_ERROR(Persist(*in));
+  FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, h.ino));
+  inodes_[h.ino] = in;
+  dir->children.emplace(std::string(name), h.ino);
+  if (in->is_dir()) ++dir->rec.h.nlink;
+  dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = h.ctime_ns;
+  FARMEM_RETURN_IF_ERROR(Persist(*dir));
+  return in;
+}
+
+Result<InodeAttr> RegionStore::create(uint64_t parent, std::string_view name, uint32_t mode,
+                                      const Caller& who) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, NewInode(parent, name, S_IFREG | (mode & 07777), who));
+  return AttrOf(*in);
+}
+
+Result<InodeAttr> RegionStore::mkdir(uint64_t parent, std::string_view name, uint32_t mode,
+                                     const Caller& who) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, NewInode(parent, name, S_IFDIR | (mode & 07777), who));
+  return AttrOf(*in);
+}
+
+Result<InodeAttr> RegionStore::symlink(uint64_t parent, std::string_view name,
+                                       std::string_view target, const Caller& who) {
+  if (target.empty() || target.size() > kMaxSymlinkBytes)
+    return Err(ENAMETOOLONG, "symlink target empty or longer than 4096 bytes");
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, NewInode(parent, name, S_IFLNK | 0777, who, target));
+  return AttrOf(*in);
+}
+
+Result<std::string> RegionStore::readlink(uint64_t ino) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if ((in->rec.h.mode & S_IFMT) != S_IFLNK) return Err(EINVAL, "not a symlink");
+  return in->rec.target;
+}
+
+// The inode lost a name. Files with no name left and no handle are reclaimed by the caller
+// (returns true through `reclaim`).
+Status RegionStore::DropLink(const std::shared_ptr<Inode>& in) {
+  if (in->rec.h.nlink > 0) --in->rec.h.nlink;
+  if (in->is_dir()) in->rec.h.nlink = 0;
+  in->rec.h.ctime_ns = NowNs();
+  if (in->rec.h.nlink == 0) return Status::OK();
+  return Persist(*in);
+}
+
+// Frees an inode that has no name and no open handle: waits for reads and writes in flight
+// (io exclusive), then returns its chunks and removes its record. Called without mu_.
+void RegionStore::MaybeReclaim(const std::shared_ptr<Inode>& in) {
+  std::unique_lock io(in->io);
+  std::lock_guard lk(mu_);
+  if (in->reclaimed || in->rec.h.nlink != 0 || (in->opens != 0 && !Fault("no_pin"))) return;
+  in->reclaimed = true;
+  for (MapEntry e : in->rec.map)
+    if (e != kHole) FreeChunk(e);
+  for (MapEntry e : in->deferred) FreeChunk(e);
+  in->rec.map.clear();
+  in->deferred.clear();
+  (void)meta_.remove("inode/" + std::to_string(in->rec.h.ino));
+  inodes_.erase(in->rec.h.ino);
+}
+
+Status RegionStore::unlink(uint64_t parent, std::string_view name) {
+  std::shared_ptr<Inode> victim;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+    auto it = dir->children.find(name);
+    if (it == dir->children.end()) return Err(ENOENT, std::string(name));
+    FARMEM_ASSIGN_OR_RETURN(victim, Get(it->second));
+    if (victim->is_dir()) return Err(EISDIR, std::string(name) + " is a directory");
+    FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
+    dir->children.erase(it);
+    dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
+    FARMEM_RETURN_IF_ERROR(Persist(*dir));
+    FARMEM_RETURN_IF_ERROR(DropLink(victim));
+  }
+  MaybeReclaim(victim);
+  return Status::OK();
+}
+
+Status RegionStore::rmdir(uint64_t parent, std::string_view name) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+  auto it = dir->children.find(name);
+  if (it == dir->children.end()) return Err(ENOENT, std::string(name));
+  FARMEM_ASSIGN_OR_RETURN(auto victim, Get(it->second));
+  if (!victim->is_dir()) return Err(ENOTDIR, std::string(name) + " is not a directory");
+  if (!victim->children.empty()) return Err(ENOTEMPTY, std::string(name) + " is not empty");
+  FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
+  dir->children.erase(it);
+  --dir->rec.h.nlink;
+  dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
+  FARMEM_RETURN_IF_ERROR(Persist(*dir));
+  (void)meta_.remove("inode/" + std::to_string(victim->rec.h.ino));
+  inodes_.erase(victim->rec.h.ino);
+  return Status::OK();
+}
+
+Status RegionStore::rename(uint64_t parent, std::string_view name, uint64_t new_parent,
+                           std::string_view new_name, bool noreplace) {
+  std::shared_ptr<Inode> replaced;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_RETURN_IF_ERROR(CheckName(new_name));
+    FARMEM_ASSIGN_OR_RETURN(auto from, GetDir(parent));
+    FARMEM_ASSIGN_OR_RETURN(auto to, GetDir(new_parent));
+    auto it = from->children.find(name);
+    if (it == from->children.end()) return Err(ENOENT, std::string(name));
+    FARMEM_ASSIGN_OR_RETURN(auto moving, Get(it->second));
+    if (parent == new_parent && name == new_name) return Status::OK();
+    if (moving->is_dir()) {
+      // Not into its own subtree.
+      for (uint64_t p = new_parent;; p = inodes_[p]->parent) {
+        if (p == moving->rec.h.ino) return Err(EINVAL, "a directory cannot move into itself");
+        if (p == kRootIno) break;
+      }
+    }
+    auto old = to->children.find(new_name);
+    if (old != to->children.end()) {
+      if (noreplace) return Err(EEXIST, std::string(new_name));
+      FARMEM_ASSIGN_OR_RETURN(replaced, Get(old->second));
+      if (replaced->is_dir() != moving->is_dir())
+        return replaced->is_dir() ? Err(EISDIR, std::string(new_name))
+                                  : Err(ENOTDIR, std::string(new_name));
+      if (replaced->is_dir() && !replaced->children.empty())
+        return Err(ENOTEMPTY, std::string(new_name));
+    }
+    uint64_t ino = moving->rec.h.ino;
+    FARMEM_RETURN_IF_ERROR(PersistDirent(new_parent, new_name, ino));
+    FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
+    from->children.erase(it);
+    if (replaced) {
+      to->children.erase(std::string(new_name));
+      if (replaced->is_dir()) {
+        --to->rec.h.nlink;
+        (void)meta_.remove("inode/" + std::to_string(replaced->rec.h.ino));
+        inodes_.erase(replaced->rec.h.ino);
+        replaced.reset();
+      } else {
+        FARMEM_RETURN_IF_ERROR(DropLink(replaced));
+      }
+    }
+    to->children.emplace(std::string(new_name), ino);
+    if (moving->is_dir() && parent != new_parent) {
+      --from->rec.h.nlink;
+      ++to->rec.h.nlink;
+      moving->parent = new_parent;
+    }
+    int64_t now = NowNs();
+    from->rec.h.mtime_ns = from->rec.h.ctime_ns = now;
+    to->rec.h.mtime_ns = to->rec.h.ctime_ns = now;
+    moving->rec.h.ctime_ns = now;
+    FARMEM_RETURN_IF_ERROR(Persist(*from));
+    if (to != from) FARMEM_RETURN_IF_ERROR(Persist(*to));
+    FARMEM_RETURN_IF_ERROR(Persist(*moving));
+  }
+  if (replaced) MaybeReclaim(replaced);
+  return Status::OK();
+}
+
+Result<std::vector<DirEntry>> RegionStore::readdir(uint64_t ino) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(ino));
+  std::vector<DirEntry> out;
+  out.push_back({".", ino, S_IFDIR});
+  out.push_back({"..", dir->parent, S_IFDIR});
+  for (auto& [name, child] : dir->children) {
+    auto c = inodes_.find(child);
+    out.push_back({name, child, c == inodes_.end() ? 0u : c->second->rec.h.mode});
+  }
+  return out;
+}
+
+Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) {
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
+  }
+  std::unique_lock io(in->io);  // no read or write of this inode in flight from here on
+  std::unique_lock lk(mu_);
+  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+  InodeRecordHeader& h = in->rec.h;
+  int64_t now = NowNs();
+  if (req.size) {
+    if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
+    uint64_t n = *req.size;
+    if (n > kMaxRegionBytes) return Err(EFBIG, "larger than the largest region (8 GiB)");
+    if (n < h.size) {
+      // The tail of the new last chunk must read zero if the file grows again.
+      uint64_t c = ChunkOf(n);
+      if (n % kChunkBytes != 0 && c < in->rec.map.size() && in->rec.map[c] != kHole &&
+          !Fault("no_tail")) {
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        uint64_t in_chunk = n % kChunkBytes;
+        uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
+        ref.offset += in_chunk;
+        lk.unlock();
+        FARMEM_RETURN_IF_ERROR(
+            RunPieces(Sched(), {Piece{ref, nullptr, ZeroChunk(), end - in_chunk}}, true));
+        remote_writes_++;
+        lk.lock();
+      }
+      size_t keep = ChunksFor(n);
+      std::vector<MapEntry> cut;
+      for (size_t i = keep; i < in->rec.map.size(); ++i)
+        if (in->rec.map[i] != kHole) cut.push_back(in->rec.map[i]);
+      if (in->rec.map.size() > keep) in->rec.map.resize(keep);
+      // Handles of this inode keep what was cut until the last one goes (docs/regions.md).
+      if (in->opens > 0 && !Fault("no_pin"))
+        in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
+      else
+        for (MapEntry e : cut) FreeChunk(e);
+    }
+    h.size = n;
+    h.mtime_ns = now;
+  }
+  if (req.mode) h.mode = (h.mode & S_IFMT) | (*req.mode & 07777);
+  if (req.uid) h.uid = *req.uid;
+  if (req.gid) h.gid = *req.gid;
+  if (req.atime_ns) h.atime_ns = *req.atime_ns;
+  if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
+  h.ctime_ns = now;
+  FARMEM_RETURN_IF_ERROR(Persist(*in));
+  return AttrOf(*in);
+}
+
+namespace {
+struct XattrName {
+  std::string_view name;
+  uint16_t flag;
+};
+constexpr XattrName kXattrs[] = {{"user.region.persistent", kAttrPersistent},
+                                 {"user.region.multihosted", kAttrMultihosted},
+                                 {"user.region.onewriter", kAttrOneWriter}};
+constexpr std::string_view kOwnerPidXattr = "user.region.ownerpid";
+}  // namespace
+
+Result<std::string> RegionStore::getxattr(uint64_t ino, std::string_view name) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (name == kOwnerPidXattr) return std::to_string(in->rec.h.owner_pid);
+  for (const auto& x : kXattrs)
+    if (x.name == name) return std::string((in->rec.h.attr_flags & x.flag) ? "1" : "0");
+  return Err(ENODATA, std::string(name));
+}
+
+Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_view value) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  for (const auto& x : kXattrs) {
+    if (x.name != name) continue;
+    if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
+    // MULTIHOSTED decides where chunks go: fixed once a file has any.
+    if (x.flag == kAttrMultihosted && in->is_reg() &&
+        std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
+      return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
+    if (value == "1")
+      in->rec.h.attr_flags |= x.flag;
+    else
+      in->rec.h.attr_flags &= static_cast<uint16_t>(~x.flag);
+    in->rec.h.ctime_ns = NowNs();
+    return Persist(*in);
+  }
+  // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
+  // cp -a take as "this file system has none".
+  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter} can be set");
+}
+
+Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  std::vector<std::string> out;
+  for (const auto& x : kXattrs) out.emplace_back(x.name);
+  out.emplace_back(kOwnerPidXattr);
+  return out;
+}
+
+Result<uint64_t> RegionStore::open(uint64_t ino, bool write) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (write && (in->rec.h.attr_flags & kAttrOneWriter) && in->writers > 0 && !Fault("no_onewriter"))
+    return Err(EBUSY, "ONEWRITER region already has a writer");
+  ++in->opens;
+  if (write) ++in->writers;
+  uint64_t h = next_handle_++;
+  handles_[h] = in;
+  if (write) h |= uint64_t{1} << 63;  // the handle remembers it was a writer
+  return h;
+}
+
+Status RegionStore::release(uint64_t handle) {
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    bool writer = handle >> 63;
+    auto it = handles_.find(handle & ~(uint64_t{1} << 63));
+    if (it == handles_.end()) return Err(EBADF, "unknown handle");
+    in = it->second;
+    handles_.erase(it);
+    --in->opens;
+    if (writer) --in->writers;
+    if (in->opens == 0 && !in->deferred.empty()) {
+      for (MapEntry e : in->deferred) FreeChunk(e);
+      in->deferred.clear();
+    }
+  }
+  MaybeReclaim(in);
+  return Status::OK();
+}
+
+Result<RemoteRef> RegionStore::RefOf(MapEntry e) const {
+  auto u = units_.find(EntryGid(e));
+  if (u == units_.end()) return Err(EIO, "map entry of an unknown unit");
+  RemoteRef r = u->second->base;
+  r.offset += EntryUnitOffset(e);
+  return r;
+}
+
+Result<MapEntry> RegionStore::AllocChunk(uint32_t server) {
+  for (auto& [gid, u] : units_) {
+    if (u->server != server || u->used == 0xffff) continue;
+    unsigned i = static_cast<unsigned>(std::countr_one(u->used));
+    u->used |= static_cast<uint16_t>(1u << i);
+    return MakeMapEntry(static_cast<uint32_t>(gid), uint64_t{i} << kChunkShift);
+  }
+  uint32_t gid = next_gid_;
+  while (units_.contains(gid)) ++gid;
+  if (gid > kMaxGid) return Err(ENOSPC, "unit table full (2^17 units)");
+  Server& s = *servers_[server];
+  auto a = s.client->alloc_raw(
+      kStepBytes, options_.persistent_units ? Lifetime::kPersistent : Lifetime::kSession);
+  if (!a.ok()) {
+    alloc_failures_++;
+    if (a.status().code() == Code::kResourceExhausted)
+      return Err(ENOSPC, "server " + s.address + " is out of memory");
+    return Err(EIO, "ALLOC_RAW at " + s.address + ": " + a.status().ToString());
+  }
+  UnitRecord rec{s.address, a->ref.key, a->ref.offset, kStepBytes};
+  Status p = meta_.put("unit/" + std::to_string(gid), EncodeUnit(rec));
+  if (!p.ok()) {
+    (void)s.client->free_raw(a->ref);
+    return p;
+  }
+  auto u = std::make_unique<Unit>();
+  u->server = server;
+  u->base = a->ref;
+  u->used = 1;
+  units_[gid] = std::move(u);
+  next_gid_ = gid + 1;
+  return MakeMapEntry(gid, 0);
+}
+
+void RegionStore::FreeChunk(MapEntry e) {
+  auto it = units_.find(EntryGid(e));
+  if (it == units_.end()) return;
+  Unit& u = *it->second;
+  u.used &= static_cast<uint16_t>(~(1u << (EntryUnitOffset(e) >> kChunkShift)));
+  if (u.used != 0) return;
+  // An empty unit goes back to its server, so statfs and other clients see the memory.
+  (void)servers_[u.server]->client->free_raw(u.base);
+  (void)meta_.remove("unit/" + std::to_string(it->first));
+  if (it->first < next_gid_) next_gid_ = static_cast<uint32_t>(it->first);
+  units_.erase(it);
+  units_freed_++;
+}
+
+Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::byte> out) {
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
+  }
+  std::shared_lock io(in->io);
+  std::vector<Piece> pieces;
+  size_t n = 0;
+  {
+    std::lock_guard lk(mu_);
+    if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+    if (!in->is_reg()) return Err(EISDIR, "read of a non-file");
+    uint64_t size = in->rec.h.size;
+    if (offset >= size) return size_t{0};
+    n = static_cast<size_t>(std::min<uint64_t>(out.size(), size - offset));
+    for (uint64_t pos = offset; pos < offset + n;) {
+      uint64_t c = ChunkOf(pos);
+      uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, offset + n) - pos;
+      std::byte* dst = out.data() + (pos - offset);
+      MapEntry e = c < in->rec.map.size() ? in->rec.map[c] : kHole;
+      if (e == kHole) {
+        std::memset(dst, 0, len);  // a hole: zeros, no remote read
+      } else {
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(e));
+        ref.offset += pos % kChunkBytes;
+        pieces.push_back(Piece{ref, dst, nullptr, len});
+      }
+      pos += len;
+    }
+  }
+  remote_reads_ += pieces.size();
+  FARMEM_RETURN_IF_ERROR(RunPieces(Sched(), pieces, false));
+  return n;
+}
+
+Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::byte> data) {
+  if (data.empty()) return Status::OK();
+  if (offset > kMaxRegionBytes || data.size() > kMaxRegionBytes - offset)
+    return Err(EFBIG, "past the largest region (8 GiB)");
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
+  }
+  std::unique_lock io(in->io);  // writers one at a time: fresh-chunk zeroing must not race
+  std::vector<Piece> pieces;
+  std::vector<uint64_t> fresh;  // chunk indexes allocated by this write
+  uint64_t end = offset + data.size();
+  auto rollback = [&] {
+    for (uint64_t c : fresh) {
+      FreeChunk(in->rec.map[c]);
+      in->rec.map[c] = kHole;
+    }
+    while (!in->rec.map.empty() && in->rec.map.back() == kHole &&
+           in->rec.map.size() > ChunksFor(in->rec.h.size))
+      in->rec.map.pop_back();
+  };
+  {
+    std::lock_guard lk(mu_);
+    if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+    if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
+    uint64_t last = ChunkOf(end - 1);
+    if (in->rec.map.size() <= last) in->rec.map.resize(last + 1, kHole);
+    uint32_t servers = static_cast<uint32_t>(servers_.size());
+    bool multi = in->rec.h.attr_flags & kAttrMultihosted;
+    for (uint64_t c = ChunkOf(offset); c <= last; ++c) {
+      if (in->rec.map[c] != kHole) continue;
+      auto e = AllocChunk(
+          multi ? StepServer(c, static_cast<uint32_t>(in->rec.h.ino % servers), servers) : 0);
+      if (!e.ok()) {
+        if (!Fault("no_rollback")) rollback();
+        return e.status();
+      }
+      in->rec.map[c] = *e;
+      fresh.push_back(c);
+    }
+    for (uint64_t pos = offset; pos < end;) {
+      uint64_t c = ChunkOf(pos);
+      uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, end) - pos;
+      FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+      RemoteRef at = ref;
+      at.offset += pos % kChunkBytes;
+      pieces.push_back(Piece{at, nullptr, data.data() + (pos - offset), len});
+      pos += len;
+    }
+    // A fresh chunk may hold a freed region's bytes: zero what this write does not cover.
+    if (!Fault("no_zero")) {
+      for (uint64_t c : fresh) {
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
+        if (offset > cs)
+          pieces.push_back(Piece{ref, nullptr, ZeroChunk(), std::min(offset, ce) - cs});
+        if (end < ce) {
+          RemoteRef at = ref;
+          at.offset += std::max(end, cs) - cs;
+          pieces.push_back(Piece{at, nullptr, ZeroChunk(), ce - std::max(end, cs)});
+        }
+      }
+    }
+  }
+  remote_writes_ += pieces.size();
+  Status w = RunPieces(Sched(), pieces, true);
+  std::lock_guard lk(mu_);
+  if (!w.ok()) {
+    rollback();
+    return w;
+  }
+  in->rec.h.size = std::max(in->rec.h.size, end);
+  in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
+  return Persist(*in);
+}
+
+Result<StoreStatFs> RegionStore::statfs() {
+  StoreStatFs out;
+  for (auto& s : servers_) {
+    FARMEM_ASSIGN_OR_RETURN(std::string text, s->client->stats_json());
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.contains("memory") || !j["memory"].is_object())
+      return Err(EIO, "server " + s->address + " sent a STAT without memory figures");
+    out.budget_bytes += j["memory"].value("budget_bytes", uint64_t{0});
+    out.free_bytes += j["memory"].value("free_bytes", uint64_t{0});
+  }
+  std::lock_guard lk(mu_);
+  for (auto& [gid, u] : units_)
+    out.free_bytes += static_cast<uint64_t>(16 - std::popcount(u->used)) * kChunkBytes;
+  out.inodes = inodes_.size();
+  return out;
+}
+
+RegionStoreStats RegionStore::stats() const {
+  RegionStoreStats s;
+  s.remote_reads = remote_reads_;
+  s.remote_writes = remote_writes_;
+  s.units_freed = units_freed_;
+  s.alloc_failures = alloc_failures_;
+  std::lock_guard lk(mu_);
+  s.units = units_.size();
+  for (auto& [gid, u] : units_) s.chunks_in_use += static_cast<uint64_t>(std::popcount(u->used));
+  return s;
+}
+
+}  // namespace farmem::regions

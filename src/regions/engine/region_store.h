@@ -1,0 +1,212 @@
+// RegionStore: the remote-regions file system without FUSE (docs/regions.md "Store"): an inode
+// table and directory tree whose metadata is written through a MetaStore (the cluster store), and
+// region data in 128 KiB chunks carved from 2 MiB units that farmemd servers grant by ALLOC_RAW,
+// read and written one-sidedly. Thread-safe: any number of threads (the FUSE loop's) call it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "farmem/client.h"
+#include "farmem/cluster.h"
+#include "farmem/node.h"
+#include "farmem/status.h"
+#include "regions/format/region_layout.h"
+
+namespace farmem::regions {
+
+// Where the store keeps its metadata: a small key/value interface so the cluster store
+// (memory:// for one mount, etcd for several) can be swapped. Keys are relative to the store's
+// prefix. Thread-safe.
+class MetaStore {
+ public:
+  virtual ~MetaStore() = default;
+  virtual Status put(std::string_view key, std::string_view value) = 0;
+  virtual Status remove(std::string_view key) = 0;  // OK if absent
+  virtual Result<std::vector<std::pair<std::string, std::string>>> list(
+      std::string_view prefix) = 0;
+};
+// The cluster store as a MetaStore, every key under `prefix` ("regions/" by default). `cluster`
+// must outlive it.
+std::unique_ptr<MetaStore> NewClusterMetaStore(Cluster& cluster, std::string prefix = "regions/");
+
+inline constexpr uint64_t kRootIno = 1;  // FUSE_ROOT_ID
+
+struct RegionStoreOptions {
+  // farmemd bootstrap addresses ("host:port"); at least one. A region lives on the first
+  // (its home) unless MULTIHOSTED.
+  std::vector<std::string> servers;
+  // Units are allocated Lifetime::kPersistent (they survive this store; a later store opened on
+  // the same metadata finds them) or kSession (freed when this store's clients go away).
+  bool persistent_units = false;
+  std::chrono::milliseconds session_ttl{10000};
+  // Attribute flags of the root directory when the metadata holds none (new namespace).
+  uint16_t root_attrs = 0;
+  uint32_t root_mode = 0755;
+};
+
+// What stat() reports; times in nanoseconds since the epoch.
+struct InodeAttr {
+  uint64_t ino = 0;
+  uint32_t mode = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t nlink = 0;
+  uint64_t size = 0;
+  uint64_t chunks = 0;  // chunks allocated (st_blocks = chunks * 256)
+  int64_t atime_ns = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint16_t attr_flags = 0;
+  int32_t owner_pid = 0;
+};
+
+struct DirEntry {
+  std::string name;
+  uint64_t ino = 0;
+  uint32_t mode = 0;
+};
+
+// Fields of setattr; unset ones stay.
+struct SetAttrRequest {
+  std::optional<uint64_t> size;
+  std::optional<uint32_t> mode;  // permission bits only
+  std::optional<uint32_t> uid;
+  std::optional<uint32_t> gid;
+  std::optional<int64_t> atime_ns;
+  std::optional<int64_t> mtime_ns;
+};
+
+// Who asks (FUSE request context).
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  int32_t pid = 0;
+};
+
+struct StoreStatFs {
+  uint64_t budget_bytes = 0;  // sum of the servers' budgets
+  uint64_t free_bytes = 0;    // what the servers have left plus free chunks in our units
+  uint64_t inodes = 0;
+};
+
+// Counters (tests use remote_reads to show holes are not read remotely).
+struct RegionStoreStats {
+  uint64_t remote_reads = 0;
+  uint64_t remote_writes = 0;
+  uint64_t units = 0;
+  uint64_t chunks_in_use = 0;
+  uint64_t units_freed = 0;
+  uint64_t alloc_failures = 0;
+};
+
+// Errors carry POSIX meaning: ErrnoOf(status) gives the errno FUSE replies with (messages start
+// with the errno name, e.g. "ENOTEMPTY: ...").
+int ErrnoOf(const Status& s);
+
+class RegionStore {
+ public:
+  // Connects a RawClient to every server through `node` (started, outlives the store), loads the
+  // namespace from `meta` (outlives the store) or creates the root directory.
+  static Result<std::unique_ptr<RegionStore>> Open(Node& node, MetaStore& meta,
+                                                   RegionStoreOptions options);
+  ~RegionStore();
+  RegionStore(const RegionStore&) = delete;
+  RegionStore& operator=(const RegionStore&) = delete;
+
+  // ---- namespace ----
+  Result<InodeAttr> getattr(uint64_t ino);
+  Result<InodeAttr> lookup(uint64_t parent, std::string_view name);
+  // A regular file (a region); inherits the parent's attribute flags. EEXIST if the name exists.
+  Result<InodeAttr> create(uint64_t parent, std::string_view name, uint32_t mode,
+                           const Caller& who);
+  Result<InodeAttr> mkdir(uint64_t parent, std::string_view name, uint32_t mode, const Caller& who);
+  Result<InodeAttr> symlink(uint64_t parent, std::string_view name, std::string_view target,
+                            const Caller& who);
+  Result<std::string> readlink(uint64_t ino);
+  // The inode's chunks are returned once no handle has it open.
+  Status unlink(uint64_t parent, std::string_view name);
+  Status rmdir(uint64_t parent, std::string_view name);
+  // Replaces an existing target (a file by a file, an empty directory by a directory).
+  // `noreplace`: EEXIST instead.
+  Status rename(uint64_t parent, std::string_view name, uint64_t new_parent,
+                std::string_view new_name, bool noreplace);
+  Result<std::vector<DirEntry>> readdir(uint64_t ino);
+  // size: truncate (grow leaves a hole; shrink returns whole chunks past the end once no read
+  // or write of this inode is in flight, and zeroes the tail of the last chunk).
+  Result<InodeAttr> setattr(uint64_t ino, const SetAttrRequest& req);
+
+  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid}" ----
+  Result<std::string> getxattr(uint64_t ino, std::string_view name);
+  Status setxattr(uint64_t ino, std::string_view name, std::string_view value);
+  Result<std::vector<std::string>> listxattr(uint64_t ino);
+
+  // ---- data ----
+  // A handle pins the inode (its chunks stay until the last handle goes). `write`: counts as a
+  // writer for ONEWRITER (a second writer gets EBUSY).
+  Result<uint64_t> open(uint64_t ino, bool write);
+  Status release(uint64_t handle);
+  // Bytes read (short at end of file); holes are zeros without a remote read.
+  Result<size_t> read(uint64_t ino, uint64_t offset, std::span<std::byte> out);
+  // Allocates the chunks it needs (ENOSPC, with nothing changed, if the servers are out of
+  // memory), writes delivery-complete, then extends the size: when it returns OK the bytes are
+  // in remote memory.
+  Status write(uint64_t ino, uint64_t offset, std::span<const std::byte> data);
+
+  Result<StoreStatFs> statfs();
+  RegionStoreStats stats() const;
+
+ private:
+  struct Inode;
+  struct Unit;
+  struct Server;
+  RegionStore(Node& node, MetaStore& meta, RegionStoreOptions options);
+
+  Status Load();
+  Result<std::shared_ptr<Inode>> Get(uint64_t ino);     // mu_ held
+  Result<std::shared_ptr<Inode>> GetDir(uint64_t ino);  // mu_ held
+  Result<std::shared_ptr<Inode>> NewInode(uint64_t parent, std::string_view name, uint32_t mode,
+                                          const Caller& who,
+                                          std::string_view target = {});  // mu_ held
+  Status Persist(const Inode& in);                                        // mu_ held
+  Status PersistDirent(uint64_t parent, std::string_view name, uint64_t ino);
+  Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
+  void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
+  Result<MapEntry> AllocChunk(uint32_t server);         // mu_ held
+  void FreeChunk(MapEntry e);                           // mu_ held
+  Result<RemoteRef> RefOf(MapEntry e) const;            // mu_ held
+  Scheduler& Sched();
+  InodeAttr AttrOf(const Inode& in) const;
+
+  Node& node_;
+  MetaStore& meta_;
+  RegionStoreOptions options_;
+  std::vector<std::unique_ptr<Server>> servers_;
+
+  mutable std::mutex mu_;  // the namespace, inodes' metadata, units, handles
+  std::unordered_map<uint64_t, std::shared_ptr<Inode>> inodes_;
+  std::map<uint64_t, std::unique_ptr<Unit>> units_;  // by gid
+  std::unordered_map<uint64_t, std::shared_ptr<Inode>> handles_;
+  uint64_t next_ino_ = kRootIno + 1;
+  uint64_t next_handle_ = 1;
+  uint32_t next_gid_ = 1;
+
+  std::mutex sched_mu_;  // one Scheduler per calling thread
+  std::unordered_map<std::thread::id, std::unique_ptr<Scheduler>> scheds_;
+
+  std::atomic<uint64_t> remote_reads_{0}, remote_writes_{0}, units_freed_{0}, alloc_failures_{0};
+};
+
+}  // namespace farmem::regions

@@ -1,0 +1,330 @@
+// RegionStore tests against embedded farmemds (loopback TCP) and a memory:// cluster store: data
+// round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
+// operations and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|no_tail|
+// no_pin|no_rollback|no_onewriter removes one protection; the test guarding it then fails.
+#include "regions/engine/region_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "regions/engine/region_store_test_util.h"
+
+namespace farmem::regions {
+namespace {
+
+using testing::RandomBytes;
+using testing::RegionEnv;
+
+class RegionStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::FaultName().empty())
+      std::printf("[ fault    ] FARMEM_REGIONS_FAULT=%s\n", testing::FaultName().c_str());
+  }
+  void Open(int servers = 1, uint64_t budget = 16ull << 20, bool persistent = false) {
+    ASSERT_TRUE(env_.Start(servers, budget, persistent).ok());
+    auto s = env_.OpenStore();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+  }
+  uint64_t Create(std::string_view name, uint64_t parent = kRootIno) {
+    auto a = store_->create(parent, name, 0644, who_);
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    return a.ok() ? a->ino : 0;
+  }
+  std::vector<std::byte> Read(uint64_t ino, uint64_t off, size_t n) {
+    std::vector<std::byte> out(n);
+    auto r = store_->read(ino, off, out);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    out.resize(r.ok() ? *r : 0);
+    return out;
+  }
+  static size_t CountNonZero(const std::vector<std::byte>& v) {
+    return static_cast<size_t>(
+        std::count_if(v.begin(), v.end(), [](std::byte b) { return b != std::byte{0}; }));
+  }
+
+  RegionEnv env_;
+  std::unique_ptr<RegionStore> store_;
+  Caller who_{1000, 1000, 4242};
+};
+
+TEST_F(RegionStoreTest, WritesReadBackAcrossChunksAndUnalignedOffsets) {
+  Open();
+  uint64_t f = Create("data");
+  auto data = RandomBytes(3 * kChunkBytes + 777, 1);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  // Overwrite a range straddling a chunk boundary.
+  auto patch = RandomBytes(5000, 2);
+  uint64_t at = kChunkBytes - 1234;
+  ASSERT_TRUE(store_->write(f, at, patch).ok());
+  std::copy(patch.begin(), patch.end(), data.begin() + static_cast<ptrdiff_t>(at));
+  EXPECT_EQ(Read(f, 0, data.size() + 100), data);  // short read at end of file
+  auto attr = store_->getattr(f);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->size, data.size());
+  EXPECT_EQ(attr->chunks, 4u);
+  EXPECT_EQ(attr->owner_pid, 4242);
+  EXPECT_EQ(Read(f, data.size(), 10).size(), 0u);
+}
+
+TEST_F(RegionStoreTest, HolesReadZeroWithoutRemoteReads) {
+  Open();
+  uint64_t f = Create("sparse");
+  auto tail = RandomBytes(100, 3);
+  ASSERT_TRUE(store_->write(f, 5 * kStepBytes / 2, tail).ok());
+  auto attr = store_->getattr(f);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_EQ(attr->chunks, 1u);  // only the written chunk exists
+  uint64_t before = store_->stats().remote_reads;
+  auto zeros = Read(f, 0, 5 * kStepBytes / 2);
+  EXPECT_EQ(CountNonZero(zeros), 0u);
+  EXPECT_EQ(store_->stats().remote_reads, before);
+}
+
+// A chunk freed by one region and handed to another must not show the first region's bytes.
+TEST_F(RegionStoreTest, ReusedChunkReadsZeroOutsideWhatWasWritten) {
+  Open();
+  uint64_t keep = Create("keep");  // keeps the unit alive so its chunks are reused in place
+  ASSERT_TRUE(store_->write(keep, 0, RandomBytes(10, 4)).ok());
+  uint64_t old = Create("old");
+  std::vector<std::byte> ab(2 * kChunkBytes, std::byte{0xab});
+  ASSERT_TRUE(store_->write(old, 0, ab).ok());
+  ASSERT_TRUE(store_->unlink(kRootIno, "old").ok());
+  uint64_t fresh = Create("new");
+  std::vector<std::byte> one(1, std::byte{7});
+  ASSERT_TRUE(store_->write(fresh, 100, one).ok());
+  ASSERT_TRUE(store_->setattr(fresh, SetAttrRequest{.size = 2 * kChunkBytes}).ok());
+  auto got = Read(fresh, 0, 2 * kChunkBytes);
+  EXPECT_EQ(got[100], std::byte{7});
+  EXPECT_EQ(CountNonZero(got), 1u) << "bytes of the deleted region are readable";
+}
+
+TEST_F(RegionStoreTest, TruncateShrinkThenGrowReadsZeroAndFreesChunks) {
+  Open();
+  uint64_t f = Create("t");
+  std::vector<std::byte> cd(3 * kChunkBytes, std::byte{0xcd});
+  ASSERT_TRUE(store_->write(f, 0, cd).ok());
+  uint64_t cut = kChunkBytes + 1000;
+  auto a = store_->setattr(f, SetAttrRequest{.size = cut});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->chunks, 2u);
+  EXPECT_EQ(store_->stats().chunks_in_use, 2u);
+  ASSERT_TRUE(store_->setattr(f, SetAttrRequest{.size = 4 * kChunkBytes}).ok());
+  auto got = Read(f, 0, 4 * kChunkBytes);
+  ASSERT_EQ(got.size(), 4 * kChunkBytes);
+  EXPECT_EQ(CountNonZero(got), cut) << "bytes past a shrink came back after growing";
+  // Shrink to zero: every chunk goes, the unit returns to the server.
+  ASSERT_TRUE(store_->setattr(f, SetAttrRequest{.size = 0}).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 0u);
+  EXPECT_EQ(store_->stats().units, 0u);
+}
+
+TEST_F(RegionStoreTest, OpenHandlesKeepChunksOfUnlinkedAndShrunkFiles) {
+  Open();
+  uint64_t f = Create("pinned");
+  auto data = RandomBytes(2 * kChunkBytes, 5);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  auto h = store_->open(f, false);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(store_->setattr(f, SetAttrRequest{.size = 0}).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 2u) << "a shrink freed chunks a handle still has";
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  ASSERT_TRUE(store_->unlink(kRootIno, "pinned").ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 4u) << "an unlink freed chunks a handle still has";
+  EXPECT_EQ(Read(f, 0, data.size()), data);  // still readable through the handle
+  ASSERT_TRUE(store_->release(*h).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 0u);
+  EXPECT_FALSE(store_->getattr(f).ok());
+}
+
+TEST_F(RegionStoreTest, EnospcChangesNothingAndSpaceIsReusableAfterDelete) {
+  Open(1, 8ull << 20);  // 8 MiB: 4 units of 2 MiB
+  uint64_t keep = Create("keep");
+  auto kept = RandomBytes(kChunkBytes + 5, 6);
+  ASSERT_TRUE(store_->write(keep, 0, kept).ok());
+  uint64_t fill = Create("fill");
+  auto mib = RandomBytes(1 << 20, 7);
+  uint64_t written = 0;
+  Status st;
+  for (int i = 0; i < 16; ++i) {
+    st = store_->write(fill, written, mib);
+    if (!st.ok()) break;
+    written += mib.size();
+  }
+  ASSERT_FALSE(st.ok()) << "8 MiB never ran out";
+  EXPECT_EQ(ErrnoOf(st), ENOSPC) << st.ToString();
+  RegionStoreStats s = store_->stats();
+  EXPECT_EQ(s.chunks_in_use, 2 + written / kChunkBytes) << "the failed write left chunks allocated";
+  auto fa = store_->getattr(fill);
+  ASSERT_TRUE(fa.ok());
+  EXPECT_EQ(fa->size, written);
+  EXPECT_EQ(Read(keep, 0, kept.size()), kept);
+  auto sfs = store_->statfs();
+  ASSERT_TRUE(sfs.ok()) << sfs.status().ToString();
+  EXPECT_EQ(sfs->budget_bytes, 8ull << 20);
+  // Delete, and the same amount fits again.
+  ASSERT_TRUE(store_->unlink(kRootIno, "fill").ok());
+  uint64_t again = Create("again");
+  for (uint64_t off = 0; off < written; off += mib.size())
+    ASSERT_TRUE(store_->write(again, off, mib).ok()) << "space not reusable at " << off;
+  EXPECT_EQ(Read(again, written - mib.size(), mib.size()), mib);
+}
+
+TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
+  Open();
+  auto d = store_->mkdir(kRootIno, "solo", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.onewriter", "1").ok());
+  uint64_t f = Create("f", d->ino);
+  auto v = store_->getxattr(f, "user.region.onewriter");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, "1");
+  auto w1 = store_->open(f, true);
+  ASSERT_TRUE(w1.ok());
+  auto w2 = store_->open(f, true);
+  ASSERT_FALSE(w2.ok()) << "a second writer was let in";
+  EXPECT_EQ(ErrnoOf(w2.status()), EBUSY);
+  auto r = store_->open(f, false);
+  EXPECT_TRUE(r.ok());
+  ASSERT_TRUE(store_->release(*w1).ok());
+  auto w3 = store_->open(f, true);
+  EXPECT_TRUE(w3.ok());
+  // A file outside the directory does not inherit it.
+  uint64_t g = Create("g");
+  EXPECT_EQ(*store_->getxattr(g, "user.region.onewriter"), "0");
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.onewriter", "yes")), EINVAL);
+  EXPECT_EQ(ErrnoOf(store_->getxattr(g, "user.other").status()), ENODATA);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "system.posix_acl_access", "x")), ENOTSUP);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.ownerpid", "1")), EPERM);
+}
+
+TEST_F(RegionStoreTest, NamespaceOperations) {
+  Open();
+  auto d = store_->mkdir(kRootIno, "dir", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(ErrnoOf(store_->mkdir(kRootIno, "dir", 0755, who_).status()), EEXIST);
+  uint64_t a = Create("a", d->ino);
+  uint64_t b = Create("b", d->ino);
+  ASSERT_TRUE(store_->write(a, 0, RandomBytes(10, 8)).ok());
+  ASSERT_TRUE(store_->write(b, 0, RandomBytes(kChunkBytes * 2, 9)).ok());
+  EXPECT_EQ(ErrnoOf(store_->rmdir(kRootIno, "dir")), ENOTEMPTY);
+  // mv a over b: b's chunks go back, the name b now holds a's data.
+  ASSERT_TRUE(store_->rename(d->ino, "a", d->ino, "b", false).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 1u);
+  auto lb = store_->lookup(d->ino, "b");
+  ASSERT_TRUE(lb.ok());
+  EXPECT_EQ(lb->ino, a);
+  EXPECT_EQ(ErrnoOf(store_->lookup(d->ino, "a").status()), ENOENT);
+  auto sub = store_->mkdir(d->ino, "sub", 0700, who_);
+  ASSERT_TRUE(sub.ok());
+  EXPECT_EQ(ErrnoOf(store_->rename(kRootIno, "dir", sub->ino, "x", false)), EINVAL);
+  auto ln = store_->symlink(d->ino, "ln", "../elsewhere", who_);
+  ASSERT_TRUE(ln.ok());
+  EXPECT_EQ(*store_->readlink(ln->ino), "../elsewhere");
+  auto list = store_->readdir(d->ino);
+  ASSERT_TRUE(list.ok());
+  std::vector<std::string> names;
+  for (auto& e : *list) names.push_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{".", "..", "b", "ln", "sub"}));
+  EXPECT_EQ(store_->getattr(d->ino)->nlink, 3u);
+  EXPECT_FALSE(store_->getattr(b).ok()) << "the replaced file still exists";
+  EXPECT_EQ(ErrnoOf(store_->unlink(d->ino, "sub")), EISDIR);
+  ASSERT_TRUE(store_->rmdir(d->ino, "sub").ok());
+  EXPECT_EQ(ErrnoOf(store_->create(kRootIno, "a/b", 0644, who_).status()), EINVAL);
+  EXPECT_EQ(ErrnoOf(store_->create(kRootIno, std::string(256, 'x'), 0644, who_).status()),
+            ENAMETOOLONG);
+  auto m = store_->setattr(a, SetAttrRequest{.mode = 0600, .uid = 7});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->mode, S_IFREG | 0600);
+  EXPECT_EQ(m->uid, 7u);
+}
+
+TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
+  Open(1, 16ull << 20, /*persistent=*/true);
+  auto d = store_->mkdir(kRootIno, "d", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  uint64_t f = Create("f", d->ino);
+  auto data = RandomBytes(kChunkBytes + 99, 10);
+  ASSERT_TRUE(store_->write(f, 3 * kChunkBytes, data).ok());
+  store_.reset();
+  auto again = env_.OpenStore();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  store_ = std::move(*again);
+  auto ld = store_->lookup(kRootIno, "d");
+  ASSERT_TRUE(ld.ok());
+  auto lf = store_->lookup(ld->ino, "f");
+  ASSERT_TRUE(lf.ok());
+  EXPECT_EQ(lf->size, 3 * kChunkBytes + data.size());
+  EXPECT_EQ(Read(lf->ino, 3 * kChunkBytes, data.size()), data);
+  EXPECT_EQ(store_->stats().chunks_in_use, 2u);
+  // New inodes do not reuse old numbers.
+  EXPECT_GT(Create("g"), lf->ino);
+  // A store with session units refuses metadata that names units of an earlier one.
+  store_.reset();
+  env_.options.persistent_units = false;
+  auto session = env_.OpenStore();
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.status().code(), Code::kFailedPrecondition) << session.status().ToString();
+  env_.options.persistent_units = true;
+  // Hostile metadata: a store refuses to open on it, and says why.
+  ASSERT_TRUE(env_.meta->put("inode/99", "garbage").ok());
+  auto bad = env_.OpenStore();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("inode/99"), std::string_view::npos);
+  ASSERT_TRUE(env_.meta->remove("inode/99").ok());
+  ASSERT_TRUE(env_.OpenStore().ok());
+  // A directory cycle cut off from the root (d2 in d3, d3 in d2) and a second name for a file.
+  auto put_dirent = [&](uint64_t parent, const std::string& name, uint64_t ino) {
+    DirentRecord d{ino};
+    return env_.meta->put("dirent/" + std::to_string(parent) + "/" + name,
+                          std::string(reinterpret_cast<const char*>(&d), sizeof(d)));
+  };
+  ASSERT_TRUE(put_dirent(ld->ino, "again", lf->ino).ok());
+  auto twice = env_.OpenStore();
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("more than one name"), std::string_view::npos);
+  ASSERT_TRUE(env_.meta->remove("dirent/" + std::to_string(ld->ino) + "/again").ok());
+  InodeRecord dir;
+  dir.h.mode = S_IFDIR | 0755;
+  dir.h.nlink = 2;
+  for (uint64_t ino : {500u, 501u}) {
+    dir.h.ino = ino;
+    ASSERT_TRUE(env_.meta->put("inode/" + std::to_string(ino), EncodeInode(dir)).ok());
+  }
+  ASSERT_TRUE(put_dirent(500, "x", 501).ok());
+  ASSERT_TRUE(put_dirent(501, "y", 500).ok());
+  auto cycle = env_.OpenStore();
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_NE(cycle.status().message().find("not reachable"), std::string_view::npos)
+      << cycle.status().ToString();
+}
+
+TEST_F(RegionStoreTest, MultihostedRegionsSpreadIn2MiBSteps) {
+  Open(2, 16ull << 20);
+  auto d = store_->mkdir(kRootIno, "multi", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.multihosted", "1").ok());
+  uint64_t f = Create("f", d->ino);
+  auto data = RandomBytes(2 * kStepBytes, 11);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  EXPECT_EQ(Read(f, 0, data.size()), data);
+  for (auto& s : env_.servers) {
+    auto j = nlohmann::json::parse(s->stats_json());
+    EXPECT_EQ(j["memory"]["allocated_bytes"].get<uint64_t>(), kStepBytes)
+        << "each server holds one 2 MiB step";
+  }
+  // A plain region stays on the home server.
+  uint64_t g = Create("g");
+  ASSERT_TRUE(store_->write(g, 0, data).ok());
+  auto home = nlohmann::json::parse(env_.servers[0]->stats_json());
+  EXPECT_EQ(home["memory"]["allocated_bytes"].get<uint64_t>(), 3 * kStepBytes);
+}
+
+}  // namespace
+}  // namespace farmem::regions

@@ -1,0 +1,143 @@
+// Region layout (docs/regions.md "Layout"): chunk and step sizes, the 64-bit map entry that names
+// where a 128 KiB chunk of a region lives, and the binary records the region store keeps in the
+// cluster metadata store (inode, directory entry, allocation unit). Pure data, no threads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farmem/status.h"
+
+namespace farmem::regions {
+
+// A region's bytes live in chunks of 2^17 = 128 KiB; a region's map has one entry per chunk.
+inline constexpr unsigned kChunkShift = 17;
+inline constexpr uint64_t kChunkBytes = uint64_t{1} << kChunkShift;
+// MULTIHOSTED regions are spread round-robin over the servers in steps of 2 MiB (the paper's
+// ALLOC_SIZE, its largest contiguous transfer); the store also allocates memory from farmemd in
+// units of this size, carving chunks out of them.
+inline constexpr unsigned kStepShift = 21;
+inline constexpr uint64_t kStepBytes = uint64_t{1} << kStepShift;
+inline constexpr uint64_t kChunksPerStep = kStepBytes / kChunkBytes;
+static_assert(kChunksPerStep == 16, "a unit's chunk bitmap is 16 bits wide");
+
+// Map entry: gid << 47 | off >> 17, where gid (17 bits, 0 reserved) names an allocation unit in
+// the store's unit table and off is the chunk's 128 KiB-aligned offset inside that unit. 0 is a
+// hole: the chunk was never written (or was cut off), it reads as zeros without a remote read.
+// (gid names a unit, not a whole pool, because ALLOC_RAW aligns to 64 bytes only; a unit's base
+// is wherever ALLOC_RAW put it, so off is unit-relative.)
+inline constexpr unsigned kGidBits = 17;
+inline constexpr unsigned kOffBits = 47;
+static_assert(kGidBits + kOffBits == 64, "one map entry is one 64-bit word");
+inline constexpr uint32_t kMaxGid = (uint32_t{1} << kGidBits) - 1;
+using MapEntry = uint64_t;
+inline constexpr MapEntry kHole = 0;
+
+constexpr MapEntry MakeMapEntry(uint32_t gid, uint64_t unit_offset) {
+  return (uint64_t{gid} << kOffBits) | (unit_offset >> kChunkShift);
+}
+constexpr uint32_t EntryGid(MapEntry e) {
+  return static_cast<uint32_t>(e >> kOffBits);
+}
+constexpr uint64_t EntryUnitOffset(MapEntry e) {
+  return (e & ((uint64_t{1} << kOffBits) - 1)) << kChunkShift;
+}
+static_assert(EntryGid(MakeMapEntry(kMaxGid, 15 * kChunkBytes)) == kMaxGid);
+static_assert(EntryUnitOffset(MakeMapEntry(kMaxGid, 15 * kChunkBytes)) == 15 * kChunkBytes);
+static_assert(MakeMapEntry(1, 0) != kHole, "gid 0 is reserved so that no chunk encodes as a hole");
+
+// Chunk index of a byte offset, and the number of chunks that cover `size` bytes.
+constexpr uint64_t ChunkOf(uint64_t offset) {
+  return offset >> kChunkShift;
+}
+constexpr uint64_t ChunksFor(uint64_t size) {
+  return (size + kChunkBytes - 1) >> kChunkShift;
+}
+// Which of `servers` holds the step of a MULTIHOSTED region that contains chunk `chunk`
+// (round-robin from the region's first server `home`).
+constexpr uint32_t StepServer(uint64_t chunk, uint32_t home, uint32_t servers) {
+  return static_cast<uint32_t>((home + chunk / kChunksPerStep) % servers);
+}
+
+// Largest region: its map must fit in one metadata value (1 MiB, kClusterMaxValueBytes) with room
+// for the header and a symlink target: 2^16 chunks = 8 GiB.
+inline constexpr uint64_t kMaxRegionChunks = uint64_t{1} << 16;
+inline constexpr uint64_t kMaxRegionBytes = kMaxRegionChunks * kChunkBytes;
+
+// Region attributes (docs/regions.md "Attributes"), kept as flags on every inode; a directory's
+// flags are the defaults its new children inherit.
+enum RegionAttr : uint16_t {
+  kAttrPersistent = 1 << 0,   // survives its creating process
+  kAttrMultihosted = 1 << 1,  // 2 MiB steps round-robin over every server
+  kAttrOneWriter = 1 << 2,    // at most one open-for-writing handle at a time (else EBUSY)
+};
+inline constexpr uint16_t kAttrKnown = kAttrPersistent | kAttrMultihosted | kAttrOneWriter;
+
+// ---- Metadata records (values in the cluster store; little-endian hosts only) ----
+
+inline constexpr uint32_t kInodeMagic = 0x4e494752;  // "RGIN"
+inline constexpr uint16_t kInodeVersion = 1;
+inline constexpr uint32_t kMaxSymlinkBytes = 4096;
+
+// Value of key "<prefix>inode/<ino>": this header, then `map_entries` MapEntry words, then
+// `target_len` bytes of symlink target.
+struct InodeRecordHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t attr_flags;  // RegionAttr bits
+  uint32_t mode;        // S_IFREG / S_IFDIR / S_IFLNK | permission bits
+  uint32_t uid;
+  uint32_t gid;
+  uint32_t nlink;
+  uint64_t ino;
+  uint64_t size;
+  int64_t atime_ns;
+  int64_t mtime_ns;
+  int64_t ctime_ns;
+  int32_t owner_pid;  // OWNERPID: the creating process (0 = unknown)
+  uint32_t map_entries;
+  uint32_t target_len;
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(InodeRecordHeader) == 80, "inode record header is 80 bytes");
+
+// Value of key "<prefix>dirent/<parent ino>/<name>": the child's inode number.
+struct DirentRecord {
+  uint64_t ino;
+};
+static_assert(sizeof(DirentRecord) == 8, "dirent record is 8 bytes");
+
+// Value of key "<prefix>unit/<gid>": an ALLOC_RAW range of the server at `address`.
+struct UnitRecordHeader {
+  uint32_t magic;  // kUnitMagic
+  uint32_t address_len;
+  uint64_t key;     // RegionKey of the pool
+  uint64_t offset;  // base offset in that pool
+  uint64_t length;  // kStepBytes
+};
+static_assert(sizeof(UnitRecordHeader) == 32, "unit record header is 32 bytes");
+inline constexpr uint32_t kUnitMagic = 0x4e555247;  // "GRUN"
+
+// The decoded forms.
+struct InodeRecord {
+  InodeRecordHeader h{};
+  std::vector<MapEntry> map;
+  std::string target;
+};
+struct UnitRecord {
+  std::string address;
+  uint64_t key = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+std::string EncodeInode(const InodeRecord& r);
+// InvalidArgument (naming the field) for anything malformed: metadata may be hostile.
+Result<InodeRecord> DecodeInode(std::string_view bytes);
+std::string EncodeUnit(const UnitRecord& r);
+Result<UnitRecord> DecodeUnit(std::string_view bytes);
+
+}  // namespace farmem::regions

@@ -1,0 +1,115 @@
+// Region layout tests: map entry encoding, step placement, and that the metadata decoders accept
+// what the encoders write and reject malformed or hostile records with an error (never a crash).
+#include "regions/format/region_layout.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+
+namespace farmem::regions {
+namespace {
+
+TEST(RegionLayout, MapEntriesRoundTripAndHoleIsZero) {
+  for (uint32_t gid : {1u, 2u, 1000u, kMaxGid}) {
+    for (uint64_t i = 0; i < kChunksPerStep; ++i) {
+      MapEntry e = MakeMapEntry(gid, i * kChunkBytes);
+      EXPECT_NE(e, kHole);
+      EXPECT_EQ(EntryGid(e), gid);
+      EXPECT_EQ(EntryUnitOffset(e), i * kChunkBytes);
+    }
+  }
+  EXPECT_EQ(ChunkOf(kChunkBytes - 1), 0u);
+  EXPECT_EQ(ChunkOf(kChunkBytes), 1u);
+  EXPECT_EQ(ChunksFor(0), 0u);
+  EXPECT_EQ(ChunksFor(1), 1u);
+  EXPECT_EQ(ChunksFor(kChunkBytes + 1), 2u);
+}
+
+TEST(RegionLayout, MultihostedStepsGoRoundRobinIn2MiB) {
+  // Chunks 0..15 form the first 2 MiB step, on the home server; the next step on the next one.
+  EXPECT_EQ(StepServer(0, 1, 3), 1u);
+  EXPECT_EQ(StepServer(15, 1, 3), 1u);
+  EXPECT_EQ(StepServer(16, 1, 3), 2u);
+  EXPECT_EQ(StepServer(32, 1, 3), 0u);
+  EXPECT_EQ(StepServer(48, 1, 3), 1u);
+}
+
+InodeRecord SampleFile() {
+  InodeRecord r;
+  r.h.mode = S_IFREG | 0644;
+  r.h.ino = 7;
+  r.h.size = 3 * kChunkBytes;
+  r.h.nlink = 1;
+  r.h.attr_flags = kAttrPersistent | kAttrOneWriter;
+  r.map = {MakeMapEntry(1, 0), kHole, MakeMapEntry(2, 5 * kChunkBytes)};
+  return r;
+}
+
+TEST(RegionLayout, InodeRecordRoundTrip) {
+  InodeRecord r = SampleFile();
+  std::string bytes = EncodeInode(r);
+  EXPECT_EQ(bytes.size(), sizeof(InodeRecordHeader) + 3 * sizeof(MapEntry));
+  auto d = DecodeInode(bytes);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->map, r.map);
+  EXPECT_EQ(d->h.size, r.h.size);
+  EXPECT_EQ(d->h.attr_flags, r.h.attr_flags);
+
+  InodeRecord link;
+  link.h.mode = S_IFLNK | 0777;
+  link.h.ino = 9;
+  link.target = "../some/where";
+  auto l = DecodeInode(EncodeInode(link));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->target, link.target);
+}
+
+TEST(RegionLayout, HostileInodeRecordsAreRejected) {
+  std::string good = EncodeInode(SampleFile());
+  auto expect_bad = [](std::string bytes, const char* why) {
+    auto d = DecodeInode(bytes);
+    EXPECT_FALSE(d.ok()) << why;
+    EXPECT_EQ(d.status().code(), Code::kInvalidArgument) << why;
+  };
+  expect_bad(good.substr(0, 10), "short");
+  expect_bad(good.substr(0, good.size() - 1), "truncated map");
+  expect_bad(good + "x", "trailing byte");
+  auto patch = [&](size_t off, const void* v, size_t n) {
+    std::string b = good;
+    std::memcpy(b.data() + off, v, n);
+    return b;
+  };
+  uint32_t bad_magic = 1;
+  expect_bad(patch(offsetof(InodeRecordHeader, magic), &bad_magic, 4), "magic");
+  uint32_t huge = 0xffffffff;
+  expect_bad(patch(offsetof(InodeRecordHeader, map_entries), &huge, 4), "map length");
+  expect_bad(patch(offsetof(InodeRecordHeader, target_len), &huge, 4), "target length");
+  uint32_t seven = 7;
+  expect_bad(patch(offsetof(InodeRecordHeader, reserved), &seven, 4), "reserved");  // fuzz find
+  uint32_t fifo = S_IFIFO | 0644;
+  expect_bad(patch(offsetof(InodeRecordHeader, mode), &fifo, 4), "mode");
+  uint64_t small = 1;  // 3 chunks mapped, 1 byte long
+  expect_bad(patch(offsetof(InodeRecordHeader, size), &small, 8), "map past size");
+  MapEntry gid0 = MakeMapEntry(0, 0) | 1;
+  expect_bad(patch(sizeof(InodeRecordHeader), &gid0, 8), "gid 0");
+  MapEntry past_unit = MakeMapEntry(1, 16 * kChunkBytes);
+  expect_bad(patch(sizeof(InodeRecordHeader), &past_unit, 8), "offset past the unit");
+}
+
+TEST(RegionLayout, UnitRecordRoundTripAndRejects) {
+  UnitRecord u{"127.0.0.1:7700", 42, 1 << 20, kStepBytes};
+  auto d = DecodeUnit(EncodeUnit(u));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->address, u.address);
+  EXPECT_EQ(d->key, 42u);
+  EXPECT_EQ(d->offset, uint64_t{1} << 20);
+  EXPECT_FALSE(DecodeUnit("short").ok());
+  std::string b = EncodeUnit(u);
+  EXPECT_FALSE(DecodeUnit(b.substr(0, b.size() - 1)).ok());
+  u.length = 4096;
+  EXPECT_FALSE(DecodeUnit(EncodeUnit(u)).ok());
+}
+
+}  // namespace
+}  // namespace farmem::regions

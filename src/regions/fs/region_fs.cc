@@ -1,0 +1,472 @@
+// The FUSE 3 low-level daemon of remote regions (docs/regions.md "FUSE daemon"): translates
+// requests into RegionStore calls. libfuse's worker threads (fuse_session_loop_mt) call every op;
+// the store is thread-safe and gives each thread its own scheduler.
+#define FUSE_USE_VERSION 312
+#include <fuse3/fuse_lowlevel.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "farmem/cluster.h"
+#include "farmem/regionfs.h"
+#include "farmem/server.h"
+#include "regions/engine/region_store.h"
+
+namespace farmem {
+
+namespace {
+
+using regions::Caller;
+using regions::ErrnoOf;
+using regions::InodeAttr;
+using regions::RegionStore;
+
+constexpr double kTimeout = 1.0;          // attr/entry cache, seconds (close-to-open)
+constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
+
+// TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
+// namespace in; no_perms mounts without default_permissions (the kernel then checks nothing).
+bool FsFault(std::string_view name) {
+  const char* f = std::getenv("FARMEM_REGIONS_FAULT");
+  return f != nullptr && name == f;
+}
+
+RegionStore& Store(fuse_req_t req) {
+  return *static_cast<RegionStore*>(fuse_req_userdata(req));
+}
+
+Caller Who(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return Caller{c->uid, c->gid, c->pid};
+}
+
+struct timespec Ts(int64_t ns) {
+  struct timespec t;
+  t.tv_sec = ns / 1000000000;
+  t.tv_nsec = ns % 1000000000;
+  return t;
+}
+
+int64_t Ns(const struct timespec& t) {
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+struct stat ToStat(const InodeAttr& a) {
+  struct stat st {};
+  st.st_ino = a.ino;
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_size = static_cast<off_t>(a.size);
+  st.st_blksize = static_cast<blksize_t>(regions::kChunkBytes);
+  st.st_blocks = static_cast<blkcnt_t>(a.chunks * (regions::kChunkBytes / 512));
+  st.st_atim = Ts(a.atime_ns);
+  st.st_mtim = Ts(a.mtime_ns);
+  st.st_ctim = Ts(a.ctime_ns);
+  return st;
+}
+
+void ReplyEntry(fuse_req_t req, const Result<InodeAttr>& a) {
+  if (!a.ok()) {
+    fuse_reply_err(req, ErrnoOf(a.status()));
+    return;
+  }
+  fuse_entry_param e{};
+  e.ino = a->ino;
+  e.attr = ToStat(*a);
+  e.attr_timeout = kTimeout;
+  e.entry_timeout = kTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+void ReplyStatus(fuse_req_t req, const Status& s) {
+  fuse_reply_err(req, ErrnoOf(s));
+}
+
+bool IsWrite(int flags) {
+  return (flags & O_ACCMODE) != O_RDONLY;
+}
+
+void Init(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  conn->max_write = kMaxWrite;
+  conn->max_readahead = kMaxWrite;
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, Store(req).lookup(parent, name));
+}
+
+void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  auto a = Store(req).getattr(ino);
+  if (!a.ok()) return ReplyStatus(req, a.status());
+  struct stat st = ToStat(*a);
+  fuse_reply_attr(req, &st, kTimeout);
+}
+
+void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  regions::SetAttrRequest r;
+  if (to_set & FUSE_SET_ATTR_SIZE) r.size = static_cast<uint64_t>(attr->st_size);
+  if (to_set & FUSE_SET_ATTR_MODE) r.mode = attr->st_mode;
+  if (to_set & FUSE_SET_ATTR_UID) r.uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) r.gid = attr->st_gid;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  if (to_set & FUSE_SET_ATTR_ATIME) r.atime_ns = Ns(attr->st_atim);
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) r.atime_ns = Ns(now);
+  if (to_set & FUSE_SET_ATTR_MTIME) r.mtime_ns = Ns(attr->st_mtim);
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) r.mtime_ns = Ns(now);
+  auto a = Store(req).setattr(ino, r);
+  if (!a.ok()) return ReplyStatus(req, a.status());
+  struct stat st = ToStat(*a);
+  fuse_reply_attr(req, &st, kTimeout);
+}
+
+void Readlink(fuse_req_t req, fuse_ino_t ino) {
+  auto t = Store(req).readlink(ino);
+  if (!t.ok()) return ReplyStatus(req, t.status());
+  fuse_reply_readlink(req, t->c_str());
+}
+
+void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
+  if (!S_ISREG(mode)) return (void)fuse_reply_err(req, EPERM);  // regions are regular files
+  ReplyEntry(req, Store(req).create(parent, name, mode, Who(req)));
+}
+
+void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  ReplyEntry(req, Store(req).mkdir(parent, name, mode, Who(req)));
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyStatus(req, Store(req).unlink(parent, name));
+}
+
+void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  ReplyStatus(req, Store(req).rmdir(parent, name));
+}
+
+void Symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  ReplyEntry(req, Store(req).symlink(parent, name, link, Who(req)));
+}
+
+void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+            const char* newname, unsigned int flags) {
+  if (flags & ~RENAME_NOREPLACE) return (void)fuse_reply_err(req, EINVAL);  // no EXCHANGE
+  ReplyStatus(req, Store(req).rename(parent, name, newparent, newname, flags & RENAME_NOREPLACE));
+}
+
+void Link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
+  fuse_reply_err(req, EPERM);  // a region has one name
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto h = Store(req).open(ino, IsWrite(fi->flags));
+  if (!h.ok()) return ReplyStatus(req, h.status());
+  fi->fh = *h;
+  // One mount per namespace (the claim in RunRegionFs): every change to a file went through this
+  // kernel's page cache, so what it cached is current and an open need not drop it.
+  fi->keep_cache = 1;
+  fuse_reply_open(req, fi);
+}
+
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  RegionStore& s = Store(req);
+  auto a = s.create(parent, name, mode, Who(req));
+  if (!a.ok()) return ReplyStatus(req, a.status());
+  auto h = s.open(a->ino, IsWrite(fi->flags));
+  if (!h.ok()) return ReplyStatus(req, h.status());
+  fi->fh = *h;
+  fi->keep_cache = 1;
+  fuse_entry_param e{};
+  e.ino = a->ino;
+  e.attr = ToStat(*a);
+  e.attr_timeout = kTimeout;
+  e.entry_timeout = kTimeout;
+  fuse_reply_create(req, &e, fi);
+}
+
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  std::vector<std::byte> buf(size);
+  auto n = Store(req).read(ino, static_cast<uint64_t>(off), buf);
+  if (!n.ok()) return ReplyStatus(req, n.status());
+  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), *n);
+}
+
+void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+           fuse_file_info*) {
+  // Replied only after the bytes are in remote memory (delivery-complete writes).
+  Status s =
+      Store(req).write(ino, static_cast<uint64_t>(off),
+                       std::span<const std::byte>(reinterpret_cast<const std::byte*>(buf), size));
+  if (!s.ok()) return ReplyStatus(req, s);
+  fuse_reply_write(req, size);
+}
+
+// Every write the daemon acknowledged is already in remote memory, so flush and fsync have
+// nothing left to do here (the kernel writes its dirty pages back before calling them).
+void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
+  fuse_reply_err(req, 0);
+}
+void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
+  fuse_reply_err(req, 0);
+}
+
+void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  ReplyStatus(req, Store(req).release(fi->fh));
+}
+
+void Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  auto list = Store(req).readdir(ino);
+  if (!list.ok()) return ReplyStatus(req, list.status());
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < list->size(); ++i) {
+    const regions::DirEntry& e = (*list)[i];
+    struct stat st {};
+    st.st_ino = e.ino;
+    st.st_mode = e.mode;
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, e.name.c_str(), &st,
+                                    static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void Statfs(fuse_req_t req, fuse_ino_t) {
+  auto s = Store(req).statfs();
+  if (!s.ok()) return ReplyStatus(req, s.status());
+  struct statvfs v {};
+  v.f_bsize = 4096;
+  v.f_frsize = 4096;
+  v.f_blocks = s->budget_bytes / 4096;
+  v.f_bfree = s->free_bytes / 4096;
+  v.f_bavail = v.f_bfree;
+  v.f_files = s->inodes + 1000000;
+  v.f_ffree = 1000000;
+  v.f_namemax = 255;
+  fuse_reply_statfs(req, &v);
+}
+
+void Setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+              int) {
+  ReplyStatus(req, Store(req).setxattr(ino, name, std::string_view(value, size)));
+}
+
+void Getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  auto v = Store(req).getxattr(ino, name);
+  if (!v.ok()) return ReplyStatus(req, v.status());
+  if (size == 0) return (void)fuse_reply_xattr(req, v->size());
+  if (size < v->size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, v->data(), v->size());
+}
+
+void Listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto names = Store(req).listxattr(ino);
+  if (!names.ok()) return ReplyStatus(req, names.status());
+  std::string all;
+  for (const std::string& n : *names) all.append(n).push_back('\0');
+  if (size == 0) return (void)fuse_reply_xattr(req, all.size());
+  if (size < all.size()) return (void)fuse_reply_err(req, ERANGE);
+  fuse_reply_buf(req, all.data(), all.size());
+}
+
+void Removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  ReplyStatus(req, Store(req).setxattr(ino, name, "0"));
+}
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = Init;
+  ops.lookup = Lookup;
+  ops.getattr = Getattr;
+  ops.setattr = Setattr;
+  ops.readlink = Readlink;
+  ops.mknod = Mknod;
+  ops.mkdir = Mkdir;
+  ops.unlink = Unlink;
+  ops.rmdir = Rmdir;
+  ops.symlink = Symlink;
+  ops.rename = Rename;
+  ops.link = Link;
+  ops.open = Open;
+  ops.read = Read;
+  ops.write = Write;
+  ops.flush = Flush;
+  ops.release = Release;
+  ops.fsync = Fsync;
+  ops.readdir = Readdir;
+  ops.statfs = Statfs;
+  ops.setxattr = Setxattr;
+  ops.getxattr = Getxattr;
+  ops.listxattr = Listxattr;
+  ops.removexattr = Removexattr;
+  ops.create = Create;
+  return ops;
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  return "regions-" + std::to_string(rd()) + std::to_string(rd());
+}
+
+// Mounts, serves until unmount or signal, unmounts. `unblocked` is the signal mask the loop runs
+// with: RunRegionFs blocks SIGINT/SIGTERM/SIGHUP before it starts any thread, so only this thread
+// (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
+Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblocked) {
+  std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
+  if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
+  if (getuid() == 0) argv_s.back() += ",allow_other";
+  if (o.debug) argv_s.push_back("-d");
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  fuse_lowlevel_ops ops = MakeOps();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &store);
+  if (se == nullptr) return Status::IoError("regions: fuse_session_new failed");
+  Status result;
+  // libfuse installs its handlers only over SIG_DFL, and libinfinipath (libfabric's psm provider,
+  // common/fuzz_support.h) has already installed SIGINT/SIGTERM handlers that call exit(1), which
+  // would leave a dead mount behind (ENOTCONN until fusermount3 -u): put SIG_DFL back first.
+  struct sigaction dfl {
+  }, saved[3];
+  dfl.sa_handler = SIG_DFL;
+  const int kStop[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) sigaction(kStop[i], &dfl, &saved[i]);
+  if (fuse_set_signal_handlers(se) != 0) {
+    result = Status::IoError("regions: cannot install signal handlers");
+  } else {
+    if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
+      result = Status::IoError("regions: cannot mount at " + o.mountpoint +
+                               " (does it exist, is /dev/fuse usable?)");
+    } else {
+      if (o.on_ready) o.on_ready();
+      sigset_t blocked;
+      pthread_sigmask(SIG_SETMASK, &unblocked, &blocked);
+      fuse_loop_config* cfg = fuse_loop_cfg_create();
+      fuse_loop_cfg_set_max_threads(cfg, o.threads);
+      fuse_loop_cfg_set_clone_fd(cfg, 1);
+      int rc = fuse_session_loop_mt(se, cfg);
+      fuse_loop_cfg_destroy(cfg);
+      pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
+      fuse_session_unmount(se);
+      // A signal (SIGINT/SIGTERM) ends the loop with its number: a clean unmount.
+      if (rc < 0) result = Status::IoError("regions: FUSE loop: " + std::string(strerror(-rc)));
+    }
+    fuse_remove_signal_handlers(se);
+  }
+  for (int i = 0; i < 3; ++i) sigaction(kStop[i], &saved[i], nullptr);
+  fuse_session_destroy(se);
+  fuse_opt_free_args(&args);
+  return result;
+}
+
+// Blocks the stop signals for the threads the mount starts; restores the mask on return.
+class StopSignalsBlocked {
+ public:
+  StopSignalsBlocked() {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stop, &old_);
+  }
+  ~StopSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  const sigset_t& old() const { return old_; }
+
+ private:
+  sigset_t old_;
+};
+
+}  // namespace
+
+Status RunRegionFs(const RegionFsOptions& o) {
+  if (o.mountpoint.empty()) return Status::InvalidArgument("regions: no mount point");
+  struct stat st;
+  if (stat(o.mountpoint.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("regions: mount point " + o.mountpoint + " is not a directory");
+  if (access("/dev/fuse", R_OK | W_OK) != 0)
+    return Status::Unavailable("regions: /dev/fuse is missing or not usable");
+  if (o.threads == 0 || o.threads > 64)
+    return Status::InvalidArgument("regions: threads must be 1..64");
+  StopSignalsBlocked signals;  // before any thread starts
+  std::string token = o.token;
+  std::unique_ptr<MemoryServer> server;
+  regions::RegionStoreOptions so;
+  so.servers = o.servers;
+  if (so.servers.empty()) {
+    // Flagless: one process holds the memory too.
+    if (token.empty()) token = RandomToken();
+    ServerConfig sc;
+    sc.memory_bytes = o.memory_bytes;
+    sc.pool_bytes = std::min<uint64_t>(o.memory_bytes, 64ull << 20);
+    sc.node.name = "regions-farmemd";
+    sc.node.transport.backend = "tcp";
+    sc.node.transport.cluster_token = token;
+    sc.services = {"pools"};
+    FARMEM_ASSIGN_OR_RETURN(server, MemoryServer::Create(sc));
+    FARMEM_RETURN_IF_ERROR(server->start());
+    so.servers.push_back(server->node().bootstrap_address());
+  } else if (token.empty()) {
+    return Status::InvalidArgument("regions: --server needs the cluster --token");
+  }
+  ClusterOptions co;
+  co.url = o.cluster_url.empty() ? "memory://regions" : o.cluster_url;
+  co.cluster_name = o.cluster_name;
+  co.create_if_missing = true;
+  FARMEM_ASSIGN_OR_RETURN(auto cluster, Cluster::Open(co));
+  auto meta = regions::NewClusterMetaStore(*cluster);
+  NodeConfig nc;
+  nc.name = "regions-mount";
+  nc.transport.backend = "tcp";
+  nc.transport.cluster_token = token;
+  FARMEM_ASSIGN_OR_RETURN(auto node, Node::Create(nc));
+  FARMEM_RETURN_IF_ERROR(node->start());
+  so.root_mode = 0755;
+  // Running farmemds outlive this mount, so its units must too (the metadata in a shared store
+  // names them); the embedded server's memory dies with the process anyway.
+  so.persistent_units = !o.servers.empty();
+  // One mount per namespace until the multi-mount protocol exists (docs/regions.md "Not built"):
+  // claim it with a key bound to this process's membership lease.
+  std::string member = "regions-mount-" + std::to_string(getpid());
+  ClusterMember self;
+  self.name = member;
+  self.roles = {"regions-mount"};
+  FARMEM_RETURN_IF_ERROR(cluster->join(self));
+  ClusterPutOptions bound;
+  bound.bind_to_lease = true;
+  auto claimed = cluster->put_if("regions-mount", member, 0, bound);
+  if (FsFault("no_claim")) claimed = int64_t{0};
+  if (!claimed.ok()) {
+    auto holder = cluster->get("regions-mount");
+    return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
+                                      (holder.ok() ? holder->value : std::string("?")) +
+                                      "); several mounts of one namespace are not supported yet");
+  }
+  Status result;
+  {
+    auto store = RegionStore::Open(*node, *meta, so);
+    if (!store.ok()) {
+      result = store.status();
+    } else {
+      result = Serve(**store, o, signals.old());
+    }
+  }
+  node->stop();
+  if (server) server->stop();
+  return result;
+}
+
+}  // namespace farmem

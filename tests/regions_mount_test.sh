@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Remote regions over FUSE (docs/regions.md "Tests"): `farmem mount` with no flags (embedded
+# farmemd, memory:// metadata, a 40 MiB budget), then Unix tools against it, compared with tmpfs:
+# random data + sha256 (also read back with O_DIRECT, past the page cache), cp -a + diff -r of the
+# repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, chmod/chown/
+# utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second writer EBUSY), ENOSPC with the rest intact and
+# the space reusable after rm, df from the budget, clean unmount on SIGTERM and by fusermount3 -u.
+# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms (passed to the daemon) makes a check fail.
+# SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
+set -euo pipefail
+
+FARMEM="${1:?usage: $0 path/to/farmem}"
+SRC_TREE="$(cd "$(dirname "${BASH_SOURCE[0]}")/../src/common" && pwd)"
+WORK="$(mktemp -d -t farmem-regions.XXXXXX)"
+MNT="$WORK/mnt"
+REF="$(mktemp -d -p /dev/shm farmem-regions-ref.XXXXXX 2>/dev/null || mktemp -d -p "$WORK")"
+PID=""
+
+TEST_NAME=regions_mount
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cleanup() {
+  local rc=$?
+  if grep -qs " $MNT " /proc/mounts; then fusermount3 -uz "$MNT" 2>/dev/null || true; fi
+  stop_process "$PID"
+  rm -rf "$WORK" "$REF"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+if [[ ! -c /dev/fuse ]]; then
+  echo "SKIP: /dev/fuse is missing (no FUSE in this kernel or container)"
+  exit 0
+fi
+command -v fusermount3 >/dev/null || fail "fusermount3 not found (apt install fuse3)"
+[[ -n "${FARMEM_REGIONS_FAULT:-}" ]] && log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"
+
+mount_regions() {
+  mkdir -p "$MNT"
+  "$FARMEM" mount "$MNT" --memory-mib 40 >"$WORK/mount.out" 2>"$WORK/mount.err" &
+  PID=$!
+  wait_mounted "$WORK/mount.out" "$MNT" "$PID"
+}
+
+# Reads a file with O_DIRECT (every byte from the daemon, none from the page cache).
+direct_sum() { dd if="$1" iflag=direct bs=1M status=none | sha256sum | cut -d' ' -f1; }
+sum() { sha256sum "$1" | cut -d' ' -f1; }
+
+mount_regions
+log "mounted (pid $PID)"
+
+# 1. Random data, sha256 against the tmpfs copy.
+head -c $((6 * 1024 * 1024 + 12345)) /dev/urandom >"$REF/random"
+cp "$REF/random" "$MNT/random"
+[[ "$(sum "$MNT/random")" == "$(sum "$REF/random")" ]] || fail "random data differs (cached read)"
+[[ "$(direct_sum "$MNT/random")" == "$(sum "$REF/random")" ]] || fail "random data differs (O_DIRECT)"
+log "random 6 MiB: sha256 equal (cached and O_DIRECT)"
+
+# 2. A source tree: cp -a, diff -r (contents, names, modes via cp -a).
+cp -a "$SRC_TREE" "$MNT/tree"
+diff -r "$SRC_TREE" "$MNT/tree" >"$WORK/diff.err" 2>&1 || fail "diff -r of src/common differs"
+[[ "$(find "$MNT/tree" | wc -l)" == "$(find "$SRC_TREE" | wc -l)" ]] || fail "tree entry count"
+log "cp -a + diff -r of src/common: equal ($(find "$SRC_TREE" -type f | wc -l) files)"
+
+# 3. truncate shrink then grow: the cut bytes must come back as zeros (holes).
+for d in "$REF" "$MNT"; do
+  head -c 300000 /dev/zero | tr '\0' '\377' >"$d/trunc"
+  truncate -s 150001 "$d/trunc"
+  truncate -s 400000 "$d/trunc"
+done
+[[ "$(direct_sum "$MNT/trunc")" == "$(sum "$REF/trunc")" ]] || fail "truncate shrink/grow: bytes past the shrink are not zero"
+[[ "$(stat -c %s "$MNT/trunc")" == 400000 ]] || fail "truncate size"
+truncate -s 5G "$MNT/sparse"
+[[ "$(stat -c %s "$MNT/sparse")" == 5368709120 && "$(stat -c %b "$MNT/sparse")" == 0 ]] || fail "sparse 5 GiB file"
+[[ "$(dd if="$MNT/sparse" bs=1M skip=4000 count=4 status=none | tr -d '\0' | wc -c)" == 0 ]] || fail "hole not zero"
+log "truncate shrink/grow equal to tmpfs; 5 GiB sparse file reads zero, 0 blocks"
+
+# 4. mv over an existing file.
+echo first >"$MNT/x"
+echo second >"$MNT/y"
+mv "$MNT/x" "$MNT/y"
+[[ "$(cat "$MNT/y")" == first && ! -e "$MNT/x" ]] || fail "mv over an existing file"
+log "mv over an existing file: ok"
+
+# 5. Directories, readdir, symlinks, hard links refused.
+mkdir -p "$MNT/d/e/f"
+touch "$MNT/d/e/one" "$MNT/d/e/two"
+[[ "$(ls "$MNT/d/e" | tr '\n' ' ')" == "f one two " ]] || fail "readdir: $(ls "$MNT/d/e")"
+rmdir "$MNT/d/e" 2>/dev/null && fail "rmdir of a non-empty directory succeeded"
+rm "$MNT/d/e/one" "$MNT/d/e/two"
+rmdir "$MNT/d/e/f" "$MNT/d/e" "$MNT/d" || fail "rmdir"
+[[ ! -e "$MNT/d" ]] || fail "directory still there after rmdir"
+ln -s random "$MNT/link"
+[[ "$(readlink "$MNT/link")" == random && "$(sum "$MNT/link")" == "$(sum "$REF/random")" ]] || fail "symlink"
+ln "$MNT/random" "$MNT/hard" 2>/dev/null && fail "hard link succeeded"
+log "mkdir/rmdir/readdir, symlink, hard link refused: ok"
+
+# 5b. chmod, chown, utimens (as on tmpfs), and the kernel's permission checks on our modes.
+for d in "$REF" "$MNT"; do
+  echo secret >"$d/perm"
+  chmod 0640 "$d/perm"
+  chown 1234:5678 "$d/perm"
+  touch -d "2001-02-03 04:05:06.789" "$d/perm"
+done
+[[ "$(stat -c '%a %u %g %Y %y' "$MNT/perm")" == "$(stat -c '%a %u %g %Y %y' "$REF/perm")" ]] ||
+  fail "chmod/chown/touch -d: $(stat -c '%a %u %g %y' "$MNT/perm") vs $(stat -c '%a %u %g %y' "$REF/perm")"
+echo top >"$MNT/private"
+chmod 0600 "$MNT/private"
+if command -v runuser >/dev/null && id nobody >/dev/null 2>&1; then
+  chmod 0755 "$WORK"  # mktemp made it 0700: nobody must reach the mount point
+  runuser -u nobody -- cat "$MNT/private" >/dev/null 2>&1 && fail "nobody read a 0600 root file"
+  runuser -u nobody -- cat "$MNT/random" >/dev/null 2>&1 || fail "nobody cannot read a 0644 file"
+  log "chmod/chown/touch -d as on tmpfs; nobody: EACCES on 0600, reads 0644"
+else
+  log "chmod/chown/touch -d as on tmpfs (no runuser/nobody: permission check not run)"
+fi
+
+# 6. ONEWRITER inherited from the directory: the second writer gets EBUSY.
+mkdir "$MNT/solo"
+python3 - "$MNT/solo" >"$WORK/onewriter.out" 2>&1 <<'PY' || fail "ONEWRITER: $(cat "$WORK/onewriter.out")"
+import errno, os, sys
+d = sys.argv[1]
+os.setxattr(d, "user.region.onewriter", b"1")
+f = os.path.join(d, "f")
+a = os.open(f, os.O_CREAT | os.O_WRONLY, 0o644)
+assert os.getxattr(f, "user.region.onewriter") == b"1", "not inherited"
+try:
+    os.open(f, os.O_WRONLY)
+    sys.exit("second writer was let in")
+except OSError as e:
+    assert e.errno == errno.EBUSY, e
+os.close(os.open(f, os.O_RDONLY))  # readers are fine
+os.close(a)
+os.close(os.open(f, os.O_WRONLY))  # and a writer again once the first is gone
+PY
+log "ONEWRITER: second writer EBUSY, reader ok"
+
+# 7. statfs from the budget; ENOSPC with the rest intact; space reusable after rm.
+[[ "$(stat -f -c '%b %S' "$MNT")" == "10240 4096" ]] || fail "statfs: $(stat -f -c '%b %S' "$MNT") (want 40 MiB)"
+if dd if=/dev/zero of="$MNT/big" bs=1M count=64 conv=fsync status=none 2>"$WORK/dd.err"; then
+  fail "64 MiB fit into a 40 MiB budget"
+fi
+grep -q "No space left" "$WORK/dd.err" || fail "dd did not fail with ENOSPC: $(cat "$WORK/dd.err")"
+[[ "$(direct_sum "$MNT/random")" == "$(sum "$REF/random")" ]] || fail "random data damaged by ENOSPC"
+diff -r "$SRC_TREE" "$MNT/tree" >/dev/null || fail "tree damaged by ENOSPC"
+rm "$MNT/big"
+dd if=/dev/zero of="$MNT/again" bs=1M count=16 conv=fsync status=none || fail "space not reusable after rm"
+log "ENOSPC at 40 MiB, the rest intact, 16 MiB fit again after rm"
+
+# 8. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
+kill -TERM "$PID"
+for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$PID" 2>/dev/null && fail "farmem mount still running 10 s after SIGTERM"
+wait "$PID" || fail "farmem mount exited with $? after SIGTERM"
+grep -qs " $MNT " /proc/mounts && fail "still mounted after SIGTERM"
+mount_regions
+echo hi >"$MNT/f"
+fusermount3 -u "$MNT" || fail "fusermount3 -u"
+for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+wait "$PID" || fail "farmem mount exited with $? after fusermount3 -u"
+grep -q '^regions: unmounted' "$WORK/mount.out" || fail "no unmount line"
+log "SIGTERM and fusermount3 -u: clean unmounts"
+log "PASS"
