@@ -59,6 +59,8 @@ struct TxClientFaults {
   // client dying between two of them leaves a partial commit (kAfterFirstDecide: after the first).
   bool one_phase_commit = false;
   TxDieAt die_at = TxDieAt::kNever;
+  // One-sided reads stop at the main bucket (a key in an overflow chain is read by TX_LOOKUP).
+  bool no_chain_follow = false;
 };
 
 struct TxClientOptions {

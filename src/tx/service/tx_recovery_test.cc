@@ -469,7 +469,9 @@ class TxPeerRecovery : public ::testing::TestWithParam<std::string> {
   Status Call(size_t server, uint16_t op, const std::vector<std::byte>& body,
               std::vector<std::byte>* reply = nullptr) {
     std::vector<std::byte> r;
-    Status st = cluster_->servers[server].service->Handle(RpcCall{op, body, "test"}, r);
+    // Through the data-structure interface's owner callback (TxService's is Handle).
+    tx::TxDsOwner& owner = *cluster_->servers[server].service;
+    Status st = owner.rpc_handler(op, body, r);
     if (reply) *reply = r;
     return st;
   }

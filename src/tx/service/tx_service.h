@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -28,6 +29,7 @@
 #include "node/rpc_call.h"
 #include "service/service.h"
 #include "tx/engine/tx_table.h"
+#include "tx/format/tx_data_structure.h"
 #include "tx/format/tx_wire.h"
 
 namespace farmem {
@@ -46,7 +48,9 @@ Result<TxTableSpec> ParseTxTableSpec(const std::string& text, const TxConfig& co
 // Checks config.tx (every table spec, distinct names, partition < partitions, lease > 0).
 Status ValidateTxConfig(const ServerConfig& config);
 
-class TxService final : public Service {
+// The hash table's owner side of the data-structure callbacks (tx_data_structure.h):
+// rpc_handler is Handle.
+class TxService final : public Service, public tx::TxDsOwner {
  public:
   // Builds every table of config.tx and exports each region read-only through `node` (which
   // must outlive the service and be stopped before it is destroyed). `table_options` is for
@@ -61,6 +65,10 @@ class TxService final : public Service {
   static const char* OpName(uint16_t opcode);
   // Serves one tx RPC. Thread-safe.
   Status Handle(const RpcCall& call, std::vector<std::byte>& reply);
+  Status rpc_handler(uint16_t opcode, std::span<const std::byte> request,
+                     std::vector<std::byte>& reply) override {
+    return Handle(RpcCall{opcode, request, "rpc_handler"}, reply);
+  }
 
   std::string_view name() const override { return "tx"; }
   OpcodeRange opcodes() const override { return kTxOpcodes; }
