@@ -146,8 +146,12 @@ class TxDataStructure : public ::testing::TestWithParam<std::string> {
     r[3] = {4, kForward, 6, 4};  // key 3 moved to record 6
     r[6] = {6, 3, 103, 6};       //   (whose own key 6 went to the spill-over map)
     r[5] = {7, 5, 105, 6};       // key 5's record is being changed (odd seq)
+    r[2] = {8, kForward, 4, 8};  // records 2 and 4 forward to each other (a cycle)
+    r[4] = {8, kForward, 2, 8};
     owner_.spill()[6] = 106;
     owner_.spill()[40] = 140;
+    owner_.spill()[2] = 102;
+    // All records are written before the owner's node starts: its transport threads read them.
     auto server = Node::Create(node::testing::MakeConfig(GetParam(), "array-owner"));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
@@ -239,9 +243,6 @@ TEST_P(TxDataStructure, AnArrayIsReadOneTwoSidedThroughTheCallbacks) {
 
 // A forward cycle (a corrupted or racing structure) ends at the read bound and falls back.
 TEST_P(TxDataStructure, AForwardCycleIsBoundedAndFallsBackToTheRpc) {
-  owner_.records()[2] = {8, kForward, 4, 8};
-  owner_.records()[4] = {8, kForward, 2, 8};
-  owner_.spill()[2] = 102;
   uint64_t v = 0;
   auto r = Lookup(2, &v);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
