@@ -99,8 +99,8 @@ struct TxClient::Impl {
   std::unordered_map<std::string, uint64_t> cache;
 
   struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, rpc_lookups{0}, os_validations{0}, rpc_validations{0},
-        commits{0};
+    std::atomic<uint64_t> hits{0}, chain_hits{0}, misses{0}, rpc_lookups{0}, os_validations{0},
+        rpc_validations{0}, commits{0};
     std::atomic<uint64_t> aborts[kTxAbortReasons]{};
   } counters;
 
@@ -236,6 +236,7 @@ TxClientStats TxClient::stats() const {
   const auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   TxClientStats s;
   s.one_sided_hits = ld(c.hits);
+  s.one_sided_chain_hits = ld(c.chain_hits);
   s.one_sided_misses = ld(c.misses);
   s.rpc_lookups = ld(c.rpc_lookups);
   s.one_sided_validations = ld(c.os_validations);
@@ -393,10 +394,16 @@ class TxHashTableDs final : public tx::TxDsClient {
     // the owner decides that.
     if (m.next_bucket != 0 && !c_.options.faults.no_chain_follow) {
       const uint64_t nb = m.next_bucket - 1;
-      if (nb >= g_.num_buckets && nb < tx::TotalBuckets(g_)) return ReadBucket(nb);
+      if (nb >= g_.num_buckets && nb < tx::TotalBuckets(g_)) {
+        followed_chain_ = true;
+        return ReadBucket(nb);
+      }
     }
     return next;
   }
+
+  // Whether this read went past the key's main bucket.
+  bool followed_chain() const { return followed_chain_; }
 
   uint16_t rpc_opcode() const override { return wire::kOpLookup; }
   std::vector<std::byte> rpc_request(std::span<const std::byte> key) override {
@@ -433,6 +440,7 @@ class TxHashTableDs final : public tx::TxDsClient {
   const uint16_t table_;
   const tx::TxGeometry& g_;
   bool from_cache_ = false;
+  bool followed_chain_ = false;
 };
 
 // One consistent copy of an item at `offset` (ordered: one read; else seqlock). kOk fills *view
@@ -492,6 +500,7 @@ Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<cons
   if (lo.one_sided) {
     const bool hit = got.ok() && got->one_sided;
     (hit ? c.counters.hits : c.counters.misses).fetch_add(1, std::memory_order_relaxed);
+    if (hit && ds.followed_chain()) c.counters.chain_hits.fetch_add(1, std::memory_order_relaxed);
   }
   if (rpc) c.counters.rpc_lookups.fetch_add(1, std::memory_order_relaxed);
   if (!got.ok()) {

@@ -330,6 +330,8 @@ TEST_P(TxChains, KeysInOverflowChainsAreReadOneSided) {
   EXPECT_GE(main_only.rpc_lookups, kKeys - 2 + 1) << "fewer keys in chains than expected";
   const TxClientStats chained = read_all(no_chain);
   EXPECT_EQ(chained.one_sided_hits, kKeys);
+  EXPECT_EQ(chained.one_sided_chain_hits, kKeys - (main_only.one_sided_hits));
+  EXPECT_EQ(main_only.one_sided_chain_hits, 0u);
   EXPECT_EQ(chained.rpc_lookups, 1u);  // the missing key only
   std::printf(
       "[ info     ] main bucket only: %llu one-sided, %llu TX_LOOKUP; chains followed: "
