@@ -180,10 +180,10 @@ std::string FormatTxSection(const nlohmann::json& s) {
       U(x, "commits"), U(x, "commit_items"), U(x, "prepares"), U(x, "decides"), U(x, "prepared"),
       U(x, "decisions"));
   out += fmt::format(
-      "    recovery: {} status request(s) served; resolved {} commit(s), {} abort(s), {} "
-      "unreachable; {} expired lock(s) reaped\n",
+      "    recovery: {} status request(s) served; resolved {} commit(s), {} abort(s) ({} by a "
+      "participant other than the first), {} unreachable; {} expired lock(s) reaped\n",
       U(x, "statuses"), U(x, "recovered_commits"), U(x, "recovered_aborts"),
-      U(x, "recovery_unreachable"), U(x, "reaped_locks"));
+      U(x, "recovered_from_peers"), U(x, "recovery_unreachable"), U(x, "reaped_locks"));
   if (x.contains("aborts") && x["aborts"].is_object()) {
     std::string aborts;
     for (const auto& [reason, n] : x["aborts"].items()) {

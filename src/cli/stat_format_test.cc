@@ -87,6 +87,7 @@ TEST(StatFormat, TxSectionShowsCountersRecoveryAbortsAndTables) {
              {"recovered_commits", 1u},
              {"recovered_aborts", 2u},
              {"recovery_unreachable", 0u},
+             {"recovered_from_peers", 1u},
              {"reaped_locks", 8u},
              {"aborts", {{"locked", 3u}, {"exists", 0u}, {"validation", 1u}}},
              {"tables",
@@ -106,7 +107,8 @@ TEST(StatFormat, TxSectionShowsCountersRecoveryAbortsAndTables) {
   EXPECT_NE(out.find("5 commit(s) of 9 item(s); 2PC: 3 prepare(s), 4 decide(s), 1 prepared now"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("resolved 1 commit(s), 2 abort(s), 0 unreachable; 8 expired lock(s)"),
+  EXPECT_NE(out.find("resolved 1 commit(s), 2 abort(s) (1 by a participant other than the "
+                     "first), 0 unreachable; 8 expired lock(s)"),
             std::string::npos)
       << out;
   // Only the reasons that happened.
