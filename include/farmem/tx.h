@@ -59,6 +59,8 @@ struct TxClientFaults {
   // client dying between two of them leaves a partial commit (kAfterFirstDecide: after the first).
   bool one_phase_commit = false;
   TxDieAt die_at = TxDieAt::kNever;
+  // One-sided reads stop at the main bucket (a key in an overflow chain is read by TX_LOOKUP).
+  bool no_chain_follow = false;
 };
 
 struct TxClientOptions {
@@ -72,9 +74,10 @@ struct TxClientOptions {
 };
 
 struct TxClientStats {
-  uint64_t one_sided_hits = 0;    // reads served by one-sided copies
-  uint64_t one_sided_misses = 0;  // one-sided attempts that fell back to TX_LOOKUP
-  uint64_t rpc_lookups = 0;       // TX_LOOKUP RPCs
+  uint64_t one_sided_hits = 0;        // reads served by one-sided copies
+  uint64_t one_sided_chain_hits = 0;  // of those, served after following an overflow chain link
+  uint64_t one_sided_misses = 0;      // one-sided attempts that fell back to TX_LOOKUP
+  uint64_t rpc_lookups = 0;           // TX_LOOKUP RPCs
   uint64_t one_sided_validations = 0;
   uint64_t rpc_validations = 0;  // TX_VALIDATE RPCs
   uint64_t commits = 0;          // committed transactions

@@ -1,7 +1,7 @@
 // `farmem stat ADDR [--json]` (or `--cluster URL [MEMBER]`): fetch a farmemd's STAT document and
-// print it as a table (or raw JSON), including the object store's, the tiered region's and the
-// cluster's sections. The
-// formatter tolerates missing keys so older/newer servers still print.
+// print it as a table (or raw JSON), including the object store's, the tiered region's, the
+// transactions' and the cluster's sections. The formatter tolerates missing keys so older/newer
+// servers still print.
 #include <cstdio>
 #include <string>
 
@@ -160,6 +160,54 @@ std::string FormatClusterSection(const nlohmann::json& s) {
   return out;
 }
 
+// The STAT "tx" section (docs/tx.md "STAT"): the partition this server holds, request counters,
+// the two-phase commit and recovery state, aborts by reason (only the non-zero ones) and one row
+// per table. Empty when the server runs no tx service.
+std::string FormatTxSection(const nlohmann::json& s) {
+  auto it = s.find("tx");
+  if (it == s.end() || !it->is_object()) return "";
+  const nlohmann::json& x = *it;
+  std::string out = fmt::format("\ntx: partition {} of {}, lock lease {} ms\n", U(x, "partition"),
+                                U(x, "partitions"), U(x, "lease_ms"));
+  out += fmt::format(
+      "    {} lookup(s) ({} not found), {} lock(s), {} lock-insert(s), {} validate(s), {} "
+      "unlock(s)\n",
+      U(x, "lookups"), U(x, "not_found"), U(x, "locks"), U(x, "lock_inserts"), U(x, "validates"),
+      U(x, "unlocks"));
+  out += fmt::format(
+      "    {} commit(s) of {} item(s); 2PC: {} prepare(s), {} decide(s), {} prepared now, {} "
+      "decision(s) kept\n",
+      U(x, "commits"), U(x, "commit_items"), U(x, "prepares"), U(x, "decides"), U(x, "prepared"),
+      U(x, "decisions"));
+  out += fmt::format(
+      "    recovery: {} status request(s) served; resolved {} commit(s), {} abort(s) ({} by a "
+      "participant other than the first), {} unreachable; {} expired lock(s) reaped\n",
+      U(x, "statuses"), U(x, "recovered_commits"), U(x, "recovered_aborts"),
+      U(x, "recovered_from_peers"), U(x, "recovery_unreachable"), U(x, "reaped_locks"));
+  if (x.contains("aborts") && x["aborts"].is_object()) {
+    std::string aborts;
+    for (const auto& [reason, n] : x["aborts"].items()) {
+      if (!n.is_number_unsigned() || n.get<uint64_t>() == 0) continue;
+      aborts += fmt::format("{}{} {}", aborts.empty() ? "" : ", ", reason, n.get<uint64_t>());
+    }
+    out += fmt::format("    aborts: {}\n", aborts.empty() ? "none" : aborts);
+  }
+  if (x.contains("tables") && x["tables"].is_array() && !x["tables"].empty()) {
+    out += fmt::format("\n{:<12} {:>5} {:>7} {:>5} {:>9} {:>15} {:>10} {:>7} {:>10}\n", "TX TABLE",
+                       "KEY", "VALUE", "WIDTH", "BUCKETS", "OVERFLOW USED", "LIVE", "LOCKED",
+                       "REGION");
+    for (const auto& t : x["tables"]) {
+      if (!t.is_object()) continue;
+      out +=
+          fmt::format("{:<12} {:>5} {:>7} {:>5} {:>9} {:>15} {:>10} {:>7} {:>10}\n", S(t, "name"),
+                      U(t, "key_size"), U(t, "value_size"), U(t, "width"), U(t, "buckets"),
+                      fmt::format("{}/{}", U(t, "overflow_used"), U(t, "overflow_buckets")),
+                      U(t, "live_items"), U(t, "locked_items"), FormatBytes(U(t, "region_bytes")));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatBytes(uint64_t bytes) {
@@ -230,6 +278,7 @@ std::string FormatStatTable(const nlohmann::json& s, const std::string& address)
   }
   out += FormatObjectsSection(s);
   out += FormatTierSection(s);
+  out += FormatTxSection(s);
   out += FormatClusterSection(s);
   return out;
 }

@@ -1,6 +1,7 @@
 // Tests of the `farmem stat` table's tier section (residency against the budget, promotions,
 // demotions, write-backs and file IO from a STAT "tier" object; absent without one) and of the
-// objects section's metadata line and per-class merge success rate.
+// objects section's metadata line and per-class merge success rate, and of the tx section
+// (counters, 2PC and recovery state, non-zero aborts, one row per table).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -65,6 +66,57 @@ TEST(StatFormat, ObjectsSectionShowsMetadataAndMergeSuccessPerClass) {
       << out;
   EXPECT_NE(out.find("2.0 MiB fixed tables"), std::string::npos) << out;
   EXPECT_NE(out.find("2/8 25%"), std::string::npos) << out;
+}
+
+TEST(StatFormat, TxSectionShowsCountersRecoveryAbortsAndTables) {
+  nlohmann::json s = {{"node", "n"}};
+  EXPECT_EQ(FormatStatTable(s, "a:1").find("tx:"), std::string::npos);
+  s["tx"] = {{"partition", 1u},
+             {"partitions", 3u},
+             {"lease_ms", 2000u},
+             {"lookups", 40u},
+             {"not_found", 2u},
+             {"locks", 7u},
+             {"commits", 5u},
+             {"commit_items", 9u},
+             {"prepares", 3u},
+             {"decides", 4u},
+             {"prepared", 1u},
+             {"decisions", 2u},
+             {"statuses", 6u},
+             {"recovered_commits", 1u},
+             {"recovered_aborts", 2u},
+             {"recovery_unreachable", 0u},
+             {"recovered_from_peers", 1u},
+             {"reaped_locks", 8u},
+             {"aborts", {{"locked", 3u}, {"exists", 0u}, {"validation", 1u}}},
+             {"tables",
+              {{{"name", "bank"},
+                {"key_size", 8u},
+                {"value_size", 16u},
+                {"width", 4u},
+                {"buckets", 1024u},
+                {"overflow_buckets", 256u},
+                {"overflow_used", 12u},
+                {"live_items", 1000u},
+                {"locked_items", 1u},
+                {"region_bytes", 2u << 20}}}}};
+  const std::string out = FormatStatTable(s, "a:1");
+  EXPECT_NE(out.find("tx: partition 1 of 3, lock lease 2000 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("40 lookup(s) (2 not found), 7 lock(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("5 commit(s) of 9 item(s); 2PC: 3 prepare(s), 4 decide(s), 1 prepared now"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("resolved 1 commit(s), 2 abort(s) (1 by a participant other than the "
+                     "first), 0 unreachable; 8 expired lock(s)"),
+            std::string::npos)
+      << out;
+  // Only the reasons that happened.
+  EXPECT_NE(out.find("aborts: locked 3, validation 1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("TX TABLE"), std::string::npos) << out;
+  EXPECT_NE(out.find("bank"), std::string::npos) << out;
+  EXPECT_NE(out.find("12/256"), std::string::npos) << out;
+  EXPECT_NE(out.find("2.0 MiB"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include <unordered_map>
 
 #include "node/rpc_call.h"
+#include "tx/client/tx_lookup.h"
+#include "tx/format/tx_data_structure.h"
 #include "tx/format/tx_layout.h"
 #include "tx/format/tx_wire.h"
 
@@ -97,8 +99,8 @@ struct TxClient::Impl {
   std::unordered_map<std::string, uint64_t> cache;
 
   struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, rpc_lookups{0}, os_validations{0}, rpc_validations{0},
-        commits{0};
+    std::atomic<uint64_t> hits{0}, chain_hits{0}, misses{0}, rpc_lookups{0}, os_validations{0},
+        rpc_validations{0}, commits{0};
     std::atomic<uint64_t> aborts[kTxAbortReasons]{};
   } counters;
 
@@ -234,6 +236,7 @@ TxClientStats TxClient::stats() const {
   const auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   TxClientStats s;
   s.one_sided_hits = ld(c.hits);
+  s.one_sided_chain_hits = ld(c.chain_hits);
   s.one_sided_misses = ld(c.misses);
   s.rpc_lookups = ld(c.rpc_lookups);
   s.one_sided_validations = ld(c.os_validations);
@@ -265,6 +268,7 @@ struct Tx::State {
   // (table, key) -> item; node-based so value spans stay valid until start().
   std::map<std::string, Item> items;
   std::vector<std::byte> rpc_reply;
+  std::vector<std::byte> copy_buf;  // one-sided copies of the read path
 
   const TxClient::Impl::Table* TableOf(uint16_t table) const {
     return table < c->tables.size() ? &c->tables[table] : nullptr;
@@ -330,6 +334,115 @@ Task<void> DecideOthers(Scheduler& sched, TxClient::Impl& c, const std::vector<u
   }
 }
 
+// The hash table as a Storm data structure (tx_data_structure.h), client side, for one read of
+// one table: lookup_start guesses the cached item or the key's main bucket; lookup_end checks an
+// item copy (CheckItemCopy), or locates the key in a bucket copy (ParseBucketCopy) and follows
+// the overflow chain bucket by bucket ("continue at"); the RPC is TX_LOOKUP. The address cache
+// is the client's (shared, mutex-guarded).
+class TxHashTableDs final : public tx::TxDsClient {
+ public:
+  TxHashTableDs(TxClient::Impl& c, uint16_t table, const tx::TxGeometry& g)
+      : c_(c), table_(table), g_(g) {}
+
+  tx::DsStep lookup_start(std::span<const std::byte> key) override {
+    if (std::optional<uint64_t> off = c_.Cached(table_, key); off && tx::IsItemOffset(g_, *off)) {
+      from_cache_ = true;
+      return ReadItemAt(*off);
+    }
+    const uint32_t bucket = tx::PlaceKey(g_, tx::HashKey(key, g_.hash_seed)).bucket;
+    return ReadBucket(bucket);
+  }
+
+  tx::DsStep lookup_end(std::span<const std::byte> copy, const tx::DsRead& read,
+                        const tx::SeqlockRecheck* recheck,
+                        std::span<const std::byte> key) override {
+    tx::DsStep next;  // kRpc
+    if (read.length == tx::ItemBytes(g_)) {
+      switch (tx::CheckItemCopy(g_, copy, key, recheck, &next.view)) {
+        case tx::ItemCheck::kOk:
+          next.kind = tx::DsStep::kFound;
+          next.address = read.offset;
+          c_.Cache(table_, key, read.offset);
+          return next;
+        case tx::ItemCheck::kBusy:
+        case tx::ItemCheck::kTorn:
+          next.kind = tx::DsStep::kRetry;
+          return next;
+        default:
+          // A cached address now holding nothing or another key (deleted, reused): forget it.
+          if (from_cache_) c_.Uncache(table_, key);
+          return next;
+      }
+    }
+    const tx::BucketMatch m = tx::ParseBucketCopy(g_, copy, key);
+    const uint64_t bucket = (read.offset - tx::BucketOffset(g_, 0)) / tx::BucketBytes(g_);
+    if (m.kind == tx::BucketMatch::kFound) {
+      const uint64_t off = tx::ItemOffset(g_, bucket, static_cast<uint32_t>(m.slot));
+      if (!c_.ordered) return ReadItemAt(off);  // unordered: the bucket only locates the slot
+      next.kind = tx::DsStep::kFound;           // ordered: a bucket copy is as good as an item's
+      next.address = off;
+      next.view = m.view;
+      c_.Cache(table_, key, off);
+      return next;
+    }
+    if (m.kind == tx::BucketMatch::kInconsistent) {
+      next.kind = tx::DsStep::kRetry;
+      return next;
+    }
+    // kMiss: continue at the chain's next bucket (an overflow bucket; the link is a hint read
+    // without a check, so it is range-checked and the driver bounds the hops). Never "absent":
+    // the owner decides that.
+    if (m.next_bucket != 0 && !c_.options.faults.no_chain_follow) {
+      const uint64_t nb = m.next_bucket - 1;
+      if (nb >= g_.num_buckets && nb < tx::TotalBuckets(g_)) {
+        followed_chain_ = true;
+        return ReadBucket(nb);
+      }
+    }
+    return next;
+  }
+
+  // Whether this read went past the key's main bucket.
+  bool followed_chain() const { return followed_chain_; }
+
+  uint16_t rpc_opcode() const override { return wire::kOpLookup; }
+  std::vector<std::byte> rpc_request(std::span<const std::byte> key) override {
+    return wire::EncodeKeyRequest(table_, key, 0, 0);
+  }
+  Result<tx::DsStep> rpc_lookup_end(std::span<const std::byte> reply,
+                                    std::span<const std::byte> key) override {
+    FARMEM_ASSIGN_OR_RETURN(wire::ItemResult ir, wire::DecodeItemReply(reply, g_.value_size));
+    tx::DsStep found;
+    found.kind = tx::DsStep::kFound;
+    found.address = ir.item.offset;
+    found.view.version = ir.item.version;
+    found.view.lock_txid = ir.item.lock_txid;
+    found.view.value = ir.value;
+    if (tx::IsItemOffset(g_, found.address)) c_.Cache(table_, key, found.address);
+    return found;
+  }
+
+ private:
+  tx::DsStep ReadItemAt(uint64_t offset) const {
+    tx::DsStep s;
+    s.kind = tx::DsStep::kRead;
+    s.read = {offset, static_cast<uint32_t>(tx::ItemBytes(g_)), !c_.ordered};
+    return s;
+  }
+  tx::DsStep ReadBucket(uint64_t bucket) const {
+    tx::DsStep s;
+    s.kind = tx::DsStep::kRead;
+    s.read = {tx::BucketOffset(g_, bucket), static_cast<uint32_t>(tx::BucketBytes(g_)), false};
+    return s;
+  }
+
+  TxClient::Impl& c_;
+  const uint16_t table_;
+  const tx::TxGeometry& g_;
+  bool from_cache_ = false;
+  bool followed_chain_ = false;
+};
+
 // One consistent copy of an item at `offset` (ordered: one read; else seqlock). kOk fills *view
 // pointing into *buf.
 Task<Result<tx::ItemCheck>> ReadItem(Scheduler& sched, bool ordered, const tx::TxGeometry& g,
@@ -371,69 +484,33 @@ Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<cons
   item.table = table;
   item.partition = c.PartitionOf(t, key);
   item.key.assign(key.begin(), key.end());
-  bool got = false;
-  uint64_t lock_txid = 0;
-  if (c.options.one_sided_reads) {
-    std::vector<std::byte> buf;
-    tx::ItemView view;
-    std::optional<uint64_t> offset = c.Cached(table, key);
-    if (!offset) {
-      // Guess: the main bucket. Locate the slot in one bucket copy.
-      const uint32_t bucket = c.BucketOf(t, key);
-      buf.resize(tx::BucketBytes(g));
-      Status st = co_await s.sched->read(s.Ref(t, item.partition, tx::BucketOffset(g, bucket)),
-                                         buf.data(), buf.size());
-      if (!st.ok()) co_return st;
-      const tx::BucketMatch m = tx::ParseBucketCopy(g, buf, key);
-      if (m.kind == tx::BucketMatch::kFound) {
-        offset = tx::ItemOffset(g, bucket, static_cast<uint32_t>(m.slot));
-        if (c.ordered) {
-          // An ordered bucket copy is as good as an item copy.
-          item.value.assign(m.view.value.begin(), m.view.value.end());
-          item.version = m.view.version;
-          item.offset = *offset;
-          lock_txid = m.view.lock_txid;
-          got = true;
-          c.Cache(table, key, *offset);
-        }
-      }
-    }
-    for (int attempt = 0; !got && offset && attempt < kCopyRetries; ++attempt) {
-      if (!tx::IsItemOffset(g, *offset)) break;
-      Result<tx::ItemCheck> r = co_await ReadItem(
-          *s.sched, c.ordered, g, s.Ref(t, item.partition, *offset), key, &buf, &view);
-      if (!r.ok()) co_return r.status();
-      if (*r == tx::ItemCheck::kOk) {
-        item.value.assign(view.value.begin(), view.value.end());
-        item.version = view.version;
-        item.offset = *offset;
-        lock_txid = view.lock_txid;
-        got = true;
-        c.Cache(table, key, *offset);
-      } else if (*r != tx::ItemCheck::kBusy && *r != tx::ItemCheck::kTorn) {
-        c.Uncache(table, key);  // stale address (deleted, reused by another key)
-        break;
-      }
-    }
-    (got ? c.counters.hits : c.counters.misses).fetch_add(1, std::memory_order_relaxed);
+  // One-two-sided, through the hash table's data-structure callbacks (tx_lookup.h).
+  TxHashTableDs ds(c, table, g);
+  tx::DsLookupOptions lo;
+  lo.one_sided = c.options.one_sided_reads;
+  // A copy of the main bucket, then one per overflow bucket of the chain, each retried a few
+  // times when busy or torn (an unordered item read is one more).
+  lo.max_reads = 2 * kCopyRetries + 16;
+  lo.max_retries = kCopyRetries;
+  Result<tx::DsLookup> got = co_await tx::OneTwoSidedLookup(
+      *s.sched, ds, s.Ref(t, item.partition, 0), key, lo, &s.copy_buf, &s.rpc_reply);
+  // A failed lookup came from the RPC when the owner said "not found" (a transport error of a
+  // one-sided copy ends the read before it).
+  const bool rpc = got.ok() ? got->tried_rpc : got.status().code() == Code::kNotFound;
+  if (lo.one_sided) {
+    const bool hit = got.ok() && got->one_sided;
+    (hit ? c.counters.hits : c.counters.misses).fetch_add(1, std::memory_order_relaxed);
+    if (hit && ds.followed_chain()) c.counters.chain_hits.fetch_add(1, std::memory_order_relaxed);
   }
-  if (!got) {
-    c.counters.rpc_lookups.fetch_add(1, std::memory_order_relaxed);
-    const auto req = wire::EncodeKeyRequest(table, key, 0, 0);
-    Result<std::span<const std::byte>> r = co_await CallRpc(
-        *s.sched, s.PeerOf(t, item.partition), wire::kOpLookup, req, s.rpc_reply, "TX_LOOKUP");
-    if (!r.ok()) {
-      if (r.status().code() == Code::kNotFound) s.reason = TxAbortReason::kNotFound;
-      co_return r.status();
-    }
-    Result<wire::ItemResult> ir = wire::DecodeItemReply(*r, g.value_size);
-    if (!ir.ok()) co_return ir.status();
-    item.value.assign(ir->value.begin(), ir->value.end());
-    item.version = ir->item.version;
-    item.offset = ir->item.offset;
-    lock_txid = ir->item.lock_txid;
-    if (tx::IsItemOffset(g, item.offset)) c.Cache(table, key, item.offset);
+  if (rpc) c.counters.rpc_lookups.fetch_add(1, std::memory_order_relaxed);
+  if (!got.ok()) {
+    if (got.status().code() == Code::kNotFound) s.reason = TxAbortReason::kNotFound;
+    co_return got.status();
   }
+  item.value.assign(got->found.view.value.begin(), got->found.view.value.end());
+  item.version = got->found.view.version;
+  item.offset = got->found.address;
+  const uint64_t lock_txid = got->found.view.lock_txid;
   if (lock_txid != 0 && lock_txid != s.txid) {
     Status st = AbortedFor(TxAbortReason::kLocked,
                            "tx read: held by transaction " + std::to_string(lock_txid));

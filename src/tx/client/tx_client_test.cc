@@ -3,6 +3,8 @@
 // no trace, one-sided reads and the RPC fallback for stale cached addresses. Main thread only.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "farmem/tx.h"
@@ -274,6 +276,73 @@ TEST_P(TxClientE2E, RpcOnlyClientAndBadInput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TxClientE2E, kTxBackends, TxBackendName);
+
+// Overflow chains read one-sidedly (docs/tx.md "Client"): 2 main buckets of one slot and 10
+// overflow buckets, 8 keys, so at least 6 sit in chains; a client without the address cache
+// guesses the main bucket on every read and follows the chain ("continue at"). A client that
+// stops at the main bucket (TxClientFaults::no_chain_follow) shows the chains exist: it needs
+// TX_LOOKUP for them. FARMEM_TX_FAULT=no_chain gives the first client that fault too (then the
+// test fails).
+class TxChains : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TxChains, KeysInOverflowChainsAreReadOneSided) {
+  auto env = TxEnv::Start(GetParam(), 1, {"chain:8:8:2:1"}, 5000, 500);
+  ASSERT_TRUE(env->node);
+  const char* fault = std::getenv("FARMEM_TX_FAULT");
+  const bool no_chain = fault != nullptr && std::string(fault) == "no_chain";
+  if (no_chain) std::printf("[ fault    ] FARMEM_TX_FAULT=no_chain\n");
+  auto writer = env->Connect();
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  auto w = BlockingTx::Create(**writer, *env->node);
+  ASSERT_TRUE(w.ok());
+  constexpr uint64_t kKeys = 8;
+  for (uint64_t k = 0; k < kKeys; ++k) {
+    (*w)->start();
+    ASSERT_TRUE((*w)->insert(0, Key(k), Value(k + 500, 8)).ok());
+    ASSERT_TRUE((*w)->commit().ok());
+  }
+  const auto read_all = [&](bool stop_at_main_bucket) {
+    TxClientOptions o;
+    o.address_cache = false;
+    o.faults.no_chain_follow = stop_at_main_bucket;
+    auto c = env->Connect(o);
+    EXPECT_TRUE(c.ok());
+    if (!c.ok()) return TxClientStats{};
+    auto r = BlockingTx::Create(**c, *env->node);
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) return TxClientStats{};
+    for (uint64_t k = 0; k < kKeys; ++k) {
+      (*r)->start();
+      auto v = (*r)->read(0, Key(k));
+      EXPECT_TRUE(v.ok()) << k << ": " << v.status().ToString();
+      if (v.ok()) {
+        EXPECT_EQ(U64(*v), k + 500);
+      }
+      EXPECT_TRUE((*r)->commit().ok());
+    }
+    // A missing key: the chain ends without it, the owner says "not found".
+    (*r)->start();
+    EXPECT_EQ((*r)->read(0, Key(999)).status().code(), Code::kNotFound);
+    (void)(*r)->abort();
+    return (*c)->stats();
+  };
+  const TxClientStats main_only = read_all(true);
+  EXPECT_GE(main_only.rpc_lookups, kKeys - 2 + 1) << "fewer keys in chains than expected";
+  const TxClientStats chained = read_all(no_chain);
+  EXPECT_EQ(chained.one_sided_hits, kKeys);
+  EXPECT_EQ(chained.one_sided_chain_hits, kKeys - (main_only.one_sided_hits));
+  EXPECT_EQ(main_only.one_sided_chain_hits, 0u);
+  EXPECT_EQ(chained.rpc_lookups, 1u);  // the missing key only
+  std::printf(
+      "[ info     ] main bucket only: %llu one-sided, %llu TX_LOOKUP; chains followed: "
+      "%llu one-sided, %llu TX_LOOKUP\n",
+      static_cast<unsigned long long>(main_only.one_sided_hits),
+      static_cast<unsigned long long>(main_only.rpc_lookups),
+      static_cast<unsigned long long>(chained.one_sided_hits),
+      static_cast<unsigned long long>(chained.rpc_lookups));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TxChains, kTxBackends, TxBackendName);
 
 }  // namespace
 }  // namespace farmem::tx_test

@@ -30,7 +30,8 @@ struct TxEnv {
 
   // `tables`: --tx-table specs. A failure is reported with ADD_FAILURE and leaves `node` null.
   static std::unique_ptr<TxEnv> Start(const std::string& backend, uint32_t partitions,
-                                      std::vector<std::string> tables, uint32_t lease_ms = 5000) {
+                                      std::vector<std::string> tables, uint32_t lease_ms = 5000,
+                                      uint32_t overflow_percent = 25) {
     auto env = std::make_unique<TxEnv>();
     for (uint32_t p = 0; p < partitions; ++p) {
       ServerConfig sc;
@@ -43,6 +44,7 @@ struct TxEnv {
       sc.tx.partition = p;
       sc.tx.partitions = partitions;
       sc.tx.lease_ms = lease_ms;
+      sc.tx.overflow_percent = overflow_percent;
       auto s = MemoryServer::Create(sc);
       if (!s.ok()) {
         ADD_FAILURE() << "server create: " << s.status().ToString();

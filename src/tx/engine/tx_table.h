@@ -56,6 +56,11 @@ struct TxTableFaults {
   bool no_lock_check = false;
   bool no_lease_check = false;  // commits by the lock holder are accepted after the lease ran out
   bool no_prepare_pin = false;  // PrepareAll checks but leaves the leases running (they expire)
+  // Read by TxService, not the table (its tests build the service with these options):
+  // a prepared participant forgets the outcome it applied (a peer asking it then gets "aborted"),
+  bool no_learned_outcome = false;
+  // and TX_PREPARE ignores a TX_STATUS fence (a prepare after "aborted" was answered succeeds).
+  bool no_prepare_fence = false;
 };
 
 struct TxTableOptions {

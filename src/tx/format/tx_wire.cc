@@ -346,7 +346,7 @@ Result<StatusRequest> DecodeStatusRequest(std::span<const std::byte> bytes) {
 Result<StatusReply> DecodeStatusReply(std::span<const std::byte> bytes) {
   if (bytes.size() != sizeof(StatusReply)) return Status::Protocol("TX_STATUS reply: length");
   const auto r = Load<StatusReply>(bytes);
-  if (r.outcome != kDecideCommit && r.outcome != kDecideAbort) {
+  if (r.outcome != kDecideCommit && r.outcome != kDecideAbort && r.outcome != kOutcomeUndecided) {
     return Status::Protocol("TX_STATUS reply: unknown outcome " + std::to_string(r.outcome));
   }
   for (uint8_t b : r.reserved) {

@@ -219,14 +219,21 @@ struct TwoPhaseItem {
 };
 static_assert(sizeof(TwoPhaseItem) == 8 && std::is_trivially_copyable_v<TwoPhaseItem>);
 
-// TX_STATUS: the outcome of txid as its first participant recorded it. No record means no commit
-// happened, and none can any more: the server records kAborted for txid (a fence) and says so.
+// TX_STATUS: the outcome of txid as the asked server knows it — recorded as the first participant
+// (the commit point) or learned as a prepared participant from a decision or a recovery. A server
+// still prepared for txid and undecided answers kOutcomeUndecided (it voted yes: it cannot rule
+// out a commit). Otherwise no record means no commit happened through this server, and none can
+// any more: the server records kAborted for txid (a fence: a later TX_DECIDE commit or TX_PREPARE
+// of txid here is refused) and says so. (A prepared participant asks the first participant, and
+// only when it does not answer the other participants: docs/tx.md "Multi-participant commit".)
 struct StatusRequest {
   uint64_t txid;  // != 0
 };
 static_assert(sizeof(StatusRequest) == 8 && std::is_trivially_copyable_v<StatusRequest>);
+// StatusReply::outcome besides kDecideCommit / kDecideAbort: prepared here, no outcome known.
+inline constexpr uint8_t kOutcomeUndecided = 3;
 struct StatusReply {
-  uint8_t outcome;  // TwoPhaseDecision: kDecideCommit = committed, kDecideAbort = aborted
+  uint8_t outcome;  // kDecideCommit = committed, kDecideAbort = aborted, kOutcomeUndecided
   uint8_t reserved[7];
 };
 static_assert(sizeof(StatusReply) == 8 && std::is_trivially_copyable_v<StatusReply>);

@@ -279,6 +279,11 @@ TEST(TxWire, TwoPhaseMalformed) {
   auto reply = Bytes(8, 0);
   reply[0] = std::byte{1};
   EXPECT_TRUE(DecodeStatusReply(reply).ok());
+  reply[0] = std::byte{kOutcomeUndecided};
+  EXPECT_EQ(DecodeStatusReply(reply)->outcome, kOutcomeUndecided);
+  reply[0] = std::byte{4};
+  ExpectProtocol(DecodeStatusReply(reply).status());
+  reply[0] = std::byte{1};
   reply[3] = std::byte{1};
   ExpectProtocol(DecodeStatusReply(reply).status());
 }

@@ -4,9 +4,11 @@
 // decision, between two partitions; the bank invariant must hold and every lock be freed. With
 // the protection removed (one_phase_commit: no prepare / decide; TxTableFaults::no_prepare_pin:
 // prepared locks expire) the transfer is torn. Also a stopped server (errors, never a hang), a
-// dead first participant (prepared locks stay: 2PC blocks) and the decision fence of TX_STATUS.
+// dead first participant (prepared locks stay: 2PC blocks; a peer that learned the outcome or
+// never voted settles it) and the decision fence of TX_STATUS.
 // FARMEM_TX_FAULT=one_phase|no_pin runs the die tests with that protection removed (they then
-// fail). Main thread plus the servers' threads (and a child process of this binary).
+// fail), FARMEM_TX_FAULT=no_learned|no_fence the peer tests. Main thread plus the servers'
+// threads (and a child process of this binary).
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -424,6 +426,160 @@ TEST_P(TxRecovery, TheStatusFenceAndTheLeaseRefuseALateCommit) {
       Code::kNotFound);
 }
 
+// Recovery through the peers (docs/tx.md "Multi-participant commit", step 5): three servers, the
+// 2PC steps sent by hand (TX_LOCK / TX_PREPARE / TX_DECIDE through the handlers) as a client
+// that dies part way, then the first participant (server 0) stopped.
+class TxPeerRecovery : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Server cap 2 s (the reaper runs each second): the locks taken by hand cannot run out before
+  // their prepare on a slow machine. The prepares ask for 50 ms: recovery starts at the next
+  // reaper step.
+  static constexpr uint32_t kServerLeaseMs = 2000;
+  static constexpr uint64_t kPrepareLeaseNs = 50'000'000;
+  static constexpr uint64_t kLockLeaseNs = 10'000'000'000;
+
+  void SetUp() override {
+    tx::TxTableOptions options;
+    if (Fault() == "no_learned") options.faults.no_learned_outcome = true;
+    if (Fault() == "no_fence") options.faults.no_prepare_fence = true;
+    if (!Fault().empty()) std::printf("[ fault    ] FARMEM_TX_FAULT=%s\n", Fault().c_str());
+    cluster_ = TxCluster::Start(GetParam(), 3, {"acct:8:8:64:4"}, kServerLeaseMs, options,
+                                milliseconds(500));
+    ASSERT_TRUE(cluster_->node);
+    auto client = cluster_->Connect({});
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    auto tx = BlockingTx::Create(**client, *cluster_->node);
+    ASSERT_TRUE(tx.ok());
+    // One account per partition, each kStart.
+    const tx::TxGeometry& g = cluster_->servers[0].service->table(0).geometry();
+    std::vector<std::byte> v(8);
+    std::memcpy(v.data(), &kStart, 8);
+    for (uint64_t k = 0; k < 64 && (key_[0] == 0 || key_[1] == 0 || key_[2] == 0); ++k) {
+      const uint32_t part = tx::PlaceKey(g, tx::HashKey(Key(k), g.hash_seed)).partition;
+      if (key_[part] != 0) continue;
+      (*tx)->start();
+      Status st = (*tx)->insert(0, Key(k), v);
+      if (st.ok()) st = (*tx)->commit();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      key_[part] = k;
+    }
+    ASSERT_TRUE(key_[0] != 0 && key_[1] != 0 && key_[2] != 0) << "a partition without a key";
+  }
+
+  Status Call(size_t server, uint16_t op, const std::vector<std::byte>& body,
+              std::vector<std::byte>* reply = nullptr) {
+    std::vector<std::byte> r;
+    // Through the data-structure interface's owner callback (TxService's is Handle).
+    tx::TxDsOwner& owner = *cluster_->servers[server].service;
+    Status st = owner.rpc_handler(op, body, r);
+    if (reply) *reply = r;
+    return st;
+  }
+  Status Lock(size_t server, uint64_t txid) {
+    return Call(server, wire::kOpLock,
+                wire::EncodeKeyRequest(0, Key(key_[server]), txid, kLockLeaseNs));
+  }
+  // TX_PREPARE to `server` of its account := kStart + kAmount, naming all three participants.
+  Status Prepare(size_t server, uint64_t txid) {
+    const auto key = Key(key_[server]);
+    const uint64_t nv = kStart + kAmount;
+    std::vector<std::byte> value(8);
+    std::memcpy(value.data(), &nv, 8);
+    const wire::TwoPhaseEntry items[] = {{wire::kWrite, 0, key, value}};
+    return Call(
+        server, wire::kOpPrepare,
+        wire::EncodeTwoPhaseRequest(txid, kPrepareLeaseNs, 0, 0, cluster_->addresses, items));
+  }
+  uint64_t Value(size_t server) {
+    std::vector<std::byte> reply;
+    Status st =
+        Call(server, wire::kOpLookup, wire::EncodeKeyRequest(0, Key(key_[server]), 0, 0), &reply);
+    if (!st.ok()) return 0;
+    auto r = wire::DecodeItemReply(reply, 8);
+    return r.ok() ? U64(r->value) : 0;
+  }
+  uint64_t Stat(size_t server, const char* key) {
+    return cluster_->servers[server].service->Stats()[key].get<uint64_t>();
+  }
+  // Waits (generously: no timing is asserted) until `server` holds no prepared transaction.
+  void WaitResolved(size_t server) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (Stat(server, "prepared") != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+
+  std::unique_ptr<TxCluster> cluster_;
+  uint64_t key_[3] = {};  // the account on partition i (never key 0: it is probed first)
+};
+
+// The client committed at the first participant and told server 1, then died; the first
+// participant is down. Server 2 learns "committed" from server 1 (without that record server 1
+// would fence and answer "aborted", and the transfer would be torn).
+TEST_P(TxPeerRecovery, APreparedParticipantLearnsTheCommitFromAPeerWhenTheFirstIsDown) {
+  const uint64_t txid = 7001;
+  for (size_t s = 0; s < 3; ++s) ASSERT_TRUE(Lock(s, txid).ok()) << s;
+  ASSERT_TRUE(Prepare(1, txid).ok());
+  ASSERT_TRUE(Prepare(2, txid).ok());
+  const auto key0 = Key(key_[0]);
+  const uint64_t nv = kStart + kAmount;
+  std::vector<std::byte> value(8);
+  std::memcpy(value.data(), &nv, 8);
+  const wire::TwoPhaseEntry own[] = {{wire::kWrite, 0, key0, value}};
+  const std::vector<std::string> none;
+  ASSERT_TRUE(Call(0, wire::kOpDecide,
+                   wire::EncodeTwoPhaseRequest(txid, 0, wire::kDecideCommit, 3, none, own))
+                  .ok());
+  cluster_->Stop(0);
+  ASSERT_TRUE(Call(1, wire::kOpDecide,
+                   wire::EncodeTwoPhaseRequest(txid, 0, wire::kDecideCommit, 0, none, {}))
+                  .ok());
+  EXPECT_EQ(Value(1), kStart + kAmount);
+  WaitResolved(2);
+  EXPECT_EQ(Stat(2, "prepared"), 0u);
+  EXPECT_EQ(Stat(2, "recovered_from_peers"), 1u);
+  EXPECT_EQ(Stat(2, "recovered_commits"), 1u);
+  EXPECT_EQ(Value(2), kStart + kAmount) << "server 2 aborted a transaction server 1 committed";
+  EXPECT_EQ(cluster_->servers[2].service->Stats()["tables"][0]["locked_items"], 0u);
+}
+
+// The client prepared server 1 only, then died (server 2 never voted); the first participant is
+// down. Server 2 fences the transaction and answers "aborted", server 1 aborts, and the late
+// prepare at server 2 is refused (without the fence it would succeed, and a commit could follow).
+TEST_P(TxPeerRecovery, APeerThatNeverVotedFencesAndAbortsTheTransaction) {
+  const uint64_t txid = 7002;
+  ASSERT_TRUE(Lock(1, txid).ok());
+  ASSERT_TRUE(Lock(2, txid).ok());
+  ASSERT_TRUE(Prepare(1, txid).ok());
+  cluster_->Stop(0);
+  WaitResolved(1);
+  EXPECT_EQ(Stat(1, "prepared"), 0u);
+  EXPECT_EQ(Stat(1, "recovered_from_peers"), 1u);
+  EXPECT_EQ(Stat(1, "recovered_aborts"), 1u);
+  EXPECT_EQ(Value(1), kStart);
+  EXPECT_EQ(cluster_->servers[1].service->Stats()["tables"][0]["locked_items"], 0u);
+  const Status late = Prepare(2, txid);
+  EXPECT_EQ(TxAbortReasonOf(late), TxAbortReason::kStaleCommit) << late.ToString();
+  EXPECT_EQ(cluster_->servers[2].service->Stats()["tables"][0]["locked_items"], 0u);
+  EXPECT_EQ(Stat(2, "prepared"), 0u);
+}
+
+// TX_STATUS at a prepared, undecided participant says so and fences nothing.
+TEST_P(TxPeerRecovery, AnUndecidedParticipantAnswersUndecided) {
+  const uint64_t txid = 7003;
+  ASSERT_TRUE(Lock(1, txid).ok());
+  ASSERT_TRUE(Prepare(1, txid).ok());
+  std::vector<std::byte> reply;
+  ASSERT_TRUE(Call(1, wire::kOpStatus, EncodeStruct(wire::StatusRequest{txid}), &reply).ok());
+  EXPECT_EQ(wire::DecodeStatusReply(reply)->outcome, wire::kOutcomeUndecided);
+  const std::vector<std::string> none;
+  EXPECT_TRUE(Call(1, wire::kOpDecide,
+                   wire::EncodeTwoPhaseRequest(txid, 0, wire::kDecideAbort, 0, none, {}))
+                  .ok());
+  ASSERT_TRUE(Call(1, wire::kOpStatus, EncodeStruct(wire::StatusRequest{txid}), &reply).ok());
+  EXPECT_EQ(wire::DecodeStatusReply(reply)->outcome, wire::kDecideAbort);
+}
+
 // Several tables on one server: one participant, one TX_DECIDE with every table's writes,
 // installed at once; no prepare, no decision kept.
 TEST(TxRecoveryOneServer, WritesToTwoTablesCommitInOneDecide) {
@@ -492,6 +648,7 @@ TEST(TxRecoveryChild, DISABLED_Client) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TxRecovery, kTxBackends, TxBackendName);
+INSTANTIATE_TEST_SUITE_P(Backends, TxPeerRecovery, kTxBackends, TxBackendName);
 INSTANTIATE_TEST_SUITE_P(Tcp, TxRecoveryProcess, ::testing::Values(std::string("tcp")),
                          TxBackendName);
 

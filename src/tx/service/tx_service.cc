@@ -97,6 +97,7 @@ Result<std::unique_ptr<TxService>> TxService::Create(const ServerConfig& config,
   s->max_lease_ns_ = uint64_t{config.tx.lease_ms} * 1'000'000;
   s->node_ = &node;
   s->now_ns_ = table_options.now_ns;
+  s->faults_ = table_options.faults;
   s->decision_retention_ns_ = std::max<uint64_t>(60'000'000'000ull, 1000 * s->max_lease_ns_);
   s->runner_ = std::make_unique<BlockingRunner>(node, "tx recovery");
   for (const std::string& text : config.tx.tables) {
@@ -351,17 +352,34 @@ Status TxService::Prepare(const RpcCall& call, std::vector<std::byte>& reply) {
                           wire::DecodeTwoPhaseRequest(call.request, true));
   FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(req.items));
   counters_.prepares.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(prepared_mu_);
-    if (prepared_.count(req.txid) != 0) return Status::OK();  // a repeated prepare
+  // prepared_mu_ throughout: a TX_STATUS (prepared_mu_, then decisions_mu_) finds txid either
+  // prepared here (and answers "undecided") or not (and fences it, which refuses this prepare).
+  std::lock_guard lock(prepared_mu_);
+  if (prepared_.count(req.txid) != 0) return Status::OK();  // a repeated prepare
+  if (!faults_.no_prepare_fence) {
+    std::lock_guard dlock(decisions_mu_);
+    if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
+      if (it->second) return Status::OK();  // a repeated prepare after the commit reached here
+      // A peer asked for txid's outcome and was told "aborted": this vote would come too late.
+      for (const auto& [table, writes] : groups) {
+        for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, req.txid);
+      }
+      return Count(Status::Aborted("stale commit: transaction " + std::to_string(req.txid) +
+                                   " was decided abort (a participant asked for its outcome)"));
+    }
   }
   FARMEM_RETURN_IF_ERROR(Count(PinAll(req.txid, groups)));
   Prepared p;
   p.body.assign(call.request.begin(), call.request.end());
   p.deadline_ns = Now() + std::min(req.lease_ns, max_lease_ns_);
-  std::lock_guard lock(prepared_mu_);
   prepared_[req.txid] = std::move(p);
   return Status::OK();
+}
+
+void TxService::RecordOutcome(uint64_t txid, bool committed) {
+  if (faults_.no_learned_outcome) return;
+  std::lock_guard lock(decisions_mu_);
+  if (decisions_.emplace(txid, committed).second) decision_order_.emplace_back(Now(), txid);
 }
 
 void TxService::Apply(uint64_t txid, const Prepared& p, bool commit) {
@@ -398,6 +416,9 @@ Status TxService::Decide(const RpcCall& call, std::vector<std::byte>& reply) {
       }
       p = std::move(it->second);
       prepared_.erase(it);
+      // Learned before prepared_mu_ is let go: a TX_STATUS from a peer never sees this
+      // transaction neither prepared nor decided (it would fence it and answer "aborted").
+      RecordOutcome(req.txid, commit);
     }
     Apply(req.txid, p, commit);
     return Status::OK();
@@ -426,20 +447,25 @@ Status TxService::Decide(const RpcCall& call, std::vector<std::byte>& reply) {
 Status TxService::TxStatus(const RpcCall& call, std::vector<std::byte>& reply) {
   FARMEM_ASSIGN_OR_RETURN(wire::StatusRequest req, wire::DecodeStatusRequest(call.request));
   counters_.statuses.fetch_add(1, std::memory_order_relaxed);
-  bool committed = false;
-  {
-    std::lock_guard lock(decisions_mu_);
-    auto [it, fresh] = decisions_.emplace(req.txid, false);  // no record: fenced as aborted
-    if (fresh) decision_order_.emplace_back(Now(), req.txid);
-    committed = it->second;
-  }
   wire::StatusReply r{};
-  r.outcome = committed ? wire::kDecideCommit : wire::kDecideAbort;
+  {
+    std::lock_guard plock(prepared_mu_);
+    std::lock_guard lock(decisions_mu_);
+    if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
+      r.outcome = it->second ? wire::kDecideCommit : wire::kDecideAbort;
+    } else if (prepared_.count(req.txid) != 0) {
+      r.outcome = wire::kOutcomeUndecided;  // voted yes here: only the outcome may decide
+    } else {
+      decisions_.emplace(req.txid, false);  // no record: fenced as aborted
+      decision_order_.emplace_back(Now(), req.txid);
+      r.outcome = wire::kDecideAbort;
+    }
+  }
   reply = EncodeStruct(r);
   return Status::OK();
 }
 
-Result<bool> TxService::AskFirstParticipant(const std::string& address, uint64_t txid) {
+Result<uint8_t> TxService::AskStatus(const std::string& address, uint64_t txid) {
   PeerId peer = kInvalidPeer;
   if (auto it = peers_.find(address); it != peers_.end()) {
     peer = it->second;
@@ -459,11 +485,11 @@ Result<bool> TxService::AskFirstParticipant(const std::string& address, uint64_t
   }
   const auto bytes = EncodeStruct(*r);
   FARMEM_ASSIGN_OR_RETURN(wire::StatusReply checked, wire::DecodeStatusReply(bytes));
-  return checked.outcome == wire::kDecideCommit;
+  return checked.outcome;
 }
 
 void TxService::Recover() {
-  std::vector<std::pair<uint64_t, std::string>> due;
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> due;  // txid, participants
   {
     const uint64_t now = Now();
     std::lock_guard lock(prepared_mu_);
@@ -472,19 +498,37 @@ void TxService::Recover() {
       Result<wire::TwoPhaseRequest> req = wire::DecodeTwoPhaseRequest(p.body, true);
       if (!req.ok()) continue;
       p.resolving = true;
-      due.emplace_back(txid, std::string(req->participants[0]));
+      due.emplace_back(
+          txid, std::vector<std::string>(req->participants.begin(), req->participants.end()));
     }
   }
-  for (const auto& [txid, first] : due) {
-    Result<bool> committed = AskFirstParticipant(first, txid);
+  const std::string self = node_->bootstrap_address();
+  for (const auto& [txid, participants] : due) {
+    // The first participant decides; only when it does not answer, a peer that learned the
+    // outcome (or fences txid, never having voted) settles it.
+    Result<uint8_t> outcome = AskStatus(participants[0], txid);
+    bool from_peer = false;
+    if (!outcome.ok() || *outcome == wire::kOutcomeUndecided) {
+      for (size_t i = 1; i < participants.size(); ++i) {
+        if (participants[i] == self) continue;
+        Result<uint8_t> o = AskStatus(participants[i], txid);
+        if (o.ok() && *o != wire::kOutcomeUndecided) {
+          outcome = o;
+          from_peer = true;
+          break;
+        }
+      }
+    }
+    const bool decided = outcome.ok() && *outcome != wire::kOutcomeUndecided;
+    const bool committed = decided && *outcome == wire::kDecideCommit;
     Prepared p;
     {
       std::lock_guard lock(prepared_mu_);
       auto it = prepared_.find(txid);
       if (it == prepared_.end()) continue;  // a TX_DECIDE arrived meanwhile and applied it
-      if (!committed.ok()) {
-        // 2PC blocks here: without the first participant's answer the outcome is unknown, so
-        // the locks stay; ask again after half a lease.
+      if (!decided) {
+        // 2PC blocks here: without the first participant's answer, and with no peer knowing the
+        // outcome, it is unknown, so the locks stay; ask again after half a lease.
         it->second.resolving = false;
         it->second.deadline_ns = Now() + max_lease_ns_ / 2;
         counters_.recovery_unreachable.fetch_add(1, std::memory_order_relaxed);
@@ -492,10 +536,12 @@ void TxService::Recover() {
       }
       p = std::move(it->second);
       prepared_.erase(it);
+      RecordOutcome(txid, committed);  // before prepared_mu_ is let go, as in Decide
     }
-    Apply(txid, p, *committed);
-    (*committed ? counters_.recovered_commits : counters_.recovered_aborts)
+    Apply(txid, p, committed);
+    (committed ? counters_.recovered_commits : counters_.recovered_aborts)
         .fetch_add(1, std::memory_order_relaxed);
+    if (from_peer) counters_.recovered_from_peers.fetch_add(1, std::memory_order_relaxed);
   }
   std::lock_guard lock(decisions_mu_);
   const uint64_t now = Now();
@@ -558,6 +604,7 @@ nlohmann::json TxService::Stats() const {
   j["recovered_commits"] = get(counters_.recovered_commits);
   j["recovered_aborts"] = get(counters_.recovered_aborts);
   j["recovery_unreachable"] = get(counters_.recovery_unreachable);
+  j["recovered_from_peers"] = get(counters_.recovered_from_peers);
   {
     std::lock_guard lock(prepared_mu_);
     j["prepared"] = prepared_.size();
@@ -613,10 +660,13 @@ void TxService::metrics(MetricsWriter& w) const {
   w.counter("farmem_tx_prepares_total", "TX_PREPARE requests served.", get(counters_.prepares));
   w.counter("farmem_tx_decides_total", "TX_DECIDE requests served.", get(counters_.decides));
   w.family("farmem_tx_recoveries_total", MetricsWriter::Kind::kCounter,
-           "Prepared transactions resolved by asking the first participant, by outcome.");
+           "Prepared transactions resolved by asking the participants, by outcome.");
   w.sample({{"outcome", "commit"}}, get(counters_.recovered_commits));
   w.sample({{"outcome", "abort"}}, get(counters_.recovered_aborts));
   w.sample({{"outcome", "unreachable"}}, get(counters_.recovery_unreachable));
+  w.counter("farmem_tx_recoveries_from_peers_total",
+            "Prepared transactions resolved by a participant other than the unreachable first.",
+            get(counters_.recovered_from_peers));
   w.family("farmem_tx_aborts_total", MetricsWriter::Kind::kCounter,
            "Tx requests refused with an abort, by reason.");
   for (size_t r = 1; r < std::size(counters_.aborts); ++r) {

@@ -2,8 +2,9 @@
 // one TxTable (partition of a hash table) per --tx-table, exports each region read-only as
 // "tx.<NAME>" for one-sided reads, and runs a reaper thread freeing locks whose lease ran out and
 // resolving prepared multi-participant commits whose coordinator went silent (it asks the first
-// participant by TX_STATUS). Handlers run on RPC worker threads (TX_LOOKUP inline on the progress
-// thread); STAT and metrics from any thread. docs/tx.md ("Service", "Multi-participant commit").
+// participant by TX_STATUS, and the other participants when the first does not answer). Handlers
+// run on RPC worker threads (TX_LOOKUP inline on the progress thread); STAT and metrics from any
+// thread. docs/tx.md ("Service", "Multi-participant commit").
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -27,6 +29,7 @@
 #include "node/rpc_call.h"
 #include "service/service.h"
 #include "tx/engine/tx_table.h"
+#include "tx/format/tx_data_structure.h"
 #include "tx/format/tx_wire.h"
 
 namespace farmem {
@@ -45,7 +48,9 @@ Result<TxTableSpec> ParseTxTableSpec(const std::string& text, const TxConfig& co
 // Checks config.tx (every table spec, distinct names, partition < partitions, lease > 0).
 Status ValidateTxConfig(const ServerConfig& config);
 
-class TxService final : public Service {
+// The hash table's owner side of the data-structure callbacks (tx_data_structure.h):
+// rpc_handler is Handle.
+class TxService final : public Service, public tx::TxDsOwner {
  public:
   // Builds every table of config.tx and exports each region read-only through `node` (which
   // must outlive the service and be stopped before it is destroyed). `table_options` is for
@@ -60,6 +65,10 @@ class TxService final : public Service {
   static const char* OpName(uint16_t opcode);
   // Serves one tx RPC. Thread-safe.
   Status Handle(const RpcCall& call, std::vector<std::byte>& reply);
+  Status rpc_handler(uint16_t opcode, std::span<const std::byte> request,
+                     std::vector<std::byte>& reply) override {
+    return Handle(RpcCall{opcode, request, "rpc_handler"}, reply);
+  }
 
   std::string_view name() const override { return "tx"; }
   OpcodeRange opcodes() const override { return kTxOpcodes; }
@@ -88,7 +97,7 @@ class TxService final : public Service {
     std::atomic<uint64_t> lookups{0}, locks{0}, lock_inserts{0}, validates{0}, commits{0},
         commit_items{0}, unlocks{0}, not_found{0}, reaped{0};
     std::atomic<uint64_t> prepares{0}, decides{0}, statuses{0}, recovered_commits{0},
-        recovered_aborts{0}, recovery_unreachable{0};
+        recovered_aborts{0}, recovery_unreachable{0}, recovered_from_peers{0};
     // Aborts by reason, indexed by tx::AbortReason.
     std::atomic<uint64_t> aborts[6]{};
   };
@@ -126,9 +135,15 @@ class TxService final : public Service {
   // applies it: a TX_DECIDE or the reaper's recovery, never both).
   void Apply(uint64_t txid, const Prepared& p, bool commit);
   // The reaper's recovery step: every prepared transaction past its deadline asks its first
-  // participant (TX_STATUS) and applies the answer; unreachable: keeps its locks, asks again.
+  // participant (TX_STATUS) and applies the answer; when the first does not answer, it asks the
+  // other participants (one that learned the outcome, or never voted and fences, settles it);
+  // no outcome anywhere: keeps its locks, asks again.
   void Recover();
-  Result<bool> AskFirstParticipant(const std::string& address, uint64_t txid);
+  // TX_STATUS to `address`: kDecideCommit, kDecideAbort or kOutcomeUndecided.
+  Result<uint8_t> AskStatus(const std::string& address, uint64_t txid);
+  // Keeps an outcome this server applied as a prepared participant, so a peer's TX_STATUS gets it
+  // (callers hold prepared_mu_; lock order prepared_mu_ -> decisions_mu_).
+  void RecordOutcome(uint64_t txid, bool committed);
   uint64_t Now() const;
 
   TxConfig config_;
@@ -137,10 +152,12 @@ class TxService final : public Service {
   mutable Counters counters_;
   Node* node_ = nullptr;
   std::function<uint64_t()> now_ns_;  // the tables' lease clock (tests: a manual one)
+  tx::TxTableFaults faults_;          // test-only: the service's no_learned_outcome / fence
 
   mutable std::mutex prepared_mu_;
   std::unordered_map<uint64_t, Prepared> prepared_;
-  // Decisions this server recorded as a first participant (true = committed), kept for
+  // Outcomes this server recorded as a first participant, learned as a prepared participant, or
+  // fenced by a TX_STATUS (true = committed), kept for
   // decision_retention_ns_ (pruned oldest first from decision_order_), far longer than any lease:
   // a prepared participant asks one lease after its prepare.
   mutable std::mutex decisions_mu_;
