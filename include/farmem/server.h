@@ -61,6 +61,7 @@ struct TierConfig {
   uint32_t period_ms = 1000;    // --tier-period-ms: hotspot period, bitmap pulls, counters
   uint32_t fill_percent = 85;   // --tier-fill-pct: share of the budget a period fills
   bool direct_io = true;        // --tier-direct-io on|off (rpc / rpc-direct override it)
+  bool cached_reads = false;    // --tier-cached-reads on|off: RWF_NOWAIT buffered try first
   TierMode mode = TierMode::kFull;
 };
 
