@@ -48,8 +48,9 @@ Result<TierPolicyDecision> TierPolicy::Decide(const TierPolicyInput& in) {
 
   // Score in 128 bits: heat * (100 + hysteresis) for resident units, heat * 100 for cold ones.
   auto score = [&](uint32_t u) {
-    return static_cast<unsigned __int128>(in.counts[u]) *
-           (in.resident[u] ? 100u + in.hysteresis_percent : 100u);
+    if (!in.resident[u]) return static_cast<unsigned __int128>(in.counts[u]) * 100u;
+    return static_cast<unsigned __int128>(in.counts[u]) * (100u + in.hysteresis_percent) +
+           static_cast<unsigned __int128>(in.hysteresis_heat) * 100u;
   };
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
@@ -83,18 +84,31 @@ Result<TierHeat> TierHeat::Make(size_t units, uint32_t keep_percent) {
   return h;
 }
 
-Result<bool> TierHeat::Add(std::span<const uint64_t> counts) {
-  if (counts.size() != heat_.size()) {
-    return Status::InvalidArgument("heat: " + std::to_string(counts.size()) + " counts for " +
+Result<TierHeat::Update> TierHeat::Add(std::span<const uint64_t> counts,
+                                       std::span<const uint8_t> resident) {
+  if (counts.size() != heat_.size() || resident.size() != heat_.size()) {
+    return Status::InvalidArgument("heat: " + std::to_string(counts.size()) + " counts and " +
+                                   std::to_string(resident.size()) + " residency bytes for " +
                                    std::to_string(heat_.size()) + " units");
   }
-  if (std::all_of(counts.begin(), counts.end(), [](uint64_t c) { return c == 0; })) return false;
+  Update up;
+  long double all = 0, hit = 0;
+  for (size_t u = 0; u < counts.size(); ++u) {
+    all += static_cast<long double>(counts[u]);
+    if (resident[u]) hit += static_cast<long double>(counts[u]);
+  }
+  if (all == 0) return up;
+  up.accessed = true;
+  const double share = static_cast<double>(hit / all);
+  up.shifted = share < last_resident_share_ * 3 / 4;
+  last_resident_share_ = share;
+  const uint32_t keep = up.shifted ? 0 : keep_percent_;
   for (size_t u = 0; u < heat_.size(); ++u) {
-    const unsigned __int128 kept = static_cast<unsigned __int128>(heat_[u]) * keep_percent_ / 100;
+    const unsigned __int128 kept = static_cast<unsigned __int128>(heat_[u]) * keep / 100;
     const unsigned __int128 h = kept + counts[u];
     heat_[u] = h > ~uint64_t{0} ? ~uint64_t{0} : static_cast<uint64_t>(h);
   }
-  return true;
+  return up;
 }
 
 }  // namespace farmem::tier

@@ -13,9 +13,12 @@
 //   max == 0 → nothing moves (no information).
 //   uniform  = max <= 10 * average (average over all units): resident units rank first, so the
 //              resident set is kept (no churn) and only free room is filled with the hottest.
-//   skewed   = rank by score, highest first: score = heat, times (100 + hysteresis_percent) / 100
-//              for resident units, so a cold unit displaces a resident one only when it is that
-//              much hotter; ties keep resident units first, then lower index.
+//   skewed   = rank by score, highest first: score = heat for cold units, heat * (100 +
+//              hysteresis_percent) / 100 + hysteresis_heat for resident ones, so a cold unit
+//              displaces a resident one only when it is that much hotter (the relative bar for
+//              busy units, the absolute one for units whose counts are a few accesses a period,
+//              where Poisson noise is large); ties keep resident units first, then lower index.
+//              The caller drops both for a period in which the hot set moved (TierHeat::Update).
 //   The top `target` units of the ranking are kept or promoted (a unit with heat 0 is never
 //   promoted); resident units outside it are demoted. Already-resident units are never promoted.
 #pragma once
@@ -34,6 +37,7 @@ struct TierPolicyInput {
   uint64_t budget_units = 0;          // frames of the DRAM budget
   uint32_t fill_percent = 85;         // 1..100
   uint32_t hysteresis_percent = 0;    // 0..1000: resident units' bonus in the skewed ranking
+  uint64_t hysteresis_heat = 0;       // and an absolute bonus, in heat (access counts)
 };
 
 struct TierPolicyDecision {
@@ -65,17 +69,27 @@ class TierHeat {
  public:
   static constexpr uint32_t kMaxKeepPercent = 99;  // 100 would never forget
 
+  // What Add saw.
+  struct Update {
+    bool accessed = false;  // some count was > 0 (else nothing changed)
+    bool shifted = false;   // the hot set moved: heat restarted from this period's counts
+  };
+
   // InvalidArgument when keep_percent is above 99.
   static Result<TierHeat> Make(size_t units, uint32_t keep_percent);
-  // Folds one period's counts in. Returns false and changes nothing when every count is 0 (an
-  // idle period carries no information: the heat, and so the resident set, stays).
-  // InvalidArgument when counts has the wrong size.
-  Result<bool> Add(std::span<const uint64_t> counts);
+  // Folds one period's counts in; `resident` is the residency the counts were made against.
+  // Every count 0: nothing changes (an idle period carries no information: the heat, and so the
+  // resident set, stays). Shift: when the share of this period's accesses that hit resident units
+  // is below 3/4 of the previous period's, the hot set moved; the old heat (and the hysteresis,
+  // which the caller drops for this period) would only hold the old set in place, so the heat
+  // restarts from this period's counts. InvalidArgument when a size is wrong.
+  Result<Update> Add(std::span<const uint64_t> counts, std::span<const uint8_t> resident);
   std::span<const uint64_t> heat() const { return heat_; }
 
  private:
   std::vector<uint64_t> heat_;
   uint32_t keep_percent_ = 0;
+  double last_resident_share_ = 0;  // of the last period with accesses
 };
 
 }  // namespace farmem::tier

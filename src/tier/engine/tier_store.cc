@@ -194,6 +194,7 @@ Status TierStore::Init(const TierOptions& o) {
                                    std::to_string(o.hysteresis_percent));
   }
   hysteresis_percent_ = o.hysteresis_percent;
+  hysteresis_heat_ = o.hysteresis_heat;
   FARMEM_ASSIGN_OR_RETURN(heat_, TierHeat::Make(geo_.unit_count, o.heat_keep_percent));
   if (o.magic_word != 0 && !IsValidMagic(o.magic_word)) {
     return Status::InvalidArgument("magic word must not be one byte repeated");
@@ -532,13 +533,15 @@ Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts) 
   }
   RetryQuarantine();
   std::lock_guard<std::mutex> period(heat_mu_);
-  FARMEM_ASSIGN_OR_RETURN(const bool accessed, heat_.Add(counts));
-  TierPeriodReport rep;
-  if (!accessed) return rep;  // no information this period: the resident set stays
   const std::vector<uint8_t> resident = Residency();
-  FARMEM_ASSIGN_OR_RETURN(TierPolicyDecision d,
-                          TierPolicy::Decide(TierPolicyInput{heat_.heat(), resident, frames_,
-                                                             fill_percent_, hysteresis_percent_}));
+  FARMEM_ASSIGN_OR_RETURN(const TierHeat::Update up, heat_.Add(counts, resident));
+  TierPeriodReport rep;
+  if (!up.accessed) return rep;  // no information this period: the resident set stays
+  rep.shifted = up.shifted;
+  FARMEM_ASSIGN_OR_RETURN(TierPolicyDecision d, TierPolicy::Decide(TierPolicyInput{
+                                                    heat_.heat(), resident, frames_, fill_percent_,
+                                                    up.shifted ? 0 : hysteresis_percent_,
+                                                    up.shifted ? 0 : hysteresis_heat_}));
   rep.uniform = d.uniform;
   rep.target_units = d.target_units;
   auto note = [&](const Status& st) {

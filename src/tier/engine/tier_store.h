@@ -95,10 +95,12 @@ struct TierOptions {
   bool cached_reads = false;
   uint32_t fill_percent = 85;  // RunPeriod keeps at most this share of the budget resident
   // Hotspot policy (tier_policy.h): share of a unit's heat kept from one period to the next
-  // (0..99; 0 = the last period's counts only) and the resident units' bonus at the cut
-  // (0..1000 %). Both 0 is the artifact's memoryless rule, which churns under a stable Zipf set.
+  // (0..99; 0 = the last period's counts only) and the resident units' bonus at the cut, relative
+  // (0..1000 %) and absolute (heat, i.e. accesses). All 0 is the artifact's memoryless rule,
+  // which churns under a stable Zipf set. A moved hot set drops both for one period (TierHeat).
   uint32_t heat_keep_percent = 50;
   uint32_t hysteresis_percent = 100;
+  uint64_t hysteresis_heat = 8;
   uint64_t magic_word = 0;  // 0: drawn at Open (DrawMagicWord); else IsValidMagic
   // Called after a demoted unit's magic mapping is in place and before its frame is punched and
   // reused: waits until every one-sided copy that was in progress has finished (the service passes
@@ -139,6 +141,7 @@ struct TierPeriodReport {
   std::vector<uint32_t> demoted;
   std::vector<uint32_t> promoted;
   bool uniform = false;
+  bool shifted = false;  // the hot set moved: no hysteresis this period (TierHeat)
   uint64_t target_units = 0;
   Status error;  // first failure (IO, grace, no frame); the rest of the period still ran
 };
@@ -218,7 +221,8 @@ class TierStore {
   uint64_t magic_ = 0;
   uint64_t frames_ = 0;
   uint32_t fill_percent_ = 85;
-  uint32_t hysteresis_percent_ = 50;
+  uint32_t hysteresis_percent_ = 100;
+  uint64_t hysteresis_heat_ = 8;
   std::mutex heat_mu_;  // one RunPeriod at a time: heat_ is its state between periods
   TierHeat heat_;
   std::function<Status()> grace_;

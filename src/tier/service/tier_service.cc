@@ -85,6 +85,14 @@ Status ValidateTierConfig(const ServerConfig& config) {
   if (t.fill_percent < 1 || t.fill_percent > 100) {
     return Status::InvalidArgument("--tier-fill-pct must be 1..100, got " + N(t.fill_percent));
   }
+  if (t.heat_keep_percent > tw::TierHeat::kMaxKeepPercent) {
+    return Status::InvalidArgument("--tier-heat-keep-pct must be 0..99, got " +
+                                   N(t.heat_keep_percent));
+  }
+  if (t.hysteresis_percent > tw::TierPolicy::kMaxHysteresisPercent) {
+    return Status::InvalidArgument("--tier-hysteresis-pct must be 0..1000, got " +
+                                   N(t.hysteresis_percent));
+  }
   if (t.cached_reads &&
       (t.mode == TierMode::kRpc || (!t.direct_io && t.mode != TierMode::kRpcDirect))) {
     return Status::InvalidArgument(
@@ -120,6 +128,8 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.direct_io = c.direct_io;
   o.cached_reads = c.cached_reads;
   o.fill_percent = c.fill_percent;
+  o.heat_keep_percent = c.heat_keep_percent;
+  o.hysteresis_percent = c.hysteresis_percent;
   o.faults = faults;
   // The grace period of a demotion: every one-sided copy the transport's threads were making
   // when the unit was remapped has finished before its frame is punched and reused.
@@ -346,6 +356,8 @@ nlohmann::json TierService::Stats() const {
                  {"unit_bytes", s.unit_size},
                  {"period_ms", config_.period_ms},
                  {"fill_percent", config_.fill_percent},
+                 {"heat_keep_percent", config_.heat_keep_percent},
+                 {"hysteresis_percent", config_.hysteresis_percent},
                  {"direct_io", config_.direct_io},
                  {"cached_reads", config_.cached_reads},
                  {"mode", TierModeName(config_.mode)}};
@@ -429,6 +441,11 @@ const ServiceDescriptor& TierServiceDescriptor() {
         flags.add("tier-period-ms", &t.period_ms,
                   "hotspot period: counter sums, promotions, clients' bitmap pulls");
         flags.add("tier-fill-pct", &t.fill_percent, "share of the DRAM budget a period fills");
+        flags.add("tier-heat-keep-pct", &t.heat_keep_percent,
+                  "share of a unit's access heat kept into the next period, 0..99 (0: the last "
+                  "period's counts only)");
+        flags.add("tier-hysteresis-pct", &t.hysteresis_percent,
+                  "a cold unit displaces a resident one only when this much hotter, 0..1000");
         flags.add_choice("tier-direct-io", &t.direct_io, {{"on", true}, {"off", false}},
                          "O_DIRECT file IO (rpc and rpc-direct modes override it)");
         flags.add_choice("tier-cached-reads", &t.cached_reads, {{"on", true}, {"off", false}},
