@@ -60,7 +60,11 @@ struct TierConfig {
   uint32_t unit_kib = 64;       // --tier-unit-kib: promotion granule, power of two
   uint32_t period_ms = 1000;    // --tier-period-ms: hotspot period, bitmap pulls, counters
   uint32_t fill_percent = 85;   // --tier-fill-pct: share of the budget a period fills
-  bool direct_io = true;        // --tier-direct-io on|off (rpc / rpc-direct override it)
+  // Hotspot policy (docs/tier.md "Hotspot policy"; the engine's TierOptions defaults):
+  uint32_t heat_keep_percent = 50;    // --tier-heat-keep-pct: heat kept per period, 0..99
+  uint32_t hysteresis_percent = 100;  // --tier-hysteresis-pct: resident bonus at the cut
+  bool direct_io = true;              // --tier-direct-io on|off (rpc / rpc-direct override it)
+  bool cached_reads = false;          // --tier-cached-reads on|off: RWF_NOWAIT buffered try first
   TierMode mode = TierMode::kFull;
 };
 

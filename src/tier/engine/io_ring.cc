@@ -19,12 +19,14 @@ struct IoRings::Ring {
   bool ready = false;
 };
 
-Result<std::unique_ptr<IoRings>> IoRings::Create(unsigned count, unsigned depth) {
+Result<std::unique_ptr<IoRings>> IoRings::Create(
+    unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno) {
   if (count == 0 || depth == 0)
     return Status::InvalidArgument("io ring count and depth must be > 0");
   std::unique_ptr<IoRings> r(new IoRings());
   r->rings_ = std::make_unique<Ring[]>(count);
   r->count_ = count;
+  r->simulated_errno_ = std::move(simulated_errno);
   for (unsigned i = 0; i < count; ++i) {
     const int rc = io_uring_queue_init(depth, &r->rings_[i].ring, 0);
     if (rc < 0) {
@@ -86,8 +88,13 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
       rc = io_uring_wait_cqe(&ring->ring, &cqe);
     } while (rc == -EINTR);
     if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", -rc);
-    const int res = cqe->res;
+    int res = cqe->res;
     io_uring_cqe_seen(&ring->ring, cqe);
+    // Test-only simulated device error (TierStoreFaults::simulated_io_errno): the kernel's result
+    // is replaced, so everything after this line is the path a real error takes.
+    if (simulated_errno_ != nullptr) {
+      if (const int e = simulated_errno_->load(std::memory_order_relaxed); e != 0) res = -e;
+    }
     if (res == -EINTR || res == -EAGAIN) continue;
     if (res < 0) {
       return Status::FromErrno(std::string(write ? "tier file write" : "tier file read") +

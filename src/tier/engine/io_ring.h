@@ -7,6 +7,7 @@
 // kernel thread would take a core). The ring lock is the last lock in the engine's lock order.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,7 +20,10 @@ class IoRings {
  public:
   // `count` rings of `depth` entries each. IoError when io_uring is unavailable (disabled by
   // kernel.io_uring_disabled or seccomp), with the reason.
-  static Result<std::unique_ptr<IoRings>> Create(unsigned count, unsigned depth);
+  // `simulated_errno` is test-only (TierStoreFaults::simulated_io_errno): while it holds a
+  // non-zero errno, every completion is taken as that error.
+  static Result<std::unique_ptr<IoRings>> Create(
+      unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno = {});
   ~IoRings();
   IoRings(const IoRings&) = delete;
   IoRings& operator=(const IoRings&) = delete;
@@ -38,6 +42,7 @@ class IoRings {
 
   std::unique_ptr<Ring[]> rings_;
   unsigned count_ = 0;
+  std::shared_ptr<std::atomic<int>> simulated_errno_;
 };
 
 }  // namespace farmem::tier

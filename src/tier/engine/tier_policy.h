@@ -1,15 +1,25 @@
-// TeRM hotspot policy: from one period's per-unit access counts (summed over clients), the current
-// residency and the DRAM budget, which units to promote and which to demote. A pure function of
-// its input (no threads, no state), called by TierStore::RunPeriod on the caller's thread.
+// TeRM hotspot policy: from per-unit access heat (TierHeat: counts summed over clients, decayed
+// across periods), the current residency and the DRAM budget, which units to promote and which to
+// demote. TierPolicy::Decide is a pure function (no threads, no state); TierHeat is the state
+// between periods, owned by TierStore and updated by its one period caller.
 //
-// Rules (paper + artifact, docs/tier.md "Hotspot policy"):
+// Rules (paper + artifact, plus decay and hysteresis; docs/tier.md "Hotspot policy"):
+//   heat     = heat * keep_percent / 100 + this period's count (TierHeat). keep 0 = the count of
+//              one period only (the artifact's rule, which churns: a stable Zipf hot set has
+//              many units of nearly equal count at the cut, and sampling noise reorders them).
 //   target   = floor(budget_units * fill_percent / 100), at least 1 when budget and fill are > 0:
-//              the number of units that may be resident after the period.
-//   max == 0 → nothing moves (no information this period).
+//              the number of units that may be resident after the period; every unit when the
+//              budget holds them all (no reason to leave room then).
+//   max == 0 → nothing moves (no information).
 //   uniform  = max <= 10 * average (average over all units): resident units rank first, so the
 //              resident set is kept (no churn) and only free room is filled with the hottest.
-//   skewed   = rank by count, highest first; ties keep resident units first, then lower index.
-//   The top `target` units of the ranking are kept or promoted (a unit with count 0 is never
+//   skewed   = rank by score, highest first: score = heat for cold units, heat * (100 +
+//              hysteresis_percent) / 100 + hysteresis_heat for resident ones, so a cold unit
+//              displaces a resident one only when it is that much hotter (the relative bar for
+//              busy units, the absolute one for units whose counts are a few accesses a period,
+//              where Poisson noise is large); ties keep resident units first, then lower index.
+//              The caller drops both for a period in which the hot set moved (TierHeat::Update).
+//   The top `target` units of the ranking are kept or promoted (a unit with heat 0 is never
 //   promoted); resident units outside it are demoted. Already-resident units are never promoted.
 #pragma once
 
@@ -22,10 +32,12 @@
 namespace farmem::tier {
 
 struct TierPolicyInput {
-  std::span<const uint64_t> counts;   // per unit, this period
+  std::span<const uint64_t> counts;   // per unit: heat (TierHeat) or one period's counts
   std::span<const uint8_t> resident;  // per unit, 1 = resident now (same size as counts)
   uint64_t budget_units = 0;          // frames of the DRAM budget
   uint32_t fill_percent = 85;         // 1..100
+  uint32_t hysteresis_percent = 0;    // 0..1000: resident units' bonus in the skewed ranking
+  uint64_t hysteresis_heat = 0;       // and an absolute bonus, in heat (access counts)
 };
 
 struct TierPolicyDecision {
@@ -41,10 +53,43 @@ class TierPolicy {
   // are "uniform" (artifact: 10).
   static constexpr uint64_t kUniformFactor = 10;
 
-  // InvalidArgument when counts and resident differ in size, fill_percent is not in 1..100, or
-  // there are more than 2^31 units.
+  static constexpr uint32_t kMaxHysteresisPercent = 1000;
+
+  // InvalidArgument when counts and resident differ in size, fill_percent is not in 1..100,
+  // hysteresis_percent is above 1000, or there are more than 2^31 units.
   static Result<TierPolicyDecision> Decide(const TierPolicyInput& in);
   static uint64_t TargetUnits(uint64_t budget_units, uint32_t fill_percent);
+};
+
+// Access heat per unit across periods: heat = heat * keep_percent / 100 + count, saturating at
+// 2^64 - 1. With keep 50 a unit's heat is about twice its per-period rate, and after the hot set
+// moves the new units' heat exceeds twice the old ones' (hysteresis 100 %) in two periods: old
+// 2c * 0.5^k, new 2c * (1 - 0.5^k) (docs/tier.md "Hotspot policy").
+class TierHeat {
+ public:
+  static constexpr uint32_t kMaxKeepPercent = 99;  // 100 would never forget
+
+  // What Add saw.
+  struct Update {
+    bool accessed = false;  // some count was > 0 (else nothing changed)
+    bool shifted = false;   // the hot set moved: heat restarted from this period's counts
+  };
+
+  // InvalidArgument when keep_percent is above 99.
+  static Result<TierHeat> Make(size_t units, uint32_t keep_percent);
+  // Folds one period's counts in; `resident` is the residency the counts were made against.
+  // Every count 0: nothing changes (an idle period carries no information: the heat, and so the
+  // resident set, stays). Shift: when the share of this period's accesses that hit resident units
+  // is below 3/4 of the previous period's, the hot set moved; the old heat (and the hysteresis,
+  // which the caller drops for this period) would only hold the old set in place, so the heat
+  // restarts from this period's counts. InvalidArgument when a size is wrong.
+  Result<Update> Add(std::span<const uint64_t> counts, std::span<const uint8_t> resident);
+  std::span<const uint64_t> heat() const { return heat_; }
+
+ private:
+  std::vector<uint64_t> heat_;
+  uint32_t keep_percent_ = 0;
+  double last_resident_share_ = 0;  // of the last period with accesses
 };
 
 }  // namespace farmem::tier

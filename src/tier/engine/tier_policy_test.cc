@@ -1,10 +1,22 @@
-// Tests of the TeRM hotspot policy (pure function): ranking, budget target, fill, uniform access
-// keeps the resident set, zero counts move nothing, bad input. Single-threaded.
+// Tests of the TeRM hotspot policy (pure function + decayed heat): ranking, budget target, fill,
+// uniform access keeps the resident set, zero counts move nothing, hysteresis, bad input, and
+// synthetic Zipf access streams (a stable hot set stops churning; a moved one is followed).
+// FARMEM_TIER_FAULT=churn runs the streams with the memoryless, hysteresis-free policy, =no_shift
+// keeps the hysteresis through a move of the hot set. Single-threaded.
 #include "tier/engine/tier_policy.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
+
+#include "tier/engine/tier_store.h"
 
 namespace farmem::tier {
 namespace {
@@ -134,6 +146,239 @@ TEST(TierPolicy, RefusesBadInput) {
   auto empty = TierPolicy::Decide(TierPolicyInput{{}, {}, 4, 85});
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->promote.empty());
+}
+
+TEST(TierPolicy, HysteresisKeepsResidentUnitsUnlessMuchHotter) {
+  std::vector<uint64_t> c(40, 0);
+  c[0] = 100;  // resident
+  c[1] = 140;  // cold, 1.4x hotter: not enough against 50 % hysteresis
+  c[2] = 1;
+  std::vector<uint8_t> r(c.size(), 0);
+  r[0] = 1;
+  auto d = TierPolicy::Decide(TierPolicyInput{c, r, 1, 100, 50});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->promote.empty());
+  EXPECT_TRUE(d->demote.empty());
+  c[1] = 151;  // more than 1.5x: replaces it
+  d = TierPolicy::Decide(TierPolicyInput{c, r, 1, 100, 50});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->promote, (U{1}));
+  EXPECT_EQ(d->demote, (U{0}));
+  // Without hysteresis the 1.4x hotter unit wins at once (the old rule).
+  c[1] = 140;
+  d = TierPolicy::Decide(TierPolicyInput{c, r, 1, 100, 0});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->promote, (U{1}));
+}
+
+TEST(TierPolicy, BudgetHoldingEveryUnitIgnoresTheFill) {
+  std::vector<uint64_t> c = {5, 4, 3, 2, 1, 9, 9, 9, 9, 90};
+  std::vector<uint8_t> r(c.size(), 0);
+  auto d = Decide(c, r, 10, 85);
+  EXPECT_EQ(d.target_units, 10u);
+  EXPECT_EQ(d.promote.size(), 10u);
+  d = Decide(c, r, 9, 85);
+  EXPECT_EQ(d.target_units, 7u);
+}
+
+TEST(TierHeat, DecaysIgnoresIdlePeriodsAndRestartsWhenTheHotSetMoves) {
+  auto h = TierHeat::Make(3, 50);
+  ASSERT_TRUE(h.ok());
+  auto heat = [&] { return std::vector<uint64_t>(h->heat().begin(), h->heat().end()); };
+  const std::vector<uint8_t> r = {1, 0, 0};  // unit 0 resident
+  std::vector<uint64_t> c = {100, 0, 7};
+  auto up = h->Add(c, r);
+  ASSERT_TRUE(up.ok() && up->accessed && !up->shifted);
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{100, 0, 7}));
+  c = {60, 10, 0};  // resident share 0.93 -> 0.86: no shift
+  up = h->Add(c, r);
+  ASSERT_TRUE(up.ok() && up->accessed && !up->shifted);
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{110, 10, 3}));
+  c = {0, 0, 0};
+  up = h->Add(c, r);
+  ASSERT_TRUE(up.ok());
+  EXPECT_FALSE(up->accessed) << "an idle period changes nothing";
+  EXPECT_EQ(heat()[0], 110u);
+  c = {10, 50, 40};  // resident share 0.86 -> 0.10: the hot set moved, the heat restarts
+  up = h->Add(c, r);
+  ASSERT_TRUE(up.ok() && up->accessed);
+  EXPECT_TRUE(up->shifted);
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{10, 50, 40}));
+  c = {~uint64_t{0}, 0, 0};
+  up = h->Add(c, r);
+  ASSERT_TRUE(up.ok());
+  c = {~uint64_t{0}, 0, 0};
+  up = h->Add(c, r);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(heat()[0], ~uint64_t{0}) << "saturates";
+  std::vector<uint64_t> wrong(2);
+  EXPECT_EQ(h->Add(wrong, r).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(TierHeat::Make(3, 100).status().code(), Code::kInvalidArgument);
+  std::vector<uint64_t> c3 = {1, 2, 3};
+  std::vector<uint8_t> r3 = {0, 0, 0};
+  EXPECT_EQ(TierPolicy::Decide(TierPolicyInput{c3, r3, 1, 85, 1001}).status().code(),
+            Code::kInvalidArgument);
+}
+
+TEST(TierPolicy, AbsoluteHysteresisKeepsResidentUnitsAgainstNoise) {
+  std::vector<uint64_t> c(64, 0);
+  c[0] = 1;  // resident, one access
+  c[1] = 4;  // cold, four: noise at this rate (relative bar alone: 4 > 2 x 1)
+  c[2] = 1000;
+  std::vector<uint8_t> r(c.size(), 0);
+  r[0] = r[2] = 1;
+  auto d = TierPolicy::Decide(TierPolicyInput{c, r, 2, 100, 100, 4});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->promote.empty());
+  c[1] = 7;  // more than 2 x 1 + 4
+  d = TierPolicy::Decide(TierPolicyInput{c, r, 2, 100, 100, 4});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->promote, (U{1}));
+  EXPECT_EQ(d->demote, (U{0}));
+}
+
+// ---- synthetic access streams -------------------------------------------------------------------
+
+// Zipf 0.99 over `units` ranks, ranks scrambled onto units by a seeded permutation (the benchmark's
+// workload shape). Deterministic: only raw mt19937_64 output is used.
+class ZipfStream {
+ public:
+  ZipfStream(size_t units, uint64_t seed) : rng_(seed), cdf_(units), unit_of_rank_(units) {
+    double sum = 0;
+    for (size_t r = 0; r < units; ++r) {
+      sum += 1.0 / std::pow(static_cast<double>(r + 1), 0.99);
+      cdf_[r] = sum;
+    }
+    for (double& v : cdf_) v /= sum;
+    Scramble();
+  }
+  // A new permutation: the hot set moves.
+  void Scramble() {
+    std::iota(unit_of_rank_.begin(), unit_of_rank_.end(), 0u);
+    for (size_t i = unit_of_rank_.size() - 1; i > 0; --i) {
+      std::swap(unit_of_rank_[i], unit_of_rank_[rng_() % (i + 1)]);
+    }
+  }
+  std::vector<uint64_t> Period(size_t accesses) {
+    std::vector<uint64_t> counts(cdf_.size(), 0);
+    for (size_t i = 0; i < accesses; ++i) {
+      const double x = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+      const size_t r =
+          static_cast<size_t>(std::lower_bound(cdf_.begin(), cdf_.end(), x) - cdf_.begin());
+      ++counts[unit_of_rank_[std::min(r, cdf_.size() - 1)]];
+    }
+    return counts;
+  }
+  // Share of accesses that hit `resident`, and the best any `k` units could reach.
+  double HitShare(const std::vector<uint8_t>& resident) const {
+    double hit = 0;
+    for (size_t r = 0; r < cdf_.size(); ++r) {
+      if (resident[unit_of_rank_[r]]) hit += cdf_[r] - (r == 0 ? 0.0 : cdf_[r - 1]);
+    }
+    return hit;
+  }
+  double OracleShare(size_t k) const { return k == 0 ? 0.0 : cdf_[std::min(k, cdf_.size()) - 1]; }
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<double> cdf_;
+  std::vector<uint32_t> unit_of_rank_;
+};
+
+// The policy as TierStore runs it: heat, decision, residency applied.
+struct PolicySim {
+  static constexpr size_t kUnits = 512;
+  static constexpr uint64_t kBudget = 256;    // 50 % DRAM
+  static constexpr size_t kAccesses = 20000;  // per period: ~14 at the cut of the ranking
+
+  PolicySim() {
+    // FARMEM_TIER_FAULT=churn: the artifact's memoryless rule, no hysteresis.
+    const char* e = std::getenv("FARMEM_TIER_FAULT");
+    if (e != nullptr && std::string(e) == "churn") {
+      std::printf("[ fault    ] FARMEM_TIER_FAULT=churn\n");
+      keep = 0;
+      hysteresis = 0;
+      hysteresis_heat = 0;
+    }
+    // FARMEM_TIER_FAULT=no_shift: the hysteresis is kept through a move of the hot set.
+    if (e != nullptr && std::string(e) == "no_shift") {
+      std::printf("[ fault    ] FARMEM_TIER_FAULT=no_shift\n");
+      follow_shifts = false;
+    }
+    heat = *TierHeat::Make(kUnits, keep);
+  }
+  // One period; returns the number of units promoted.
+  size_t Step(const std::vector<uint64_t>& counts) {
+    auto up = heat.Add(counts, resident);
+    EXPECT_TRUE(up.ok());
+    if (!up.ok() || !up->accessed) return 0;
+    shifts += up->shifted ? 1 : 0;
+    const bool drop = up->shifted && follow_shifts;
+    auto d = TierPolicy::Decide(TierPolicyInput{heat.heat(), resident, kBudget, 85,
+                                                drop ? 0 : hysteresis, drop ? 0 : hysteresis_heat});
+    EXPECT_TRUE(d.ok());
+    if (!d.ok()) return 0;
+    for (uint32_t u : d->demote) resident[u] = 0;
+    for (uint32_t u : d->promote) resident[u] = 1;
+    target = d->target_units;
+    return d->promote.size();
+  }
+
+  // The engine's defaults (what farmemd runs).
+  uint32_t keep = TierOptions{}.heat_keep_percent;
+  uint32_t hysteresis = TierOptions{}.hysteresis_percent;
+  uint64_t hysteresis_heat = TierOptions{}.hysteresis_heat;
+  int shifts = 0;
+  bool follow_shifts = true;
+  TierHeat heat;
+  std::vector<uint8_t> resident = std::vector<uint8_t>(kUnits, 0);
+  uint64_t target = 0;
+};
+
+// Accesses per period: busy (~14 at the cut of the ranking) and sparse (~1 at the cut, as in the
+// benchmark's 4096-unit region, where the relative bar alone let Poisson noise swap 6 %).
+constexpr size_t kBusy = 20000;
+constexpr size_t kSparse = 1500;
+
+TEST(TierPolicyStream, StableHotSetStopsChurningAfterWarmUp) {
+  for (size_t accesses : {kBusy, kSparse}) {
+    ZipfStream zipf(PolicySim::kUnits, 11);
+    PolicySim sim;
+    for (int p = 0; p < 5; ++p) sim.Step(zipf.Period(accesses));  // warm-up
+    size_t moved = 0;
+    const int periods = 40;
+    for (int p = 0; p < periods; ++p) moved += sim.Step(zipf.Period(accesses));
+    const double per_period =
+        static_cast<double>(moved) / periods / static_cast<double>(sim.target);
+    const double hit = zipf.HitShare(sim.resident);
+    const double oracle = zipf.OracleShare(sim.target);
+    std::printf(
+        "[ measure  ] stable Zipf, %zu accesses per period: %.2f %% of %llu resident units "
+        "swapped per period, hit share %.3f (oracle %.3f), shifts %d\n",
+        accesses, 100 * per_period, static_cast<unsigned long long>(sim.target), hit, oracle,
+        sim.shifts);
+    EXPECT_LT(per_period, 0.01) << "a stable hot set keeps churning at " << accesses;
+    EXPECT_GT(hit, 0.95 * oracle) << "the resident set is not the hot set at " << accesses;
+    EXPECT_EQ(sim.shifts, 0) << "a stable hot set was taken for a moved one";
+  }
+}
+
+TEST(TierPolicyStream, MovedHotSetIsFollowedInOnePeriod) {
+  for (size_t accesses : {kBusy, kSparse}) {
+    ZipfStream zipf(PolicySim::kUnits, 23);
+    PolicySim sim;
+    for (int p = 0; p < 10; ++p) sim.Step(zipf.Period(accesses));
+    zipf.Scramble();
+    const double oracle = zipf.OracleShare(sim.target);
+    const double before = zipf.HitShare(sim.resident);
+    sim.Step(zipf.Period(accesses));
+    const double after = zipf.HitShare(sim.resident);
+    std::printf(
+        "[ measure  ] moved hot set, %zu accesses per period: hit share %.3f right after the "
+        "move, %.3f one period later (oracle %.3f), shifts %d\n",
+        accesses, before, after, oracle, sim.shifts);
+    EXPECT_GT(after, 0.93 * oracle) << "the policy did not follow the move at " << accesses;
+  }
 }
 
 }  // namespace

@@ -188,6 +188,14 @@ Status TierStore::Init(const TierOptions& o) {
                                    std::to_string(o.fill_percent));
   }
   fill_percent_ = o.fill_percent;
+  if (o.hysteresis_percent > TierPolicy::kMaxHysteresisPercent) {
+    return Status::InvalidArgument("hysteresis percent must be at most " +
+                                   std::to_string(TierPolicy::kMaxHysteresisPercent) + ", got " +
+                                   std::to_string(o.hysteresis_percent));
+  }
+  hysteresis_percent_ = o.hysteresis_percent;
+  hysteresis_heat_ = o.hysteresis_heat;
+  FARMEM_ASSIGN_OR_RETURN(heat_, TierHeat::Make(geo_.unit_count, o.heat_keep_percent));
   if (o.magic_word != 0 && !IsValidMagic(o.magic_word)) {
     return Status::InvalidArgument("magic word must not be one byte repeated");
   }
@@ -196,7 +204,7 @@ Status TierStore::Init(const TierOptions& o) {
   if (o.io_rings == 0 || o.io_rings > 64) {
     return Status::InvalidArgument("io_rings must be in 1..64");
   }
-  grace_ = o.grace;
+  grace_ = o.faults.skip_grace ? std::function<Status()>() : o.grace;
   faults_ = o.faults;
 
   // One mapping per unit at worst (cold units each map the magic memfd at offset 0, so adjacent
@@ -254,7 +262,7 @@ Status TierStore::Init(const TierOptions& o) {
     cached_fd_ = open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (cached_fd_ < 0) return Status::FromErrno("open " + o.path + " (cached reads)", errno);
   }
-  FARMEM_ASSIGN_OR_RETURN(io_, IoRings::Create(o.io_rings, 8));
+  FARMEM_ASSIGN_OR_RETURN(io_, IoRings::Create(o.io_rings, 8, o.faults.simulated_io_errno));
 
   // The magic memfd: one unit of pattern words, written with pwrite (a writable shared mapping
   // would forbid F_SEAL_WRITE), then sealed so nothing can change or resize it.
@@ -524,10 +532,16 @@ Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts) 
                                    std::to_string(geo_.unit_count) + " units");
   }
   RetryQuarantine();
+  std::lock_guard<std::mutex> period(heat_mu_);
   const std::vector<uint8_t> resident = Residency();
-  FARMEM_ASSIGN_OR_RETURN(TierPolicyDecision d, TierPolicy::Decide(TierPolicyInput{
-                                                    counts, resident, frames_, fill_percent_}));
+  FARMEM_ASSIGN_OR_RETURN(const TierHeat::Update up, heat_.Add(counts, resident));
   TierPeriodReport rep;
+  if (!up.accessed) return rep;  // no information this period: the resident set stays
+  rep.shifted = up.shifted;
+  FARMEM_ASSIGN_OR_RETURN(TierPolicyDecision d, TierPolicy::Decide(TierPolicyInput{
+                                                    heat_.heat(), resident, frames_, fill_percent_,
+                                                    up.shifted ? 0 : hysteresis_percent_,
+                                                    up.shifted ? 0 : hysteresis_heat_}));
   rep.uniform = d.uniform;
   rep.target_units = d.target_units;
   auto note = [&](const Status& st) {

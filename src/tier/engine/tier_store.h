@@ -42,9 +42,10 @@
 //      follows (exclusive) writes it back. Cold: IO to the file, so the promotion that follows
 //      (exclusive) reads it. Without the lock a cold write could land after a promotion read the
 //      file and be overwritten by that frame's write-back.
-//   Lock order: one unit lock at a time (never two) -> block stripes in ascending index -> an io
-//   ring's mutex; `frames_mu_` is a leaf held for list operations only. The grace hook is called
-//   with no lock held, so it may wait for readers that themselves call Read.
+//   Lock order: `heat_mu_` (RunPeriod only, outermost) -> one unit lock at a time (never two) ->
+//   block stripes in ascending index -> an io ring's mutex; `frames_mu_` is a leaf held for list
+//   operations only. The grace hook is called with no lock held, so it may wait for readers that
+//   themselves call Read.
 #pragma once
 
 #include <atomic>
@@ -71,6 +72,14 @@ struct TierStoreFaults {
   // A demotion whose write-back failed (ENOSPC, EIO) goes on: the unit is mapped cold and its
   // frame freed, losing the only copy of the dirty data (I2 keeps it resident instead).
   bool demote_despite_failed_writeback = false;
+  // Demotions never call the grace hook: a frame is punched and reused while a one-sided copy
+  // may still be taking bytes from it (I2).
+  bool skip_grace = false;
+  // SIMULATED device errors, not a real device: while the value is non-zero every file read and
+  // write of the io rings completes with -value (e.g. EIO) in place of the kernel's result, and
+  // takes the same error path a real one would (IoRings::Rw). The test keeps the pointer to flip
+  // it. Nothing here can produce a real EIO (no device-mapper in the test containers).
+  std::shared_ptr<std::atomic<int>> simulated_io_errno;
 };
 
 struct TierOptions {
@@ -85,7 +94,14 @@ struct TierOptions {
   // O_DIRECT (they invalidate cached pages). Only with direct_io. Off by default: see the docs.
   bool cached_reads = false;
   uint32_t fill_percent = 85;  // RunPeriod keeps at most this share of the budget resident
-  uint64_t magic_word = 0;     // 0: drawn at Open (DrawMagicWord); else IsValidMagic
+  // Hotspot policy (tier_policy.h): share of a unit's heat kept from one period to the next
+  // (0..99; 0 = the last period's counts only) and the resident units' bonus at the cut, relative
+  // (0..1000 %) and absolute (heat, i.e. accesses). All 0 is the artifact's memoryless rule,
+  // which churns under a stable Zipf set. A moved hot set drops both for one period (TierHeat).
+  uint32_t heat_keep_percent = 50;
+  uint32_t hysteresis_percent = 100;
+  uint64_t hysteresis_heat = 8;
+  uint64_t magic_word = 0;  // 0: drawn at Open (DrawMagicWord); else IsValidMagic
   // Called after a demoted unit's magic mapping is in place and before its frame is punched and
   // reused: waits until every one-sided copy that was in progress has finished (the service passes
   // Transport::wait_for_read_copies with a deadline). An error keeps the frame out of use; the
@@ -125,6 +141,7 @@ struct TierPeriodReport {
   std::vector<uint32_t> demoted;
   std::vector<uint32_t> promoted;
   bool uniform = false;
+  bool shifted = false;  // the hot set moved: no hysteresis this period (TierHeat)
   uint64_t target_units = 0;
   Status error;  // first failure (IO, grace, no frame); the rest of the period still ran
 };
@@ -165,8 +182,9 @@ class TierStore {
   // Makes `unit` cold (OK if it is), writing it back if dirty. An error from the grace hook is
   // returned after the unit is cold (its frame then waits in quarantine).
   Status Demote(uint32_t unit);
-  // One hotspot period: TierPolicy on `counts` (one per unit), demotions first, then promotions.
-  // InvalidArgument when counts has the wrong size.
+  // One hotspot period: `counts` (one per unit) folded into the decayed heat, TierPolicy on the
+  // heat, demotions first, then promotions. All counts 0: nothing moves. InvalidArgument when
+  // counts has the wrong size. Concurrent calls are serialised.
   Result<TierPeriodReport> RunPeriod(std::span<const uint64_t> counts);
   // Writes back every dirty resident unit (they stay resident).
   Status Sync();
@@ -203,6 +221,10 @@ class TierStore {
   uint64_t magic_ = 0;
   uint64_t frames_ = 0;
   uint32_t fill_percent_ = 85;
+  uint32_t hysteresis_percent_ = 100;
+  uint64_t hysteresis_heat_ = 8;
+  std::mutex heat_mu_;  // one RunPeriod at a time: heat_ is its state between periods
+  TierHeat heat_;
   std::function<Status()> grace_;
   TierStoreFaults faults_;
   int file_fd_ = -1;

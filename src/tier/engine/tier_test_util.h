@@ -130,12 +130,17 @@ class TinyExt4 {
   bool mounted_ = false;
 };
 
-// FARMEM_TIER_FAULT=writeback: demotions go on after a failed write-back (tier_store.h).
+// FARMEM_TIER_FAULT=writeback: demotions go on after a failed write-back; =no_grace: demotions
+// never call the grace hook (tier_store.h TierStoreFaults).
 inline TierStoreFaults TierFaultsFromEnv() {
   TierStoreFaults f;
   const char* e = std::getenv("FARMEM_TIER_FAULT");
-  f.demote_despite_failed_writeback = e != nullptr && std::string(e) == "writeback";
-  if (f.demote_despite_failed_writeback) std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
+  const std::string v = e != nullptr ? e : "";
+  f.demote_despite_failed_writeback = v == "writeback";
+  f.skip_grace = v == "no_grace";
+  if (f.demote_despite_failed_writeback || f.skip_grace) {
+    std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
+  }
   return f;
 }
 

@@ -85,6 +85,20 @@ Status ValidateTierConfig(const ServerConfig& config) {
   if (t.fill_percent < 1 || t.fill_percent > 100) {
     return Status::InvalidArgument("--tier-fill-pct must be 1..100, got " + N(t.fill_percent));
   }
+  if (t.heat_keep_percent > tw::TierHeat::kMaxKeepPercent) {
+    return Status::InvalidArgument("--tier-heat-keep-pct must be 0..99, got " +
+                                   N(t.heat_keep_percent));
+  }
+  if (t.hysteresis_percent > tw::TierPolicy::kMaxHysteresisPercent) {
+    return Status::InvalidArgument("--tier-hysteresis-pct must be 0..1000, got " +
+                                   N(t.hysteresis_percent));
+  }
+  if (t.cached_reads &&
+      (t.mode == TierMode::kRpc || (!t.direct_io && t.mode != TierMode::kRpcDirect))) {
+    return Status::InvalidArgument(
+        "--tier-cached-reads on needs O_DIRECT file IO (not with --tier-direct-io off or "
+        "--tier-mode rpc, whose reads go through the page cache anyway)");
+  }
   if (config.node.transport.max_rpc_bytes < 2 * tw::kPageSize) {
     return Status::InvalidArgument("the tier service needs --max-rpc-bytes of at least 8192");
   }
@@ -112,7 +126,10 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.dram_budget = c.dram_bytes;
   o.unit_size = uint64_t{c.unit_kib} << 10;
   o.direct_io = c.direct_io;
+  o.cached_reads = c.cached_reads;
   o.fill_percent = c.fill_percent;
+  o.heat_keep_percent = c.heat_keep_percent;
+  o.hysteresis_percent = c.hysteresis_percent;
   o.faults = faults;
   // The grace period of a demotion: every one-sided copy the transport's threads were making
   // when the unit was remapped has finished before its frame is punched and reused.
@@ -142,7 +159,11 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   }
   if (c.mode == TierMode::kTiering) {
     // The one fill of this mode: the first units, in index order, up to the fill target.
-    const uint64_t target = tw::TierPolicy::TargetUnits(s->store_->budget_units(), c.fill_percent);
+    // (Every unit when the budget holds them all, as the policy's target.)
+    const uint64_t target =
+        s->store_->budget_units() >= geo.unit_count
+            ? geo.unit_count
+            : tw::TierPolicy::TargetUnits(s->store_->budget_units(), c.fill_percent);
     for (uint64_t u = 0; u < std::min(target, geo.unit_count); ++u) {
       FARMEM_RETURN_IF_ERROR(
           s->store_->Promote(static_cast<uint32_t>(u)).WithContext("first fill"));
@@ -335,7 +356,10 @@ nlohmann::json TierService::Stats() const {
                  {"unit_bytes", s.unit_size},
                  {"period_ms", config_.period_ms},
                  {"fill_percent", config_.fill_percent},
+                 {"heat_keep_percent", config_.heat_keep_percent},
+                 {"hysteresis_percent", config_.hysteresis_percent},
                  {"direct_io", config_.direct_io},
+                 {"cached_reads", config_.cached_reads},
                  {"mode", TierModeName(config_.mode)}};
   j["capacity_bytes"] = s.capacity;
   j["unit_bytes"] = s.unit_size;
@@ -359,6 +383,8 @@ nlohmann::json TierService::Stats() const {
   j["read_bytes_file"] = s.read_bytes_file;
   j["writes_dram"] = s.writes_dram;
   j["writes_file"] = s.writes_file;
+  j["cached_read_hits"] = s.cached_read_hits;
+  j["cached_read_misses"] = s.cached_read_misses;
   j["periods"] = ld(periods_);
   j["period_errors"] = ld(period_errors_);
   j["counter_pushes"] = ld(counter_pushes_);
@@ -415,8 +441,16 @@ const ServiceDescriptor& TierServiceDescriptor() {
         flags.add("tier-period-ms", &t.period_ms,
                   "hotspot period: counter sums, promotions, clients' bitmap pulls");
         flags.add("tier-fill-pct", &t.fill_percent, "share of the DRAM budget a period fills");
+        flags.add("tier-heat-keep-pct", &t.heat_keep_percent,
+                  "share of a unit's access heat kept into the next period, 0..99 (0: the last "
+                  "period's counts only)");
+        flags.add("tier-hysteresis-pct", &t.hysteresis_percent,
+                  "a cold unit displaces a resident one only when this much hotter, 0..1000");
         flags.add_choice("tier-direct-io", &t.direct_io, {{"on", true}, {"off", false}},
                          "O_DIRECT file IO (rpc and rpc-direct modes override it)");
+        flags.add_choice("tier-cached-reads", &t.cached_reads, {{"on", true}, {"off", false}},
+                         "cold reads first try a buffered RWF_NOWAIT read (page cache hits only; "
+                         "docs/tier.md \"Cached reads\": off, it does not pay here)");
         flags.add_choice("tier-mode", &t.mode,
                          {{"rpc", TierMode::kRpc},
                           {"rpc-direct", TierMode::kRpcDirect},

@@ -263,6 +263,10 @@ TEST(TierServer, RefusesBadFlagsWithAMessage) {
   EXPECT_NE(st.message().find("--tier-fill-pct"), std::string_view::npos) << st.ToString();
   st = bad([](ServerConfig& c) { c.tier.period_ms = 0; });
   EXPECT_NE(st.message().find("--tier-period-ms"), std::string_view::npos) << st.ToString();
+  st = bad([](ServerConfig& c) { c.tier.heat_keep_percent = 100; });
+  EXPECT_NE(st.message().find("--tier-heat-keep-pct"), std::string_view::npos) << st.ToString();
+  st = bad([](ServerConfig& c) { c.tier.hysteresis_percent = 1001; });
+  EXPECT_NE(st.message().find("--tier-hysteresis-pct"), std::string_view::npos) << st.ToString();
   // Listed by name without a file.
   ServerConfig sc = testing::TierServerConfig("tcp", "", 16, 2);
   sc.services = {"tier"};
