@@ -21,6 +21,8 @@ endif()
 # farmem_cluster (the control plane, include/farmem/cluster.h) brings libcurl (its etcd backend);
 # the tier engine (farmemd's tiered region) brings liburing.
 set(FARMEM_INSTALLED_LIBS
+    farmem_regions_sync
+    farmem_regions_rmalloc
     farmem_server
     farmem_cluster
     farmem_objects_service
