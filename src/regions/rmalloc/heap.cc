@@ -10,9 +10,19 @@
 #include <thread>
 
 #include "farmem/regions.h"
+#include "regions/rmalloc/heap_faults.h"
 #include "regions/rmalloc/heap_layout.h"
 
 namespace farmem {
+
+namespace regions::rmalloc::testing {
+namespace {
+std::atomic<bool> g_lock_disabled{false};
+}  // namespace
+void SetHeapLockDisabled(bool disabled) {
+  g_lock_disabled.store(disabled, std::memory_order_relaxed);
+}
+}  // namespace regions::rmalloc::testing
 
 using namespace regions::rmalloc;
 using Clock = std::chrono::steady_clock;
@@ -54,6 +64,7 @@ class HeapView {
   FreeNode* node(uint64_t off) { return reinterpret_cast<FreeNode*>(data() + off); }
 
   Status Lock() {
+    if (testing::g_lock_disabled.load(std::memory_order_relaxed)) return Status::OK();
     std::atomic_ref<uint32_t> lock(hdr_->lock);
     const uint32_t me = static_cast<uint32_t>(::getpid());
     const bool ok = WaitUntil(
@@ -69,7 +80,10 @@ class HeapView {
     }
     return Status::OK();
   }
-  void Unlock() { std::atomic_ref<uint32_t>(hdr_->lock).store(0, std::memory_order_release); }
+  void Unlock() {
+    if (testing::g_lock_disabled.load(std::memory_order_relaxed)) return;
+    std::atomic_ref<uint32_t>(hdr_->lock).store(0, std::memory_order_release);
+  }
 
   // The geometry is inside the range and self-consistent (a corrupted header is an error).
   Status CheckGeometry(uint64_t mapped) {
