@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "cluster/testing/etcd_process.h"
-#include "farmem/server.h"
 #include "regions/sync/sync_test_util.h"
 
 extern char** environ;
@@ -121,14 +120,8 @@ TEST(SyncProcessStress, BarrierMutexAndBellAcrossThreeProcesses) {
   Status est = etcd.Start();
   if (est.code() == Code::kNotFound) GTEST_SKIP() << est.ToString();
   ASSERT_TRUE(est.ok()) << est.ToString();
-  ServerConfig sc;
-  sc.memory_bytes = 4 << 20;
-  sc.pool_bytes = 1 << 20;
-  sc.node.name = "sync-farmemd";
-  sc.node.transport.backend = "tcp";
-  auto server = MemoryServer::Create(sc);
+  auto server = testing::StartSyncServer();
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ASSERT_TRUE((*server)->start().ok());
   const std::string farmemd = (*server)->node().bootstrap_address();
   ClusterOptions co;
   co.url = etcd.url();

@@ -9,7 +9,6 @@
 #include <thread>
 #include <vector>
 
-#include "farmem/server.h"
 #include "regions/sync/sync_cell.h"
 #include "regions/sync/sync_test_util.h"
 
@@ -51,15 +50,9 @@ class SyncTest : public ::testing::Test {
  protected:
   void SetUp() override {
     testing::ApplyFaultFromEnv();
-    ServerConfig sc;
-    sc.memory_bytes = 4 << 20;
-    sc.pool_bytes = 1 << 20;
-    sc.node.name = "sync-farmemd";
-    sc.node.transport.backend = "tcp";
-    auto s = MemoryServer::Create(sc);
+    auto s = testing::StartSyncServer();
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
-    ASSERT_TRUE(server_->start().ok());
     cluster_.url = "memory://regions-sync-" + std::to_string(counter_++);
     cluster_.create_if_missing = true;
   }

@@ -13,6 +13,7 @@
 #include "farmem/cluster.h"
 #include "farmem/node.h"
 #include "farmem/regions.h"
+#include "farmem/server.h"
 #include "regions/sync/sync_faults.h"
 
 namespace farmem::regions::sync::testing {
@@ -29,6 +30,18 @@ inline std::string ApplyFaultFromEnv() {
   SetSyncFault(f);
   if (!name.empty()) std::printf("[ fault    ] FARMEM_REGIONS_SYNC_FAULT=%s\n", name.c_str());
   return name;
+}
+
+// The farmemd of the tests: an in-process MemoryServer (tcp, loopback, 4 MiB), started.
+inline Result<std::unique_ptr<MemoryServer>> StartSyncServer() {
+  ServerConfig sc;
+  sc.memory_bytes = 4 << 20;
+  sc.pool_bytes = 1 << 20;
+  sc.node.name = "sync-farmemd";
+  sc.node.transport.backend = "tcp";
+  FARMEM_ASSIGN_OR_RETURN(auto server, MemoryServer::Create(sc));
+  FARMEM_RETURN_IF_ERROR(server->start());
+  return server;
 }
 
 struct SyncUser {
