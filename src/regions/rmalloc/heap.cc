@@ -123,7 +123,7 @@ class HeapView {
       while (k + 1 < kOrders && off % BlockSize(k + 1) == 0 &&
              off + BlockSize(k + 1) <= h.data_size)
         k++;
-      Push(off, k);
+      (void)Push(off, k);  // fresh lists: every head is valid
       off += BlockSize(k);
     }
   }
@@ -133,13 +133,19 @@ class HeapView {
     return off % kGrain == 0 && off + BlockSize(k) <= hdr_->data_size &&
            map()[off / kGrain] == (kMapFree | k);
   }
-  void Push(uint64_t off, int k) {
+  Status Push(uint64_t off, int k) {
+    const uint64_t head = hdr_->free_head[k];
+    if (head != 0 && !IsFree(head - 1, k)) {
+      return Status::Internal("rmalloc: corrupted heap (free list head of order " +
+                              std::to_string(k) + ")");
+    }
     FreeNode* n = node(off);
     n->prev = 0;
-    n->next = hdr_->free_head[k];
+    n->next = head;
     if (n->next != 0) node(n->next - 1)->prev = off + 1;
     hdr_->free_head[k] = off + 1;
     map()[off / kGrain] = static_cast<uint8_t>(kMapFree | k);
+    return Status::OK();
   }
   Status Remove(uint64_t off, int k) {
     FreeNode* n = node(off);
@@ -178,7 +184,7 @@ class HeapView {
     FARMEM_RETURN_IF_ERROR(Remove(off, j));
     while (j > k) {  // split: the upper halves go to the free lists
       j--;
-      Push(off + BlockSize(j), j);
+      FARMEM_RETURN_IF_ERROR(Push(off + BlockSize(j), j));
     }
     map()[off / kGrain] = static_cast<uint8_t>(kMapUsed | k);
     auto* a = reinterpret_cast<AllocHeader*>(data() + off);
@@ -221,8 +227,7 @@ class HeapView {
       off = std::min(off, buddy);
       k++;
     }
-    Push(off, k);
-    return Status::OK();
+    return Push(off, k);
   }
 
  private:

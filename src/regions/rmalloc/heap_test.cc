@@ -131,6 +131,32 @@ TEST(RegionHeap, DoubleAndForeignFreesAreErrors) {
   EXPECT_EQ(h->stats()->allocations, 0u);
 }
 
+TEST(RegionHeap, CorruptedStateIsAnErrorNotACrash) {
+  Buffer b(64 * 1024);
+  auto h = RegionHeap::Attach(b.span());
+  ASSERT_TRUE(h.ok());
+  auto p = h->rmalloc(100);
+  ASSERT_TRUE(p.ok());
+  auto* hdr = reinterpret_cast<regions::rmalloc::HeapHeader*>(b.bytes);
+  // Every free-list head points somewhere that is not a free block of its order.
+  uint64_t saved[regions::rmalloc::kOrders];
+  std::memcpy(saved, hdr->free_head, sizeof saved);
+  for (auto& head : hdr->free_head) head = head == 0 ? 0 : head + 64;
+  auto q = h->rmalloc(100);
+  EXPECT_EQ(q.status().code(), Code::kInternal) << q.status().ToString();
+  std::memcpy(hdr->free_head, saved, sizeof saved);
+  // The block's header was overwritten (a write before the pointer): refused, not followed.
+  auto* block_header = static_cast<uint64_t*>(*p) - 2;
+  const uint64_t tag = block_header[0];
+  block_header[0] = 0;
+  EXPECT_EQ(h->rfree(*p).code(), Code::kInternal);
+  block_header[0] = tag;
+  EXPECT_TRUE(h->rfree(*p).ok());
+  // A header whose geometry reaches past the range.
+  hdr->data_size += 1 << 20;
+  EXPECT_EQ(RegionHeap::Attach(b.span()).status().code(), Code::kInvalidArgument);
+}
+
 struct Live {
   unsigned char* p;
   size_t len;
