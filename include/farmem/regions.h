@@ -67,9 +67,8 @@ class RegionSync {
   // cell's memory is freed. NotFound for an unknown name.
   Status rdelete(std::string_view name);
 
-  struct Impl;
-
  private:
+  struct Impl;
   explicit RegionSync(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -69,10 +69,12 @@ struct RegionSync::Impl {
   RawClient* raw;
   RegionSyncOptions options;
   std::unique_ptr<Scheduler> sched;
-  std::map<std::string, PeerId> peers;        // farmemd address -> peer
-  std::map<std::string, Handle> handles;      // name -> resolved cell
-  std::map<std::string, uint64_t> held;       // mutex name -> the ticket this RegionSync holds
-  std::map<std::string, uint64_t> bell_seen;  // bell name -> value the last wait returned
+  std::map<std::string, PeerId> peers;    // farmemd address -> peer
+  std::map<std::string, Handle> handles;  // name -> resolved cell
+  std::map<std::string, uint64_t> held;   // mutex name -> the ticket this RegionSync holds
+  // Bell name -> {cell nonce, value the last wait returned}: a name deleted and created again
+  // (another cell) starts from 0 again.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> bell_seen;
   std::mt19937_64 rng{std::random_device{}() ^
                       static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
 
@@ -131,6 +133,23 @@ struct RegionSync::Impl {
       co_return Status::NotFound("regions sync: '" + h.name + "' was deleted");
     }
     co_return c;
+  }
+
+  // Resolve + a first read of the cell. A cached handle whose cell is gone (the name was deleted,
+  // perhaps created again) is looked up once more in the store before giving NotFound.
+  Task<Result<Handle>> Fresh(const std::string& name, Kind kind, Cell* first) {
+    const bool cached = handles.count(name) != 0;
+    auto h = Resolve(name, kind);
+    if (!h.ok()) co_return h.status();
+    auto c = co_await ReadCell(*h);
+    if (!c.ok() && c.status().code() == Code::kNotFound && cached) {
+      h = Resolve(name, kind);
+      if (!h.ok()) co_return h.status();
+      c = co_await ReadCell(*h);
+    }
+    if (!c.ok()) co_return c.status();
+    *first = *c;
+    co_return *h;
   }
 
   // Sleeps the next backoff step (never past the deadline); false once the deadline passed.
@@ -200,10 +219,9 @@ struct RegionSync::Impl {
 
   Task<Status> BarrierWait(std::string name, std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    auto h = Resolve(name, Kind::kBarrier);
+    Cell cell0{};
+    auto h = co_await Fresh(name, Kind::kBarrier, &cell0);
     if (!h.ok()) co_return h.status();
-    auto first = co_await ReadCell(*h);
-    if (!first.ok()) co_return first.status();
     auto c = co_await sched->fetch_add(Word(h->cell, offsetof(Cell, counter)), 1);
     if (!c.ok()) co_return c.status();
     const uint64_t n = h->record.parties;
@@ -264,10 +282,10 @@ struct RegionSync::Impl {
       co_return Status::FailedPrecondition("regions sync: mutex '" + name +
                                            "' is already held by this RegionSync");
     }
-    auto h = Resolve(name, Kind::kMutex);
+    Cell cell0{};
+    auto h = co_await Fresh(name, Kind::kMutex, &cell0);
     if (!h.ok()) co_return h.status();
-    auto first = co_await ReadCell(*h);
-    if (!first.ok()) co_return first.status();
+    const Cell* first = &cell0;
     if (first->counter - first->serving >= kMaxMutexWaiters - 1) {
       co_return Status::ResourceExhausted("regions sync: mutex '" + name + "' has " +
                                           std::to_string(kMaxMutexWaiters - 1) +
@@ -322,10 +340,9 @@ struct RegionSync::Impl {
   }
 
   Task<Result<uint64_t>> BellRing(std::string name) {
-    auto h = Resolve(name, Kind::kBell);
+    Cell cell0{};
+    auto h = co_await Fresh(name, Kind::kBell, &cell0);
     if (!h.ok()) co_return h.status();
-    auto first = co_await ReadCell(*h);
-    if (!first.ok()) co_return first.status();
     auto v = co_await sched->fetch_add(Word(h->cell, offsetof(Cell, counter)), 1);
     if (!v.ok()) co_return v.status();
     co_return *v + 1;
@@ -333,16 +350,19 @@ struct RegionSync::Impl {
 
   Task<Result<uint64_t>> BellWait(std::string name, std::chrono::milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
-    auto h = Resolve(name, Kind::kBell);
+    Cell cell0{};
+    auto h = co_await Fresh(name, Kind::kBell, &cell0);
     if (!h.ok()) co_return h.status();
-    const uint64_t last = bell_seen[name];
+    auto seen = bell_seen.find(name);
+    const uint64_t last =
+        seen != bell_seen.end() && seen->second.first == h->record.nonce ? seen->second.second : 0;
     const bool no_wait = testing::GetSyncFault() == testing::SyncFault::kBellNoWait;
     std::chrono::microseconds step = options.backoff_min;
     while (true) {
       auto cell = co_await ReadCell(*h);
       if (!cell.ok()) co_return cell.status();
       if (cell->counter != last || no_wait) {
-        bell_seen[name] = cell->counter;
+        bell_seen[name] = {h->record.nonce, cell->counter};
         co_return cell->counter;
       }
       if (!co_await Backoff(&step, deadline)) {

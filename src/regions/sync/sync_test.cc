@@ -227,6 +227,22 @@ TEST_F(SyncTest, BellWaitReturnsEachChangeAndTimesOut) {
   EXPECT_EQ(*v, 3u);
 }
 
+TEST_F(SyncTest, BellCreatedAgainStartsFromZeroForWaiters) {
+  ASSERT_TRUE(User(0).rbell_init("again").ok());
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(User(0).rbell_ring("again").ok());
+  auto v = User(1).rbell_wait("again", 5s);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, 3u);
+  // Deleted and created again by another user: a new cell, counted from 0.
+  ASSERT_TRUE(User(0).rdelete("again").ok());
+  ASSERT_TRUE(User(0).rbell_init("again").ok());
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(User(0).rbell_ring("again").ok());
+  // User 1's cached handle is stale: it looks the name up again and waits on the new cell.
+  v = User(1).rbell_wait("again", 5s);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 3u);
+}
+
 TEST_F(SyncTest, ErrorsNameTheProblem) {
   RegionSync& s = User(0);
   EXPECT_EQ(s.rbarrier_wait("nope", 10ms).code(), Code::kNotFound);
