@@ -25,6 +25,8 @@ set(FARMEM_INSTALLED_LIBS
     farmem_regions_fs
     farmem_regions_engine
     farmem_regions_format
+    farmem_regions_sync
+    farmem_regions_rmalloc
     farmem_server
     farmem_cluster
     farmem_objects_service
