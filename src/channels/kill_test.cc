@@ -1,9 +1,10 @@
-// A participant process SIGKILLed in the middle of using a ringbuffer, a shared queue and a
-// kvstore: nodes 1 and 2 live in the test process, node 3 in a child process (this binary re-run
-// with FARMEM_CHANNELS_CHILD set, running the disabled test ChannelsKillChild.DISABLED_Node3).
-// The survivors get errors within their deadlines, never a hang or a stale value. On fabric:shm
-// the child is first made idle (see KillTest below): libfabric 1.17's shm provider cannot survive
-// a process killed inside it (docs/channels.md, "Failures").
+// A participant process SIGKILLed in the middle of using a ringbuffer, a shared queue, a
+// kvstore, an owned and an atomic variable, a ticket lock (and holding another), after a barrier:
+// nodes 1 and 2 live in the test process, node 3 in a child process (this binary re-run with
+// FARMEM_CHANNELS_CHILD set, running the disabled test ChannelsKillChild.DISABLED_Node3). The
+// survivors get errors within their deadlines, never a hang or a stale value. On fabric:shm the
+// child is first made idle (see KillTest below): libfabric 1.17's shm provider cannot survive a
+// process killed inside it (docs/channels.md, "Failures").
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -35,6 +36,12 @@ struct KillChannels {
   std::unique_ptr<KvStore> kv;
   std::vector<RingBuffer> ring;    // one element: producer node 1
   std::vector<SharedQueue> queue;  // one element: homed at node 3
+  // One element each.
+  std::vector<Barrier> barrier;
+  std::vector<TicketLock> lock3;          // homed at node 3, taken and released by the child
+  std::vector<TicketLock> held;           // homed at node 1, taken by the child and never released
+  std::vector<AtomicVar> atom;            // homed at node 3
+  std::vector<OwnedVar<uint64_t>> owned;  // owned by node 3
 };
 
 Status OpenKillChannels(ChannelThread& thr, KillChannels* out) {
@@ -47,13 +54,32 @@ Status OpenKillChannels(ChannelThread& thr, KillChannels* out) {
   if (!r.ok()) return r.status();
   auto q = SharedQueue::Open(thr, "kill/queue", 3, {1, 2, 3}, 64);
   if (!q.ok()) return q.status();
+  auto b = Barrier::Open(thr, "kill/bar", {1, 2, 3});
+  if (!b.ok()) return b.status();
+  auto l3 = TicketLock::Open(thr, "kill/lock3", 3, {1, 2, 3});
+  if (!l3.ok()) return l3.status();
+  auto held = TicketLock::Open(thr, "kill/held", 1, {1, 2, 3});
+  if (!held.ok()) return held.status();
+  auto atom = AtomicVar::Open(thr, "kill/atom", 3, {1, 2, 3});
+  if (!atom.ok()) return atom.status();
+  auto owned = OwnedVar<uint64_t>::Open(thr, "kill/owned", 3, {1, 2, 3});
+  if (!owned.ok()) return owned.status();
   out->kv = std::move(*kv);
   out->ring.push_back(std::move(*r));
   out->queue.push_back(*q);
-  Status st = out->kv->wait_ready(20s);
-  if (st.ok()) st = out->ring[0].wait_ready(20s);
-  if (st.ok()) st = out->queue[0].wait_ready(20s);
-  return st;
+  out->barrier.push_back(std::move(*b));
+  out->lock3.push_back(std::move(*l3));
+  out->held.push_back(std::move(*held));
+  out->atom.push_back(std::move(*atom));
+  out->owned.push_back(std::move(*owned));
+  for (Status st : {out->kv->wait_ready(20s), out->ring[0].wait_ready(20s),
+                    out->queue[0].wait_ready(20s), out->barrier[0].wait_ready(20s),
+                    out->lock3[0].wait_ready(20s), out->held[0].wait_ready(20s),
+                    out->atom[0].wait_ready(20s), out->owned[0].wait_ready(20s)}) {
+    if (!st.ok()) return st;
+  }
+  // Every participant passes one barrier episode before the child is killed.
+  return out->barrier[0].arrive_and_wait(thr, 20s);
 }
 
 // True once a byte can be read from `fd` (waits up to `timeout_ms`).
@@ -96,6 +122,8 @@ TEST(ChannelsKillChild, DISABLED_Node3) {
   KillChannels ch;
   Status st = OpenKillChannels(**thr, &ch);
   ASSERT_TRUE(st.ok()) << st.ToString();
+  // Taken for good: the child dies holding it.
+  ASSERT_TRUE(ch.held[0].lock(**thr, 20s).ok());
   ASSERT_TRUE(ch.kv->insert(**thr, kChildKey, 1).ok());
   const auto end = Clock::now() + 60s;
   uint8_t buf[8];
@@ -112,6 +140,12 @@ TEST(ChannelsKillChild, DISABLED_Node3) {
     (void)ch.kv->update(**thr, kChildKey, i);
     (void)ch.kv->get(**thr, 1000 + i % 8);
     (void)ch.queue[0].pop(**thr, 1ms);
+    (void)ch.atom[0].fetch_add(**thr, 1);
+    if (ch.owned[0].store(i).ok()) {
+      auto k = ch.owned[0].push(**thr);
+      if (k.ok()) (void)(*thr)->wait(*k, 200ms);
+    }
+    if (ch.lock3[0].lock(**thr, 200ms).ok()) (void)ch.lock3[0].unlock(**thr, 200ms);
   }
 }
 
@@ -244,6 +278,12 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
     for (uint64_t key = 2000; key < 2008 && st.ok(); key++) st = kv1.insert(t1, key, 1);
     return st;
   });
+  timed("barrier", [&] { return ch[0].barrier[0].arrive_and_wait(t1, 500ms); });
+  timed("ticket lock homed at the dead node", [&] { return ch[0].lock3[0].lock(t1, 500ms); });
+  timed("ticket lock the dead node held", [&] { return ch[0].held[0].lock(t1, 500ms); });
+  timed("atomic var homed at the dead node",
+        [&] { return ch[0].atom[0].fetch_add(t1, 1).status(); });
+  timed("owned var pull from the dead owner", [&] { return ch[0].owned[0].pull(t1).status(); });
   // Values on the survivors still read.
   auto v = ch[1].kv->get(*M(2).thr, 1001);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
