@@ -60,7 +60,7 @@ inline CLI::App* AddChannelsNodeCommand(CLI::App& bench, ChannelsNodeOptions& o)
   cmd->add_option("--backend", o.backend);
   cmd->add_option("--workload", o.workload)
       ->required()
-      ->check(CLI::IsMember({"transfer", "lock", "barrier", "fence"}));
+      ->check(CLI::IsMember({"transfer", "lock", "barrier", "fence", "kvget", "kvwrite"}));
   cmd->add_option("--seconds", o.seconds)->check(CLI::Range(0.01, 3600.0));
   cmd->add_option("--accounts", o.accounts)->check(CLI::Range(2L, 100000000L));
   cmd->add_option("--locks-per-node", o.locks_per_node)->check(CLI::Range(1, 4096));

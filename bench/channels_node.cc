@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,10 +18,12 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_stats.h"
+#include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
 #include "channels_bench.h"
 #include "farmem/channels.h"
 #include "farmem/node.h"
+#include "zipf.h"
 
 namespace farmem {
 namespace {
@@ -364,6 +368,186 @@ Status Fence(Participant& p, nlohmann::json& out) {
   return Status::OK();
 }
 
+// The kvstore workloads: kKvKeys keys of kKvValueBytes, key k inserted by node k % n + 1 (its
+// value lives there, in slot k / n); word i of key k's value is k * 4 + i (checked on every get).
+constexpr uint64_t kKvKeys = 1200;
+constexpr size_t kKvValueWords = 4;
+constexpr size_t kKvValueBytes = 8 * kKvValueWords;
+using KvValue = std::array<uint64_t, kKvValueWords>;
+
+KvValue KvValueOf(uint64_t key, uint64_t version) {
+  KvValue v;
+  for (size_t i = 0; i < kKvValueWords; i++) v[i] = key * 4 + i + (version << 32);
+  return v;
+}
+
+// The store, and a plain channel of the same slot size and placement (the raw-read and the
+// test-and-set baselines): key k's slot there is at raw_base[home - 1] + slot_bytes * (k / n).
+struct KvBench {
+  std::unique_ptr<channels::KvStore> kv;
+  channels::Channel raw;
+  std::vector<uint64_t> raw_base;  // per member
+  size_t slot_bytes = channels::wire::KvSlotBytes(kKvValueWords);
+  NodeId Home(uint64_t k) const { return static_cast<NodeId>(k % raw_base.size() + 1); }
+  uint64_t RawOffset(uint64_t k) const {
+    return raw_base[k % raw_base.size()] + slot_bytes * (k / raw_base.size());
+  }
+};
+
+// Opens both and inserts this node's keys.
+Status KvSetup(Participant& p, KvBench* b) {
+  std::unique_ptr<channels::KvStore>* kv = &b->kv;
+  channels::Channel* raw = &b->raw;
+  ChannelThread& t = *p.thr;
+  const uint64_t n = p.members.size();
+  channels::KvConfig c;
+  c.value_bytes = kKvValueBytes;
+  c.slots_per_node = kKvKeys / n + 16;
+  c.timeout = kOpTimeout;
+  auto store = channels::KvStore::Open(t, "kv/bench", p.members, c);
+  if (!store.ok()) return store.status();
+  *kv = std::move(*store);
+  auto ch = channels::Channel::Open(t, "kv/raw", p.members,
+                                    channels::wire::KvSlotBytes(kKvValueWords) * c.slots_per_node);
+  if (!ch.ok()) return ch.status();
+  *raw = std::move(*ch);
+  if (Status st = (*kv)->wait_ready(kReadyTimeout); !st.ok()) return st;
+  if (Status st = raw->wait_ready(kReadyTimeout); !st.ok()) return st;
+  for (NodeId m : p.members) {
+    auto off = raw->slice_offset(m);
+    if (!off.ok()) return off.status();
+    b->raw_base.push_back(*off);
+  }
+  for (uint64_t k = p.self - 1; k < kKvKeys; k += n) {
+    const KvValue v = KvValueOf(k, 0);
+    if (Status st = (*kv)->insert(t, k, std::as_bytes(std::span<const uint64_t>(v))); !st.ok())
+      return st;
+  }
+  return p.Sync();  // every key is in every index
+}
+
+// Blocks of `a` and `b` (each returns its op count) alternate for `rounds`, order flipped every
+// round; per-block rates in ops/s.
+Status Alternate(const ChannelsNodeOptions& o, const std::function<Result<long>(double)>& a,
+                 const std::function<Result<long>(double)>& b, std::vector<double>* ra,
+                 std::vector<double>* rb) {
+  for (int r = 0; r < o.rounds; r++) {
+    for (int side = 0; side < 2; side++) {
+      const bool first_a = r % 2 == 0;
+      const bool is_a = (side == 0) == first_a;
+      const auto t0 = Clock::now();
+      auto ops = is_a ? a(o.seconds) : b(o.seconds);
+      if (!ops.ok()) return ops.status();
+      (is_a ? ra : rb)->push_back(static_cast<double>(*ops) / SecondsSince(t0));
+    }
+  }
+  return Status::OK();
+}
+
+// Uniform gets: the kvstore's (index lookup, one one-sided read of the slot, checksum, valid and
+// counter checks) against a raw one-sided read of the same number of bytes at the same place.
+Status KvGet(Participant& p, nlohmann::json& out) {
+  ChannelThread& t = *p.thr;
+  KvBench b;
+  if (Status st = KvSetup(p, &b); !st.ok()) return st;
+  bench::SplitMix64 rng(p.self * 7919);
+  long bad = 0;
+  auto kv_block = [&](double seconds) -> Result<long> {
+    long ops = 0;
+    KvValue v;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      const uint64_t k = rng.Below(kKvKeys);
+      Status st = b.kv->get(t, k, std::as_writable_bytes(std::span<uint64_t>(v)));
+      if (!st.ok()) return st;
+      bad += v != KvValueOf(k, 0);
+      ops++;
+    }
+    return ops;
+  };
+  auto raw_block = [&](double seconds) -> Result<long> {
+    long ops = 0;
+    uint64_t buf[channels::wire::KvSlotBytes(kKvValueWords) / 8];
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      const uint64_t k = rng.Below(kKvKeys);
+      Status st = t.read_sync(b.Home(k), b.RawOffset(k), buf, b.slot_bytes);
+      if (!st.ok()) return st;
+      ops++;
+    }
+    return ops;
+  };
+  std::vector<double> kv_rates, raw_rates;
+  if (Status st = Alternate(p.o, kv_block, raw_block, &kv_rates, &raw_rates); !st.ok()) return st;
+  if (Status st = p.Sync(); !st.ok()) return st;
+  out["kv_rates"] = kv_rates;
+  out["raw_rates"] = raw_rates;
+  out["bad_values"] = bad;
+  return Status::OK();
+}
+
+// Zipf 0.99 updates of the same keys: the kvstore's update (its per-key ticket lock, value write,
+// update fence, release) against a test-and-set lock word next to the data (CAS 0 -> 1 until it
+// succeeds, write the value, fence, CAS 1 -> 0) in the raw channel's slot of the key.
+Status KvWrite(Participant& p, nlohmann::json& out) {
+  ChannelThread& t = *p.thr;
+  KvBench b;
+  if (Status st = KvSetup(p, &b); !st.ok()) return st;
+  const bench::ZipfGenerator zipf(kKvKeys, 0.99);
+  bench::SplitMix64 rng(p.self * 104729);
+  uint64_t version = 0;
+  long tas_retries = 0;
+  auto ticket_block = [&](double seconds) -> Result<long> {
+    long ops = 0;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      const uint64_t k = zipf.Next(rng);
+      const KvValue v = KvValueOf(k, ++version);
+      Status st = b.kv->update(t, k, std::as_bytes(std::span<const uint64_t>(v)));
+      if (!st.ok()) return st;
+      ops++;
+    }
+    return ops;
+  };
+  auto tas_block = [&](double seconds) -> Result<long> {
+    long ops = 0;
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      const uint64_t k = zipf.Next(rng);
+      const NodeId home = b.Home(k);
+      const uint64_t off = b.RawOffset(k);
+      const auto give_up = Clock::now() + kLockTimeout;
+      for (;;) {
+        uint64_t old = 1;
+        auto cas = t.compare_swap(home, off, 0, 1, &old);
+        if (!cas.ok()) return cas.status();
+        if (Status st = t.wait(*cas, kOpTimeout); !st.ok()) return st;
+        if (old == 0) break;
+        tas_retries++;
+        if (Clock::now() > give_up) return Status::TimedOut("test-and-set lock: not acquired");
+      }
+      const KvValue v = KvValueOf(k, ++version);
+      auto w = t.write(home, off + 8, v.data(), sizeof(v));
+      if (!w.ok()) return w.status();
+      if (Status st = t.fence_pair(home, kOpTimeout); !st.ok()) return st;
+      uint64_t old = 0;
+      auto rel = t.compare_swap(home, off, 1, 0, &old);
+      if (!rel.ok()) return rel.status();
+      if (Status st = t.wait(*rel, kOpTimeout); !st.ok()) return st;
+      ops++;
+    }
+    return ops;
+  };
+  std::vector<double> ticket_rates, tas_rates;
+  if (Status st = Alternate(p.o, ticket_block, tas_block, &ticket_rates, &tas_rates); !st.ok())
+    return st;
+  if (Status st = p.Sync(); !st.ok()) return st;
+  out["ticket_rates"] = ticket_rates;
+  out["tas_rates"] = tas_rates;
+  out["tas_retries"] = tas_retries;  // failed CASes of the test-and-set lock
+  return Status::OK();
+}
+
 }  // namespace
 
 int RunChannelsNode(const ChannelsNodeOptions& o) {
@@ -383,6 +567,8 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     if (o.workload == "lock") st = Lock(p, out);
     if (o.workload == "barrier") st = BarrierLatency(p, out);
     if (o.workload == "fence") st = Fence(p, out);
+    if (o.workload == "kvget") st = KvGet(p, out);
+    if (o.workload == "kvwrite") st = KvWrite(p, out);
   }
   // A last barrier: nobody stops its node while a peer still reads from it.
   if (st.ok()) st = p.Sync();

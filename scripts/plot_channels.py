@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Plot or tabulate the JSON written by `farmem bench channels`: per-round farmem vs Open MPI for
-# the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, and
-# the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
+# the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, the
+# kvstore's gets (vs raw one-sided reads and Redis) and Zipf writes (ticket vs test-and-set lock)
+# when the JSON has them, and the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
 import json
 import os
 import sys
@@ -36,7 +37,9 @@ def plot(doc, out):
     panels = [("transfer", "transfers/s", "transfer transactions", doc["targets"][0]),
               ("lock", "acquisitions/s", "contended lock RMW", doc["targets"][1]),
               ("barrier", "p50 (us)", "barrier p50", doc["targets"][3])]
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4.3))
+    kv = runs.get("kvstore")
+    fig, grid = plt.subplots(2 if kv else 1, 4, figsize=(17, 8.6 if kv else 4.3), squeeze=False)
+    axes = grid[0]
     w = 0.38
     for ax, (key, unit, title, t) in zip(axes, panels):
         f = [v if v is not None else 0 for v in runs[key]["farmem_values"]]
@@ -60,6 +63,8 @@ def plot(doc, out):
     ax.set_ylabel("updates/s (3 nodes)")
     ax.set_title(f"update fence: time {fmt_ratio(t)} {t['result']}\n({t['limit']})", fontsize=9)
     ax.legend(fontsize=8)
+    if kv:
+        plot_kvstore(doc, kv, grid[1], w)
     c = doc["config"]
     safety = doc["targets"][5]
     wire = c["mpi_wire"]
@@ -70,6 +75,41 @@ def plot(doc, out):
                  f"{safety['result']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+def plot_kvstore(doc, kv, axes, w):
+    by_name = {t["name"]: t for t in doc["targets"]}
+    t_redis = next(t for n, t in by_name.items() if n.startswith("kvstore gets") and "Redis" in n)
+    t_raw = next(t for n, t in by_name.items() if n.startswith("kvstore gets vs a raw"))
+    t_zipf = next(t for n, t in by_name.items() if n.startswith("kvstore Zipf"))
+    ax = axes[0]
+    series = [("kvstore get", kv["kv_get_rates"]), ("raw one-sided read", kv["raw_get_rates"]),
+              ("Redis GET", kv["redis_get_rates"])]
+    xs = list(range(1, len(kv["kv_get_rates"]) + 1))
+    bw = 0.26
+    for i, (label, vals) in enumerate(series):
+        ax.bar([x + (i - 1) * bw for x in xs], [v or 0 for v in vals], bw, label=label)
+    ax.set_xticks(xs)
+    ax.set_xlabel("round")
+    ax.set_ylabel("gets/s (3 nodes x 1 in flight)")
+    ax.set_title(f"kvstore gets ({kv['value_bytes']} B, {kv['keys']} keys): vs Redis "
+                 f"{fmt_ratio(t_redis)} {t_redis['result']}\nvs raw read {fmt_ratio(t_raw)} "
+                 f"{t_raw['result']}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    xs = list(range(1, len(kv["ticket_write_rates"]) + 1))
+    ax.bar([x - w / 2 for x in xs], [v or 0 for v in kv["ticket_write_rates"]], w,
+           label="kvstore update (ticket lock)")
+    ax.bar([x + w / 2 for x in xs], [v or 0 for v in kv["tas_write_rates"]], w,
+           label="test-and-set lock + write")
+    ax.set_xticks(xs)
+    ax.set_xlabel("round")
+    ax.set_ylabel("updates/s (3 nodes)")
+    ax.set_title(f"kvstore Zipf 0.99 writes: {fmt_ratio(t_zipf)} {t_zipf['result']}\n"
+                 f"({t_zipf['limit']})", fontsize=9)
+    ax.legend(fontsize=8)
+    for ax in axes[2:]:
+        ax.axis("off")
 
 
 def main():

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -414,15 +415,18 @@ struct KvConfig {
   size_t tracker_capacity = 64;
   // Deadline of each blocking step (lock, acknowledgements, torn-read retries).
   std::chrono::milliseconds timeout{5000};
+  // Bytes of every value (the same on every member; 1..4096). Values longer than a word are read
+  // whole or not at all: a get that overlaps an update fails the slot's checksum and reads again.
+  size_t value_bytes = 8;
 };
 
-// LOCO's key-value store (not replicated): 64-bit keys and values. A value lives in a slot
-// {key, counter, value, checksum, valid} on the node that inserted it; every node keeps a full
-// local index key -> (node, slot, counter), updated by a tracker thread that applies the
-// inserts/deletes every node broadcasts on its tracker ringbuffer. Modifications take the key's
-// ticket lock; get takes none: one one-sided read, checked by checksum (torn: retry), valid and
-// counter (stale: not found). Linearizable (docs/channels.md, "Kvstore"). Any number of local
-// threads may call it, each with its own ChannelThread.
+// LOCO's key-value store (not replicated): 64-bit keys, values of KvConfig::value_bytes. A value
+// lives in a slot {key, counter, valid, value words, checksum} on the node that inserted it; every
+// node keeps a full local index key -> (node, slot, counter), updated by a tracker thread that
+// applies the inserts/deletes every node broadcasts on its tracker ringbuffer. Modifications take
+// the key's ticket lock; get takes none: one one-sided read, checked by checksum (torn: retry),
+// valid and counter (stale: not found). Linearizable (docs/channels.md, "Kvstore"). Any number of
+// local threads may call it, each with its own ChannelThread.
 class KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> Open(ChannelThread& thread, std::string name,
@@ -433,11 +437,16 @@ class KvStore {
   Status wait_ready(std::chrono::milliseconds timeout) const;
 
   // kFailedPrecondition when the key is present; kResourceExhausted when this node has no free
-  // slot.
-  Status insert(ChannelThread& thread, uint64_t key, uint64_t value);
+  // slot. `value` must be exactly value_bytes long (kInvalidArgument otherwise).
+  Status insert(ChannelThread& thread, uint64_t key, std::span<const std::byte> value);
   // kNotFound when the key is absent.
-  Status update(ChannelThread& thread, uint64_t key, uint64_t value);
+  Status update(ChannelThread& thread, uint64_t key, std::span<const std::byte> value);
   Status erase(ChannelThread& thread, uint64_t key);
+  // Copies the value into `out` (exactly value_bytes long); kNotFound when the key is absent.
+  Status get(ChannelThread& thread, uint64_t key, std::span<std::byte> out);
+  // The same for one-word values (value_bytes == 8; kInvalidArgument otherwise).
+  Status insert(ChannelThread& thread, uint64_t key, uint64_t value);
+  Status update(ChannelThread& thread, uint64_t key, uint64_t value);
   Result<uint64_t> get(ChannelThread& thread, uint64_t key);
 
  private:
@@ -451,6 +460,7 @@ class KvStore {
   void apply(const uint64_t* msg);
   bool lookup(uint64_t key, IndexEntry* e) const;
   Result<uint64_t> slot_offset(NodeId node, uint64_t slot) const;
+  Status check_value_bytes(size_t n) const;
   Status locked(ChannelThread& thread, uint64_t key, bool fence,
                 const std::function<Status()>& body);
   Status broadcast(ChannelThread& thread, const uint64_t* msg);
@@ -461,6 +471,8 @@ class KvStore {
   Channel ch_;
   std::vector<NodeId> members_;
   size_t lock_bytes_ = 0;             // lock area at the start of every member's slice
+  size_t value_words_ = 1;            // value_bytes rounded up to words
+  size_t slot_bytes_ = 0;             // wire::KvSlotBytes(value_words_)
   std::vector<RingBuffer> trackers_;  // index i: producer members_[i]
   size_t self_index_ = 0;
   mutable std::shared_mutex index_mu_;

@@ -74,16 +74,22 @@ struct QueueSlot {
 };
 static_assert(sizeof(QueueSlot) == 16);
 
-// KvStore value slot (on the node that inserted the value).
-struct KvSlot {
+// KvStore value slot (on the node that inserted the value): this header, then the value padded to
+// words (KvConfig::value_bytes, the same on every member), then the checksum word (of counter;
+// key, value words). The value words and the checksum are adjacent so that update writes both in
+// one write; a get that sees some of the new words and some old ones fails the checksum.
+struct KvSlotHeader {
   uint64_t key;
   uint64_t counter;  // bumped by every insert into this slot
-  uint64_t value;
-  uint64_t checksum;  // of counter; key, value
-  uint64_t valid;     // 1 once the insert is linearized, 0 after a delete
+  uint64_t valid;    // 1 once the insert is linearized, 0 after a delete
 };
-static_assert(sizeof(KvSlot) == 40);
-static_assert(offsetof(KvSlot, value) == 16 && offsetof(KvSlot, valid) == 32);
+static_assert(sizeof(KvSlotHeader) == 24);
+static_assert(offsetof(KvSlotHeader, valid) == 16);
+// Bytes of one slot holding `value_words` value words: header, value, checksum.
+constexpr size_t KvSlotBytes(size_t value_words) {
+  return sizeof(KvSlotHeader) + 8 * value_words + 8;
+}
+static_assert(KvSlotBytes(1) == 40);
 
 // KvStore tracker record (payload of a node's tracker ringbuffer).
 enum class KvTrackerOp : uint64_t { kInsert = 1, kDelete = 2 };

@@ -22,6 +22,8 @@ void SetQueueWaitDisabled(bool disabled);
 void SetKvAcksDisabled(bool disabled);
 // TEST ONLY: KvStore::update releases the key's lock without the update fence.
 void SetKvUpdateFenceDisabled(bool disabled);
+// TEST ONLY: KvStore::get accepts a slot without checking its checksum (shows torn values).
+void SetKvChecksumDisabled(bool disabled);
 }  // namespace testing
 
 }  // namespace farmem::channels

@@ -4,11 +4,15 @@
 // gets), the free slots under slots_mu_, this node's tracker ring producer under ring_mu_.
 //
 // Every member's slice: [lock area: ceil(locks / n) wire::TicketWords, lock i at member i % n,
-// index i / n][slots_per_node wire::KvSlot]. Tracker records: wire::KvTrackerRecord.
+// index i / n][slots_per_node slots of wire::KvSlotBytes(value words): wire::KvSlotHeader, value
+// words, checksum]. Tracker records: wire::KvTrackerRecord.
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
@@ -20,7 +24,8 @@ using Clock = std::chrono::steady_clock;
 using detail::Checksum;
 
 namespace {
-constexpr size_t kSlotWords = sizeof(wire::KvSlot) / 8;
+constexpr size_t kHeaderWords = sizeof(wire::KvSlotHeader) / 8;
+constexpr size_t kMaxValueBytes = 4096;
 constexpr uint64_t kOpInsert = static_cast<uint64_t>(wire::KvTrackerOp::kInsert);
 constexpr uint64_t kOpDelete = static_cast<uint64_t>(wire::KvTrackerOp::kDelete);
 constexpr size_t kMsgWords = sizeof(wire::KvTrackerRecord) / 8;
@@ -33,16 +38,35 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-uint64_t SlotChecksum(uint64_t key, uint64_t counter, uint64_t value) {
-  const uint64_t words[2] = {key, value};
-  return Checksum(counter, words, 2);
+// Checksum of a slot's counter, value words and key (chained: the value words are not adjacent
+// to the key in the slot).
+uint64_t SlotChecksum(uint64_t key, uint64_t counter, const uint64_t* value, size_t words) {
+  const uint64_t inner = Checksum(counter, value, words);
+  return Checksum(key, &inner, 1);
 }
+
+// A slot-sized word buffer, on the stack for small values (gets are the hot path).
+class SlotBuffer {
+ public:
+  explicit SlotBuffer(size_t words)
+      : big_(words > kSmall ? std::make_unique<uint64_t[]>(words) : nullptr) {}
+  uint64_t* data() { return big_ ? big_.get() : small_; }
+
+ private:
+  static constexpr size_t kSmall = 16;
+  uint64_t small_[kSmall] = {};
+  std::unique_ptr<uint64_t[]> big_;
+};
 }  // namespace
 
 Result<std::unique_ptr<KvStore>> KvStore::Open(ChannelThread& thread, std::string name,
                                                std::vector<NodeId> members, KvConfig config) {
   if (config.slots_per_node == 0 || config.locks == 0 || config.tracker_capacity == 0) {
     return Status::InvalidArgument("kvstore: slots, locks and tracker capacity must be > 0");
+  }
+  if (config.value_bytes == 0 || config.value_bytes > kMaxValueBytes) {
+    return Status::InvalidArgument("kvstore: value_bytes must be 1.." +
+                                   std::to_string(kMaxValueBytes));
   }
   std::sort(members.begin(), members.end());
   members.erase(std::unique(members.begin(), members.end()), members.end());
@@ -56,8 +80,10 @@ Result<std::unique_ptr<KvStore>> KvStore::Open(ChannelThread& thread, std::strin
   kv->self_index_ = static_cast<size_t>(me - members.begin());
   kv->lock_bytes_ =
       sizeof(wire::TicketWords) * ((config.locks + members.size() - 1) / members.size());
+  kv->value_words_ = (config.value_bytes + 7) / 8;
+  kv->slot_bytes_ = wire::KvSlotBytes(kv->value_words_);
   auto ch = Channel::Open(thread, name, members,
-                          kv->lock_bytes_ + 8 * kSlotWords * config.slots_per_node);
+                          kv->lock_bytes_ + kv->slot_bytes_ * config.slots_per_node);
   if (!ch.ok()) return ch.status();
   kv->ch_ = std::move(*ch);
   for (NodeId producer : members) {
@@ -151,7 +177,14 @@ bool KvStore::lookup(uint64_t key, IndexEntry* e) const {
 Result<uint64_t> KvStore::slot_offset(NodeId node, uint64_t slot) const {
   auto off = ch_.slice_offset(node);
   if (!off.ok()) return off.status();
-  return *off + lock_bytes_ + 8 * kSlotWords * slot;
+  return *off + lock_bytes_ + slot_bytes_ * slot;
+}
+
+Status KvStore::check_value_bytes(size_t n) const {
+  if (n == config_.value_bytes) return Status::OK();
+  return Status::InvalidArgument("kvstore '" + name_ + "': values are " +
+                                 std::to_string(config_.value_bytes) + " bytes, not " +
+                                 std::to_string(n));
 }
 
 // Runs `body` holding the key's ticket lock; the release fences first when `fence` (the caller's
@@ -185,7 +218,9 @@ Status KvStore::broadcast(ChannelThread& thread, const uint64_t* msg) {
   return trackers_[self_index_].wait_released(thread, seq, config_.timeout);
 }
 
-Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
+Status KvStore::insert(ChannelThread& thread, uint64_t key, std::span<const std::byte> value) {
+  Status bad = check_value_bytes(value.size());
+  if (!bad.ok()) return bad;
   return locked(thread, key, /*fence=*/true, [&]() -> Status {
     IndexEntry e;
     if (lookup(key, &e)) {
@@ -206,8 +241,12 @@ Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
     auto off = slot_offset(self_, slot);
     if (!off.ok()) return off.status();
     // The slot, not yet valid: a get that finds the new index entry early reads "absent".
-    const uint64_t rec[kSlotWords] = {key, counter, value, SlotChecksum(key, counter, value), 0};
-    auto k = thread.write(self_, *off, rec, sizeof(rec));
+    std::vector<uint64_t> rec(slot_bytes_ / 8, 0);
+    rec[0] = key;
+    rec[1] = counter;
+    std::memcpy(&rec[kHeaderWords], value.data(), value.size());
+    rec[kHeaderWords + value_words_] = SlotChecksum(key, counter, &rec[kHeaderWords], value_words_);
+    auto k = thread.write(self_, *off, rec.data(), slot_bytes_);
     if (!k.ok()) return k.status();
     Status s = thread.wait(*k, config_.timeout);
     if (!s.ok()) return s;
@@ -220,13 +259,15 @@ Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
     if (!s.ok()) return s.WithContext("kvstore '" + name_ + "' insert");
     // Linearization point: every index has the entry, so no get that starts after this can miss.
     const uint64_t valid = 1;
-    k = thread.write(self_, *off + offsetof(wire::KvSlot, valid), &valid, 8);
+    k = thread.write(self_, *off + offsetof(wire::KvSlotHeader, valid), &valid, 8);
     if (!k.ok()) return k.status();
     return thread.wait(*k, config_.timeout);
   });
 }
 
-Status KvStore::update(ChannelThread& thread, uint64_t key, uint64_t value) {
+Status KvStore::update(ChannelThread& thread, uint64_t key, std::span<const std::byte> value) {
+  Status bad = check_value_bytes(value.size());
+  if (!bad.ok()) return bad;
   // The update fence: the value write is placed before the lock is released (and before update
   // returns), so a get that starts later reads it.
   const bool fence = !g_kv_update_fence_disabled.load(std::memory_order_relaxed);
@@ -237,9 +278,13 @@ Status KvStore::update(ChannelThread& thread, uint64_t key, uint64_t value) {
     }
     auto off = slot_offset(e.node, e.slot);
     if (!off.ok()) return off.status();
-    // Value and checksum in one write (placed at the value's home: the linearization point).
-    const uint64_t words[2] = {value, SlotChecksum(key, e.counter, value)};
-    auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, value), words, sizeof(words));
+    // Value words and checksum in one write (placed at the value's home: the linearization
+    // point).
+    std::vector<uint64_t> words(value_words_ + 1, 0);
+    std::memcpy(words.data(), value.data(), value.size());
+    words[value_words_] = SlotChecksum(key, e.counter, words.data(), value_words_);
+    auto k =
+        thread.write(e.node, *off + sizeof(wire::KvSlotHeader), words.data(), 8 * words.size());
     return k.status();
   });
 }
@@ -254,7 +299,7 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
     if (!off.ok()) return off.status();
     // Linearization point: the slot is invalid at its home.
     const uint64_t invalid = 0;
-    auto k = thread.write(e.node, *off + offsetof(wire::KvSlot, valid), &invalid, 8);
+    auto k = thread.write(e.node, *off + offsetof(wire::KvSlotHeader, valid), &invalid, 8);
     if (!k.ok()) return k.status();
     Status s = thread.wait(*k, config_.timeout);
     if (!s.ok()) return s;
@@ -266,8 +311,13 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
   });
 }
 
-Result<uint64_t> KvStore::get(ChannelThread& thread, uint64_t key) {
+Status KvStore::get(ChannelThread& thread, uint64_t key, std::span<std::byte> out) {
+  Status bad = check_value_bytes(out.size());
+  if (!bad.ok()) return bad;
   const auto deadline = Clock::now() + config_.timeout;
+  SlotBuffer buf(slot_bytes_ / 8);
+  uint64_t* rec = buf.data();
+  const uint64_t* value = rec + kHeaderWords;
   for (;;) {
     IndexEntry e;
     if (!lookup(key, &e)) {
@@ -275,17 +325,18 @@ Result<uint64_t> KvStore::get(ChannelThread& thread, uint64_t key) {
     }
     auto off = slot_offset(e.node, e.slot);
     if (!off.ok()) return off.status();
-    uint64_t rec[kSlotWords];
-    Status st = thread.read_sync(e.node, *off, rec, sizeof(rec));
+    Status st = thread.read_sync(e.node, *off, rec, slot_bytes_);
     if (!st.ok()) return st.WithContext("kvstore '" + name_ + "' get");
-    if (rec[3] == SlotChecksum(rec[0], rec[1], rec[2])) {
+    if (g_kv_checksum_disabled.load(std::memory_order_relaxed) ||
+        value[value_words_] == SlotChecksum(rec[0], rec[1], value, value_words_)) {
       // Invalid: inserted but not yet linearized, or deleted (the read is the linearization
       // point). Another counter: deleted (and perhaps reused) after the lookup.
-      if (rec[4] == 0 || rec[1] != e.counter || rec[0] != key) {
+      if (rec[2] == 0 || rec[1] != e.counter || rec[0] != key) {
         return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) +
                                 " not found");
       }
-      return rec[2];
+      std::memcpy(out.data(), value, out.size());
+      return Status::OK();
     }
     // Torn by a concurrent update or insert: read again, from the index on.
     if (Clock::now() >= deadline) {
@@ -293,6 +344,21 @@ Result<uint64_t> KvStore::get(ChannelThread& thread, uint64_t key) {
                               " kept failing its checksum");
     }
   }
+}
+
+Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {
+  return insert(thread, key, std::as_bytes(std::span<const uint64_t>(&value, 1)));
+}
+
+Status KvStore::update(ChannelThread& thread, uint64_t key, uint64_t value) {
+  return update(thread, key, std::as_bytes(std::span<const uint64_t>(&value, 1)));
+}
+
+Result<uint64_t> KvStore::get(ChannelThread& thread, uint64_t key) {
+  uint64_t value = 0;
+  Status st = get(thread, key, std::as_writable_bytes(std::span<uint64_t>(&value, 1)));
+  if (!st.ok()) return st;
+  return value;
 }
 
 }  // namespace farmem::channels

@@ -1,8 +1,10 @@
 // KvStore across three in-process nodes (tcp and fabric:shm): operations and their errors, and a
 // concurrent history (3 nodes x 2 client threads, 8 hot keys, unique values) checked for
 // linearizability by Porcupine through tests/porcupine (built with Go; skipped when Go is not
-// installed). FARMEM_CHANNELS_FAULT=kv_acks|kv_update_fence must make that check fail.
+// installed). FARMEM_CHANNELS_FAULT=kv_acks|kv_update_fence must make that check fail; 256-byte
+// values are never read torn (FARMEM_CHANNELS_FAULT=kv_checksum must make that check fail).
 #include <unistd.h>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -221,6 +224,88 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   EXPECT_EQ(rc, 0) << "history not linearizable (or not checkable): " << result
                    << " history kept in " << file;
   if (rc == 0 && errors.load() == 0) std::filesystem::remove_all(dir);
+}
+
+// Values of 256 bytes (32 words; word i of version v is v << 8 | i, so a value mixing two versions
+// is seen). Node 1's updater places every update in two parts (word 0 first, the rest 20 us later:
+// the ChannelThread tear hook), while a thread on node 2 and one on node 3 get the key: a get
+// never returns a torn value, and each reader's versions never go back. With
+// FARMEM_CHANNELS_FAULT=kv_checksum (get skips the checksum) torn values are returned.
+TEST_P(KvStoreTest, MultiWordValuesNeverTornConcurrent) {
+  START_ALL_OR_SKIP();
+  const bool no_checksum = Fault("kv_checksum");
+  testing::SetKvChecksumDisabled(no_checksum);
+  KvConfig config;
+  config.value_bytes = 256;
+  config.locks = 16;
+  ASSERT_TRUE(OpenStores("kv/wide", config));
+  constexpr size_t kWords = 32;
+  constexpr uint64_t kKey = 7;
+  using Value = std::array<uint64_t, kWords>;
+  auto make = [](uint64_t version) {
+    Value v;
+    for (size_t i = 0; i < kWords; i++) v[i] = version << 8 | i;
+    return v;
+  };
+  auto bytes = [](const Value& v) { return std::as_bytes(std::span<const uint64_t>(v)); };
+  // Sizes other than value_bytes are refused, the one-word calls too.
+  Value one = make(1);
+  EXPECT_EQ(K(1).insert(*M(1).thr, kKey, bytes(one).first(8)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(K(1).insert(*M(1).thr, kKey, 5).code(), Code::kInvalidArgument);
+  EXPECT_EQ(K(1).get(*M(1).thr, kKey).status().code(), Code::kInvalidArgument);
+  ASSERT_TRUE(K(1).insert(*M(1).thr, kKey, bytes(one)).ok());
+
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> last_version{1};
+  std::thread updater([&] {
+    auto thr = M(1).mgr->make_thread();
+    ASSERT_TRUE(thr.ok());
+    (*thr)->testing_tear_writes(20us);
+    const auto end = Clock::now() + 1s;
+    for (uint64_t v = 2; v <= 3000 && Clock::now() < end; v++) {
+      Status st = K(1).update(**thr, kKey, bytes(make(v)));
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      last_version = v;
+    }
+    done = true;
+  });
+  std::atomic<uint64_t> torn{0}, backwards{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (NodeId n = 2; n <= 3; n++) {
+    readers.emplace_back([&, n] {
+      auto thr = M(n).mgr->make_thread();
+      ASSERT_TRUE(thr.ok());
+      uint64_t seen = 0;
+      Value got;
+      while (!done.load()) {
+        Status st = K(n).get(**thr, kKey, std::as_writable_bytes(std::span<uint64_t>(got)));
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        reads++;
+        const uint64_t version = got[0] >> 8;
+        if (got != make(version)) {
+          torn++;
+          continue;
+        }
+        if (version < seen) backwards++;
+        seen = version;
+      }
+    });
+  }
+  updater.join();
+  for (auto& t : readers) t.join();
+  testing::SetKvChecksumDisabled(false);
+  std::printf("%s: %llu updates, %llu gets, %llu torn, %llu going back\n", GetParam().c_str(),
+              static_cast<unsigned long long>(last_version.load() - 1),
+              static_cast<unsigned long long>(reads.load()),
+              static_cast<unsigned long long>(torn.load()),
+              static_cast<unsigned long long>(backwards.load()));
+  EXPECT_GT(reads.load(), 0u);
+  EXPECT_EQ(torn.load(), 0u);
+  EXPECT_EQ(backwards.load(), 0u);
+  Value final_value;
+  ASSERT_TRUE(
+      K(3).get(*M(3).thr, kKey, std::as_writable_bytes(std::span<uint64_t>(final_value))).ok());
+  EXPECT_EQ(final_value, make(last_version.load()));
 }
 
 // A member goes away (node 3 stopped; op_timeout 500 ms): the ringbuffer producer, the queue homed

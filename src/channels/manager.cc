@@ -21,6 +21,7 @@ std::atomic<bool> g_ring_backpressure_disabled{false};
 std::atomic<bool> g_queue_wait_disabled{false};
 std::atomic<bool> g_kv_acks_disabled{false};
 std::atomic<bool> g_kv_update_fence_disabled{false};
+std::atomic<bool> g_kv_checksum_disabled{false};
 
 namespace testing {
 void SetOwnedChecksumDisabled(bool disabled) {
@@ -46,6 +47,9 @@ void SetKvAcksDisabled(bool disabled) {
 }
 void SetKvUpdateFenceDisabled(bool disabled) {
   g_kv_update_fence_disabled.store(disabled);
+}
+void SetKvChecksumDisabled(bool disabled) {
+  g_kv_checksum_disabled.store(disabled);
 }
 }  // namespace testing
 

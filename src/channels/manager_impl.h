@@ -122,5 +122,6 @@ extern std::atomic<bool> g_ring_backpressure_disabled;
 extern std::atomic<bool> g_queue_wait_disabled;
 extern std::atomic<bool> g_kv_acks_disabled;
 extern std::atomic<bool> g_kv_update_fence_disabled;
+extern std::atomic<bool> g_kv_checksum_disabled;
 
 }  // namespace farmem::channels
