@@ -16,6 +16,7 @@
 #include "objects_memory_cli.h"
 #include "objects_throughput_cli.h"
 #include "raw_bench.h"
+#include "regions_cli.h"
 #include "server/serve.h"
 #include "soak_cli.h"
 #include "tiered_cli.h"
@@ -266,6 +267,8 @@ int main(int argc, char** argv) {
   CLI::App* channels_node = farmem::AddChannelsNodeCommand(*bench, channels_node_opts);
   farmem::TieredBenchOptions tiered_opts;
   CLI::App* tiered = farmem::AddTieredBenchCommand(*bench, tiered_opts);
+  farmem::RegionsBenchOptions regions_bench_opts;
+  CLI::App* regions_bench = farmem::AddRegionsBenchCommand(*bench, regions_bench_opts);
 
   try {
     app.parse(argc, argv);
@@ -370,6 +373,7 @@ int main(int argc, char** argv) {
   if (channels_bench->parsed()) return farmem::RunChannelsBench(channels_opts);
   if (channels_node->parsed()) return farmem::RunChannelsNode(channels_node_opts);
   if (tiered->parsed()) return farmem::RunTieredBench(tiered_opts);
+  if (regions_bench->parsed()) return farmem::RunRegionsBench(regions_bench_opts);
   std::fprintf(stderr, "farmem: error: no command given (see --help)\n");
   return farmem::kExitUsage;
 }
