@@ -120,6 +120,7 @@ struct RmmapStats {
   uint64_t zero_fills = 0;     // of those, filled with zeros (holes, past the end, zero pages)
   uint64_t fetch_errors = 0;   // store reads that failed: the access got SIGBUS
   uint64_t pages_written = 0;  // pages rsync wrote back
+  bool write_protect = false;  // plain stores mark pages dirty (userfaultfd write-protect)
 };
 
 // Maps `length` bytes (0: the region's current size) of the region at `path` (from the store's
@@ -131,8 +132,9 @@ Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t l
 // Ends the handler and unmaps (dirty pages not rsync'ed are lost). NotFound unless `addr` is a
 // start rmmap returned.
 Status rmunmap(void* addr);
-// Marks the pages of [addr, addr+len) dirty for the next rsync. `zero`: also sets the bytes to
-// zero, without fetching pages wholly inside the range.
+// Marks the pages of [addr, addr+len) dirty for the next rsync (with write_protect, plain stores
+// do that too: the first store to a clean page takes one write-protect fault). `zero`: also sets
+// the bytes to zero, without fetching pages wholly inside the range.
 Status rmarkdirty(void* addr, size_t len, bool zero);
 // Writes the dirty pages of [addr, addr+len) back to the store and marks them clean.
 Status rsync(void* addr, size_t len);

@@ -1,6 +1,7 @@
 // rmmap: a region of a RegionStore mapped into the process as a write-back cache built on
 // userfaultfd (docs/regions_mmap.md). Threads: one fault-handler thread per mapping serves
-// missing-page faults; any application thread calls rmarkdirty / rsync / rclearcache / rmunmap.
+// missing-page and write-protect faults; any application thread calls rmarkdirty / rsync /
+// rclearcache / rmunmap.
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
@@ -32,18 +33,22 @@ namespace {
 constexpr size_t kPage = 4096;
 
 // Test-only switch (docs/regions_mmap.md, "Tests"): removes one protection so a test fails.
-enum class MmapFault { kNone, kNoFetch, kNoDirty };
+enum class MmapFault { kNone, kNoFetch, kNoDirty, kNoWp };
 MmapFault FaultFromEnv() {
   const char* e = std::getenv("FARMEM_REGIONS_MMAP_FAULT");
   if (e == nullptr) return MmapFault::kNone;
   std::string_view v(e);
   if (v == "no_fetch") return MmapFault::kNoFetch;  // faults filled with zeros, store not read
   if (v == "no_dirty") return MmapFault::kNoDirty;  // rmarkdirty records nothing
+  if (v == "no_wp") return MmapFault::kNoWp;        // write-protect faults mark nothing dirty
   return MmapFault::kNone;
 }
 
-// One mapping. Invariant: `dirty[i]` is set only by rmarkdirty and cleared only by a successful
-// write-back of page i (rsync); `mu` guards `dirty` and serialises rsync/rclearcache.
+// One mapping. Invariants: `dirty[i]` is set by rmarkdirty or by the handler on a write fault
+// (write-protect tracking: a page not dirty is installed or re-protected write-protected, so its
+// first store faults); rsync write-protects a run *before* clearing its bits and copying it, so a
+// store racing the copy re-dirties the page. `dirty` is atomic (the handler sets bits without a
+// lock: rsync's copy may need the handler); `mu` serialises rmarkdirty / rsync / rclearcache.
 struct Mapping {
   regions::RegionStore* store = nullptr;
   uint64_t ino = 0;
@@ -56,7 +61,8 @@ struct Mapping {
   MmapFault fault = MmapFault::kNone;
   std::thread handler;
   std::mutex mu;
-  std::vector<bool> dirty;
+  bool wp = false;  // write-protect tracking registered
+  std::unique_ptr<std::atomic<bool>[]> dirty;
   std::atomic<uint64_t> faults{0}, zero_fills{0}, fetch_errors{0}, pages_written{0};
 };
 
@@ -110,7 +116,19 @@ void Poison(Mapping& m, uintptr_t page) {
   ioctl(m.uffd, UFFDIO_WAKE, &r);
 }
 
-void ServeFault(Mapping& m, uintptr_t addr) {
+// A store to a write-protected page: mark it dirty, then lift the protection (which wakes the
+// faulting thread).
+void ServeWpFault(Mapping& m, uintptr_t addr) {
+  uintptr_t page = addr & ~(uintptr_t{kPage} - 1);
+  if (m.fault != MmapFault::kNoWp)
+    m.dirty[(page - reinterpret_cast<uintptr_t>(m.base)) / kPage] = true;
+  uffdio_writeprotect w{};
+  w.range = {page, kPage};
+  w.mode = 0;
+  if (ioctl(m.uffd, UFFDIO_WRITEPROTECT, &w) != 0) Poison(m, page);
+}
+
+void ServeFault(Mapping& m, uintptr_t addr, uint64_t flags) {
   uintptr_t page = addr & ~(uintptr_t{kPage} - 1);
   uint64_t off = page - reinterpret_cast<uintptr_t>(m.base);
   m.faults.fetch_add(1, std::memory_order_relaxed);
@@ -129,9 +147,13 @@ void ServeFault(Mapping& m, uintptr_t addr) {
     }
     got = *r;
   }
+  bool write = (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
+  if (write && m.wp && m.fault != MmapFault::kNoWp) m.dirty[off / kPage] = true;
   bool all_zero =
       got == 0 || std::all_of(buf, buf + got, [](std::byte b) { return b == std::byte{0}; });
-  if (all_zero) {
+  // With write-protect tracking a zero page would escape it (its writes copy it without a fault),
+  // so zeros are copied in like data then.
+  if (all_zero && !m.wp) {
     m.zero_fills.fetch_add(1, std::memory_order_relaxed);
     uffdio_zeropage z{};
     z.range = {page, kPage};
@@ -142,6 +164,8 @@ void ServeFault(Mapping& m, uintptr_t addr) {
   c.dst = page;
   c.src = reinterpret_cast<uintptr_t>(buf);
   c.len = kPage;
+  // Installed write-protected unless this fault is the write that dirties it.
+  c.mode = (m.wp && !write) ? UFFDIO_COPY_MODE_WP : 0;
   // EEXIST: another thread's fault on the same page was served first; the waiter is woken.
   if (ioctl(m.uffd, UFFDIO_COPY, &c) != 0 && errno != EEXIST) Poison(m, page);
 }
@@ -156,7 +180,11 @@ void HandlerLoop(Mapping* m) {
     uffd_msg msg;
     ssize_t r = read(m->uffd, &msg, sizeof(msg));
     if (r != sizeof(msg)) continue;  // EAGAIN: another wake consumed it
-    if (msg.event == UFFD_EVENT_PAGEFAULT) ServeFault(*m, msg.arg.pagefault.address);
+    if (msg.event != UFFD_EVENT_PAGEFAULT) continue;
+    if (msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP)
+      ServeWpFault(*m, msg.arg.pagefault.address);
+    else
+      ServeFault(*m, msg.arg.pagefault.address, msg.arg.pagefault.flags);
   }
 }
 
@@ -201,7 +229,7 @@ Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t l
   m->ino = ino;
   m->length = length;
   m->vma_len = (length + kPage - 1) & ~(kPage - 1);
-  m->dirty.assign(m->vma_len / kPage, false);
+  m->dirty = std::make_unique<std::atomic<bool>[]>(m->vma_len / kPage);
   m->fault = FaultFromEnv();
   auto fail = [&](Status s) -> Result<void*> {
     Teardown(*m);
@@ -221,9 +249,15 @@ Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t l
   m->base = static_cast<std::byte*>(p);
   uffdio_register reg{};
   reg.range = {reinterpret_cast<uintptr_t>(p), m->vma_len};
-  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
-  if (ioctl(m->uffd, UFFDIO_REGISTER, &reg) != 0)
-    return fail(Status::FromErrno("rmmap: UFFDIO_REGISTER", errno));
+  // Write-protect tracking where the kernel has it (anonymous memory: Linux >= 5.7); otherwise
+  // only rmarkdirty marks pages dirty.
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP;
+  m->wp = ioctl(m->uffd, UFFDIO_REGISTER, &reg) == 0;
+  if (!m->wp) {
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (ioctl(m->uffd, UFFDIO_REGISTER, &reg) != 0)
+      return fail(Status::FromErrno("rmmap: UFFDIO_REGISTER", errno));
+  }
   m->handler = std::thread(HandlerLoop, m.get());
   std::lock_guard lk(g_mu);
   g_maps[reinterpret_cast<uintptr_t>(p)] = m;
@@ -283,11 +317,21 @@ Status rsync(void* addr, size_t len) {
     size_t j = i;
     while (j + 1 <= pages.last && m->dirty[j + 1]) ++j;
     size_t off = i * kPage;
+    if (m->wp) {
+      uffdio_writeprotect w{};
+      w.range = {reinterpret_cast<uintptr_t>(m->base) + off, (j - i + 1) * kPage};
+      w.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+      if (ioctl(m->uffd, UFFDIO_WRITEPROTECT, &w) != 0)
+        return Status::FromErrno("rsync: UFFDIO_WRITEPROTECT", errno);
+    }
+    for (size_t k = i; k <= j; ++k) m->dirty[k] = false;
     size_t n = std::min((j + 1) * kPage, m->length) - off;
     buf.resize(n);
     std::memcpy(buf.data(), m->base + off, n);
-    FARMEM_RETURN_IF_ERROR(m->store->write(m->ino, off, buf));
-    for (size_t k = i; k <= j; ++k) m->dirty[k] = false;
+    if (Status st = m->store->write(m->ino, off, buf); !st.ok()) {
+      for (size_t k = i; k <= j; ++k) m->dirty[k] = true;  // still to be written back
+      return st;
+    }
     m->pages_written.fetch_add(j - i + 1, std::memory_order_relaxed);
     i = j;
   }
@@ -317,6 +361,7 @@ Result<RmmapStats> rmmap_stats(void* addr) {
   s.zero_fills = m->zero_fills.load();
   s.fetch_errors = m->fetch_errors.load();
   s.pages_written = m->pages_written.load();
+  s.write_protect = m->wp;
   return s;
 }
 
