@@ -116,19 +116,27 @@ void Poison(Mapping& m, uintptr_t page) {
   ioctl(m.uffd, UFFDIO_WAKE, &r);
 }
 
-// A store to a write-protected page: mark it dirty, then lift the protection (which wakes the
-// faulting thread).
+// A store to a write-protected page: lift the protection without waking, mark the page dirty,
+// then wake the faulting thread. Order matters: an rsync that clears the bit before we set it
+// finds the page unprotected and skips it, but the store has not happened yet and the bit is set
+// before it does (so the storing thread's own later rsync sees it); an rsync after we set it
+// re-protects, and a not-yet-woken store then faults again.
 void ServeWpFault(Mapping& m, uintptr_t addr) {
   uintptr_t page = addr & ~(uintptr_t{kPage} - 1);
-  if (m.fault != MmapFault::kNoWp)
-    m.dirty[(page - reinterpret_cast<uintptr_t>(m.base)) / kPage] = true;
   uffdio_writeprotect w{};
   w.range = {page, kPage};
-  w.mode = 0;
-  if (ioctl(m.uffd, UFFDIO_WRITEPROTECT, &w) != 0) Poison(m, page);
+  w.mode = UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
+  if (ioctl(m.uffd, UFFDIO_WRITEPROTECT, &w) != 0) {
+    Poison(m, page);
+    return;
+  }
+  if (m.fault != MmapFault::kNoWp)
+    m.dirty[(page - reinterpret_cast<uintptr_t>(m.base)) / kPage] = true;
+  uffdio_range r{page, kPage};
+  ioctl(m.uffd, UFFDIO_WAKE, &r);
 }
 
-void ServeFault(Mapping& m, uintptr_t addr, uint64_t flags) {
+void ServeFault(Mapping& m, uintptr_t addr) {
   uintptr_t page = addr & ~(uintptr_t{kPage} - 1);
   uint64_t off = page - reinterpret_cast<uintptr_t>(m.base);
   m.faults.fetch_add(1, std::memory_order_relaxed);
@@ -147,8 +155,6 @@ void ServeFault(Mapping& m, uintptr_t addr, uint64_t flags) {
     }
     got = *r;
   }
-  bool write = (flags & UFFD_PAGEFAULT_FLAG_WRITE) != 0;
-  if (write && m.wp && m.fault != MmapFault::kNoWp) m.dirty[off / kPage] = true;
   bool all_zero =
       got == 0 || std::all_of(buf, buf + got, [](std::byte b) { return b == std::byte{0}; });
   // With write-protect tracking a zero page would escape it (its writes copy it without a fault),
@@ -164,8 +170,10 @@ void ServeFault(Mapping& m, uintptr_t addr, uint64_t flags) {
   c.dst = page;
   c.src = reinterpret_cast<uintptr_t>(buf);
   c.len = kPage;
-  // Installed write-protected unless this fault is the write that dirties it.
-  c.mode = (m.wp && !write) ? UFFDIO_COPY_MODE_WP : 0;
+  // Always installed write-protected, even for a write fault: the retried store then takes a
+  // write-protect fault and dirties the page through ServeWpFault's ordering (marking it here
+  // could race an rsync copying the page before the store lands).
+  c.mode = m.wp ? UFFDIO_COPY_MODE_WP : 0;
   // EEXIST: another thread's fault on the same page was served first; the waiter is woken.
   if (ioctl(m.uffd, UFFDIO_COPY, &c) != 0 && errno != EEXIST) Poison(m, page);
 }
@@ -184,7 +192,7 @@ void HandlerLoop(Mapping* m) {
     if (msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP)
       ServeWpFault(*m, msg.arg.pagefault.address);
     else
-      ServeFault(*m, msg.arg.pagefault.address, msg.arg.pagefault.flags);
+      ServeFault(*m, msg.arg.pagefault.address);
   }
 }
 
@@ -317,14 +325,18 @@ Status rsync(void* addr, size_t len) {
     size_t j = i;
     while (j + 1 <= pages.last && m->dirty[j + 1]) ++j;
     size_t off = i * kPage;
+    // Clear, then protect, then copy: a store before the protection is in the copy, one after
+    // it faults and dirties the page again for the next rsync.
+    for (size_t k = i; k <= j; ++k) m->dirty[k] = false;
     if (m->wp) {
       uffdio_writeprotect w{};
       w.range = {reinterpret_cast<uintptr_t>(m->base) + off, (j - i + 1) * kPage};
       w.mode = UFFDIO_WRITEPROTECT_MODE_WP;
-      if (ioctl(m->uffd, UFFDIO_WRITEPROTECT, &w) != 0)
+      if (ioctl(m->uffd, UFFDIO_WRITEPROTECT, &w) != 0) {
+        for (size_t k = i; k <= j; ++k) m->dirty[k] = true;
         return Status::FromErrno("rsync: UFFDIO_WRITEPROTECT", errno);
+      }
     }
-    for (size_t k = i; k <= j; ++k) m->dirty[k] = false;
     size_t n = std::min((j + 1) * kPage, m->length) - off;
     buf.resize(n);
     std::memcpy(buf.data(), m->base + off, n);
