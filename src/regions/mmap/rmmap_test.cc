@@ -50,6 +50,18 @@ class RmmapTest : public ::testing::Test {
     return out;
   }
 
+  // rmmap of `name` when write-protect tracking is on, else nullptr (an rmmap failure is also
+  // reported as a test failure).
+  std::byte* MapWithWriteProtect(std::string_view name) {
+    auto p = rmmap(*store_, name);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return nullptr;
+    auto st = rmmap_stats(*p);
+    if (st.ok() && st->write_protect) return static_cast<std::byte*>(*p);
+    (void)rmunmap(*p);
+    return nullptr;
+  }
+
   RegionEnv env_;
   std::unique_ptr<RegionStore> store_;
   Caller who_{0, 0, 4242};
@@ -132,12 +144,8 @@ TEST_F(RmmapTest, MarkDirtyAndRsyncWriteBack) {
 TEST_F(RmmapTest, PlainStoresAreTrackedByWriteProtect) {
   auto data = RandomBytes(8 * kPage, 9);
   uint64_t ino = Create("r", data);
-  auto p = rmmap(*store_, "r");
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  auto* b = static_cast<std::byte*>(*p);
-  auto st = rmmap_stats(b);
-  ASSERT_TRUE(st.ok());
-  if (!st->write_protect) GTEST_SKIP() << "kernel without userfaultfd write-protect";
+  std::byte* b = MapWithWriteProtect("r");
+  if (b == nullptr) GTEST_SKIP() << "rmmap failed or no userfaultfd write-protect (see above)";
   auto expect = data;
   // Page 0 read first (installed write-protected), then stored to; page 5 stored to on its
   // first touch (a write fault); the rest only read.
@@ -154,7 +162,7 @@ TEST_F(RmmapTest, PlainStoresAreTrackedByWriteProtect) {
   expect[1] = ~expect[1];
   ASSERT_TRUE(rsync(b, 8 * kPage).ok());
   EXPECT_EQ(Read(ino, 0, 8 * kPage), expect);
-  st = rmmap_stats(b);
+  auto st = rmmap_stats(b);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->pages_written, 3u);
   EXPECT_TRUE(rmunmap(b).ok());
@@ -198,12 +206,8 @@ TEST_F(RmmapTest, BadInputGivesErrors) {
 TEST_F(RmmapTest, RsyncRacingStoresLosesNone) {
   constexpr size_t kPages = 8;
   uint64_t ino = Create("r", RandomBytes(kPages * kPage, 10));
-  auto p = rmmap(*store_, "r");
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  auto* b = static_cast<std::byte*>(*p);
-  auto st = rmmap_stats(b);
-  ASSERT_TRUE(st.ok());
-  if (!st->write_protect) GTEST_SKIP() << "kernel without userfaultfd write-protect";
+  std::byte* b = MapWithWriteProtect("r");
+  if (b == nullptr) GTEST_SKIP() << "rmmap failed or no userfaultfd write-protect (see above)";
   std::atomic<bool> done{false};
   std::thread writer([&] {
     auto* w = reinterpret_cast<volatile uint64_t*>(b);
