@@ -108,4 +108,39 @@ class RegionHeap {
 Result<void*> rmalloc(std::span<std::byte> region, size_t len);
 Status rfree(std::span<std::byte> region, void* ptr);
 
+// ---- rmmap: a region mapped as a write-back cache ---------------------------------------------
+// (docs/regions_mmap.md). No coherence: a writer rsyncs, a reader rclearcaches.
+
+namespace regions {
+class RegionStore;
+}
+
+struct RmmapStats {
+  uint64_t faults = 0;         // missing-page faults served
+  uint64_t zero_fills = 0;     // of those, filled with zeros (holes, past the end, zero pages)
+  uint64_t fetch_errors = 0;   // store reads that failed: the access got SIGBUS
+  uint64_t pages_written = 0;  // pages rsync wrote back
+  bool write_protect = false;  // plain stores mark pages dirty (userfaultfd write-protect)
+};
+
+// Maps `length` bytes (0: the region's current size) of the region at `path` (from the store's
+// root) into the process. Each first touch of a 4 KiB page is fetched from the store by a handler
+// thread (userfaultfd); a page that cannot be fetched (region gone, server dead: the store read
+// fails within its op_timeout) makes the faulting access raise SIGBUS. `store` must outlive the
+// mapping. Any thread may use the mapping and call the functions below.
+Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t length = 0);
+// Ends the handler and unmaps (dirty pages not rsync'ed are lost). NotFound unless `addr` is a
+// start rmmap returned.
+Status rmunmap(void* addr);
+// Marks the pages of [addr, addr+len) dirty for the next rsync (with write_protect, plain stores
+// do that too: the first store to a clean page takes one write-protect fault). `zero`: also sets
+// the bytes to zero, without fetching pages wholly inside the range.
+Status rmarkdirty(void* addr, size_t len, bool zero);
+// Writes the dirty pages of [addr, addr+len) back to the store and marks them clean.
+Status rsync(void* addr, size_t len);
+// Evicts the pages of [addr, addr+len): the next access fetches them again. FailedPrecondition if
+// one is dirty.
+Status rclearcache(void* addr, size_t len);
+Result<RmmapStats> rmmap_stats(void* addr);
+
 }  // namespace farmem
