@@ -9,11 +9,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -195,53 +193,25 @@ Status MemcachedLoad(uint16_t port, uint64_t count, size_t value_size) {
 
 Result<double> RunMemcachedGets(uint16_t port, uint64_t count, size_t value_size, int clients,
                                 double warmup_s, double seconds) {
-  StartGate gate;
-  std::atomic<int64_t> warm_end_ns{0}, end_ns{0};
-  std::vector<uint64_t> ops(static_cast<size_t>(clients), 0);
-  std::mutex err_mu;
-  Status first_error;
-  auto record = [&](Status st) {
-    std::lock_guard lock(err_mu);
-    if (first_error.ok()) first_error = std::move(st);
-  };
-  auto body = [&](int t) {
+  auto body = [&](int t,
+                  const std::function<std::optional<TimedWindow>()>& ready) -> Result<uint64_t> {
     auto c = MemcachedConn::Connect(port);
-    gate.Arrive();
-    if (!c.ok()) return record(c.status());
-    if (!gate.WaitForGo()) return;
-    const MClock::time_point warm_end{MClock::duration(warm_end_ns.load())};
-    const MClock::time_point end{MClock::duration(end_ns.load())};
+    if (!c.ok()) return c.status();
+    const auto w = ready();
+    if (!w) return uint64_t{0};
     KeyChooser chooser(count, nullptr, 0x3e3c0000ull + static_cast<uint64_t>(t));
     uint64_t n = 0;
-    for (auto now = MClock::now(); now < end; now = MClock::now()) {
+    for (auto now = MClock::now(); now < w->end; now = MClock::now()) {
       const uint64_t k = chooser.Next();
-      auto v = c->Get(RedisKey(k));
-      if (!v.ok()) return record(v.status());
-      if (!*v || (*v)->size() != value_size ||
-          !ValueMatches(k, std::as_bytes(std::span((*v)->data(), (*v)->size()))))
-        return record(Status::Internal(fmt::format("memcached mg {} returned a wrong value", k)));
-      if (MClock::now() >= warm_end) ++n;
+      FARMEM_ASSIGN_OR_RETURN(std::optional<std::string> v, c->Get(RedisKey(k)));
+      if (!v || v->size() != value_size ||
+          !ValueMatches(k, std::as_bytes(std::span(v->data(), v->size()))))
+        return Status::Internal(fmt::format("memcached mg {} returned a wrong value", k));
+      if (MClock::now() >= w->warm_end) ++n;
     }
-    ops[static_cast<size_t>(t)] = n;
+    return n;
   };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < clients; ++t) threads.emplace_back(body, t);
-  if (!gate.WaitForArrivals(clients, std::chrono::seconds(30))) {
-    gate.Abort();
-    for (auto& th : threads) th.join();
-    return Status::TimedOut("memcached clients did not connect in time");
-  }
-  const auto warm = MClock::now() + std::chrono::duration_cast<MClock::duration>(
-                                        std::chrono::duration<double>(warmup_s));
-  const auto stop =
-      warm + std::chrono::duration_cast<MClock::duration>(std::chrono::duration<double>(seconds));
-  warm_end_ns.store(warm.time_since_epoch().count());
-  end_ns.store(stop.time_since_epoch().count());
-  gate.Go();
-  for (auto& th : threads) th.join();
-  if (!first_error.ok()) return first_error;
-  uint64_t total = 0;
-  for (uint64_t n : ops) total += n;
+  FARMEM_ASSIGN_OR_RETURN(uint64_t total, RunTimedClients(clients, warmup_s, seconds, body));
   return static_cast<double>(total) / seconds;
 }
 
