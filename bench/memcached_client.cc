@@ -172,10 +172,12 @@ TargetRole MemcachedServerRole(std::string memcached) {
       if (last.ok()) {
         std::string msg(reinterpret_cast<const char*>(&*port), sizeof(uint16_t));
         if (WriteMessage(report_fd, true, msg).ok()) WaitForStop(control_fd, std::chrono::hours(2));
-        KillAndReap(*pid, std::chrono::seconds(3));
+        // SIGKILL at once: nothing to persist, and memcached's SIGTERM shutdown waits up to 1 s for
+        // its background threads' sleeps.
+        KillAndReap(*pid, std::chrono::milliseconds(0));
         return;
       }
-      KillAndReap(*pid, std::chrono::seconds(3));
+      KillAndReap(*pid, std::chrono::milliseconds(0));
     }
     (void)WriteMessage(report_fd, false, last.WithContext("starting memcached").ToString());
   };

@@ -1,10 +1,17 @@
 // Unit tests of the memcached meta-protocol parser of `farmem bench channels`
-// (bench/memcached_client.h): complete, partial and malformed replies. Single-threaded, no server.
+// (bench/memcached_client.h): complete, partial and malformed replies; the client against a real
+// memcached forked as a target process (skipped without the package). Test thread + client threads.
 #include "memcached_client.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
 #include <string>
+#include <vector>
+
+#include "objects_throughput_internal.h"
+#include "redis_bench.h"
 
 namespace farmem::bench {
 namespace {
@@ -50,6 +57,45 @@ TEST(MemcachedParse, MalformedAndErrorRepliesAreErrors) {
     EXPECT_FALSE(r.ok()) << bad;
   }
   EXPECT_FALSE(ParseMetaReply(std::string(2000, 'a')).ok());  // no CRLF within 1 KiB
+}
+
+TEST(MemcachedServer, MissingBinaryIsAClearError) {
+  auto t = TargetProcess::Fork("memcached", MemcachedServerRole(""));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto msg = (*t)->Start(std::chrono::seconds(30));
+  ASSERT_FALSE(msg.ok());
+  EXPECT_NE(msg.status().ToString().find("memcached not found"), std::string::npos)
+      << msg.status().ToString();
+}
+
+// Against a real default-config memcached (skipped when the Debian package is not installed):
+// ms stores, mg returns the stored bytes, an absent key is a miss, a measured run checks values.
+TEST(MemcachedServer, SetGetMissAndTimedGets) {
+  const std::string path = FindOnPath("memcached");
+  if (path.empty()) GTEST_SKIP() << "memcached not installed (Debian: apt-get install memcached)";
+  auto t = TargetProcess::Fork("memcached", MemcachedServerRole(path));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto msg = (*t)->Start(std::chrono::seconds(30));
+  ASSERT_TRUE(msg.ok() && msg->size() == sizeof(uint16_t)) << msg.status().ToString();
+  uint16_t port;
+  std::memcpy(&port, msg->data(), sizeof(port));
+  ASSERT_TRUE(MemcachedLoad(port, 20, 32).ok());
+  auto c = MemcachedConn::Connect(port);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto v = c->Get(RedisKey(7));
+  ASSERT_TRUE(v.ok() && v->has_value()) << v.status().ToString();
+  std::vector<std::byte> want(32);
+  FillObjectValue(7, want);
+  EXPECT_EQ(std::memcmp((*v)->data(), want.data(), want.size()), 0);
+  auto miss = c->Get("no-such-key");
+  ASSERT_TRUE(miss.ok()) << miss.status().ToString();
+  EXPECT_FALSE(miss->has_value());
+  // 25 keys over 20 loaded: the timed gets must report the misses as an error, not count them.
+  EXPECT_FALSE(RunMemcachedGets(port, 25, 32, 2, 0.0, 0.05).ok());
+  auto rate = RunMemcachedGets(port, 20, 32, 2, 0.0, 0.05);
+  ASSERT_TRUE(rate.ok()) << rate.status().ToString();
+  EXPECT_GT(*rate, 0.0);
+  (*t)->Stop();
 }
 
 }  // namespace
