@@ -236,6 +236,47 @@ bool StartGate::WaitForArrivals(int n, std::chrono::milliseconds timeout) const 
   return true;
 }
 
+Result<uint64_t> RunTimedClients(int clients, double warmup_s, double seconds,
+                                 const TimedClientBody& body) {
+  StartGate gate;
+  std::atomic<int64_t> warm_end_ns{0}, end_ns{0};
+  std::vector<Result<uint64_t>> results(static_cast<size_t>(clients), uint64_t{0});
+  auto run = [&](int t) {
+    bool arrived = false;
+    auto ready = [&]() -> std::optional<TimedWindow> {
+      arrived = true;
+      gate.Arrive();
+      if (!gate.WaitForGo()) return std::nullopt;
+      return TimedWindow{ObjClock::time_point(ObjClock::duration(warm_end_ns.load())),
+                         ObjClock::time_point(ObjClock::duration(end_ns.load()))};
+    };
+    results[static_cast<size_t>(t)] = body(t, ready);
+    if (!arrived) gate.Arrive();  // failed before ready(): do not keep the others waiting
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < clients; ++t) threads.emplace_back(run, t);
+  if (!gate.WaitForArrivals(clients, std::chrono::seconds(30))) {
+    gate.Abort();
+    for (auto& th : threads) th.join();
+    return Status::TimedOut("client threads did not start in time");
+  }
+  const auto warm = ObjClock::now() + std::chrono::duration_cast<ObjClock::duration>(
+                                          std::chrono::duration<double>(warmup_s));
+  warm_end_ns.store(warm.time_since_epoch().count());
+  end_ns.store((warm + std::chrono::duration_cast<ObjClock::duration>(
+                           std::chrono::duration<double>(seconds)))
+                   .time_since_epoch()
+                   .count());
+  gate.Go();
+  for (auto& th : threads) th.join();
+  uint64_t total = 0;
+  for (auto& r : results) {
+    if (!r.ok()) return r.status();
+    total += *r;
+  }
+  return total;
+}
+
 bool StartGate::WaitForGo() const {
   while (!go_.load(std::memory_order_acquire)) {
     if (abort_.load(std::memory_order_acquire)) return false;

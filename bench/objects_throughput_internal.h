@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -113,6 +114,19 @@ class StartGate {
   std::atomic<int> ready_{0};
   std::atomic<bool> go_{false}, abort_{false};
 };
+
+// The measurement window of timed client threads: operations completing in [warm_end, end) count.
+struct TimedWindow {
+  ObjClock::time_point warm_end, end;
+};
+// Runs `clients` threads of `body(t, ready)`: the body sets itself up (its connection), then calls
+// ready(), which waits until every thread is set up and returns the common window (nullopt if
+// the start was aborted: return at once), and returns the operations it counted in the window.
+// Warm-up `warmup_s`, then `seconds` measured. The first error of any thread is the result.
+using TimedClientBody = std::function<Result<uint64_t>(
+    int t, const std::function<std::optional<TimedWindow>()>& ready)>;
+Result<uint64_t> RunTimedClients(int clients, double warmup_s, double seconds,
+                                 const TimedClientBody& body);
 
 // Quiet logging (warnings and errors) unless FARMEM_LOG asks for more: the server and client
 // nodes log every connection at info level, which would bury the benchmark's own lines.

@@ -111,6 +111,10 @@ Result<RedisReplyPtr> RedisGetReply(redisContext* c) {
 }
 
 std::string FindRedisServer() {
+  return FindOnPath("redis-server");
+}
+
+std::string FindOnPath(std::string_view program) {
   const char* path = std::getenv("PATH");
   std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
   dirs += ":/usr/sbin:/sbin";
@@ -120,7 +124,7 @@ std::string FindRedisServer() {
     if (end == std::string::npos) end = dirs.size();
     std::string dir = dirs.substr(start, end - start);
     if (!dir.empty()) {
-      std::string candidate = dir + "/redis-server";
+      std::string candidate = dir + "/" + std::string(program);
       if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     }
     start = end + 1;

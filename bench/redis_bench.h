@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "farmem/status.h"
 #include "target_process.h"
@@ -31,6 +32,8 @@ Result<RedisReplyPtr> RedisGetReply(redisContext* c);
 
 // Absolute path of redis-server found on PATH, or "" when it is not installed.
 std::string FindRedisServer();
+// Absolute path of `program` in PATH (then /usr/sbin, /sbin), or "" when there is none.
+std::string FindOnPath(std::string_view program);
 
 // Child role: starts `redis_server` (its own child, killed with this process) on a free
 // 127.0.0.1 port with `--save "" --appendonly no`, waits until it answers PING, reports the port

@@ -85,16 +85,22 @@ def plot_kvstore(doc, kv, axes, w):
     ax = axes[0]
     series = [("kvstore get", kv["kv_get_rates"]), ("raw one-sided read", kv["raw_get_rates"]),
               ("Redis GET", kv["redis_get_rates"])]
+    t_mc = next((t for n, t in by_name.items() if "memcached" in n), None)
+    if kv.get("memcached_get_rates"):
+        series.append(("memcached mg", kv["memcached_get_rates"]))
     xs = list(range(1, len(kv["kv_get_rates"]) + 1))
-    bw = 0.26
+    bw = 0.8 / len(series)
     for i, (label, vals) in enumerate(series):
-        ax.bar([x + (i - 1) * bw for x in xs], [v or 0 for v in vals], bw, label=label)
+        ax.bar([x + (i - (len(series) - 1) / 2) * bw for x in xs], [v or 0 for v in vals], bw,
+               label=label)
     ax.set_xticks(xs)
     ax.set_xlabel("round")
     ax.set_ylabel("gets/s (3 nodes x 1 in flight)")
     ax.set_title(f"kvstore gets ({kv['value_bytes']} B, {kv['keys']} keys): vs Redis "
                  f"{fmt_ratio(t_redis)} {t_redis['result']}\nvs raw read {fmt_ratio(t_raw)} "
-                 f"{t_raw['result']}", fontsize=9)
+                 f"{t_raw['result']}"
+                 + (f", vs memcached {fmt_ratio(t_mc)} {t_mc['result']}" if t_mc else ""),
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax = axes[1]
     xs = list(range(1, len(kv["ticket_write_rates"]) + 1))
