@@ -198,17 +198,8 @@ bool SameFraction(double a, double b) {
 // ---- pure parts ------------------------------------------------------------------------------
 
 Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size) {
-  if (min_block_size < corm::kMinBlockSize || min_block_size > corm::kMaxBlockSize ||
-      (min_block_size & (min_block_size - 1)) != 0) {
-    return Status::InvalidArgument(
-        fmt::format("block size {} is not a power of two in [4096, 1048576]", min_block_size));
-  }
-  for (size_t bs = min_block_size; bs <= corm::kMaxBlockSize; bs *= 2) {
-    FARMEM_ASSIGN_OR_RETURN(corm::SizeClasses sc, corm::SizeClasses::Create(bs));
-    if (max_object_size <= sc.max_payload()) return bs;
-  }
-  return Status::OutOfRange(
-      fmt::format("an object of {} B does not fit in a 1 MiB CoRM block", max_object_size));
+  // The store's geometry rule (size_classes.h): large objects get blocks they fill to 7/8.
+  return corm::RecommendedBlockSize(max_object_size, min_block_size);
 }
 
 Result<IdealResult> IdealMemory(const std::vector<uint32_t>& live_sizes,

@@ -39,8 +39,9 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& options);
 
 namespace bench {
 
-// Block size used for every CoRM series of a trace: the smallest power of two >= min_block_size
-// whose largest size class holds the trace's largest object. Error if none up to 1 MiB does.
+// Block size used for every CoRM series of a trace: corm::RecommendedBlockSize of the trace's
+// largest object (the smallest power of two >= min_block_size whose class for it fills 7/8 of the
+// block, up to 64 KiB; else the smallest that holds it). Error if none up to 1 MiB does.
 Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size);
 
 // Ideal (perfect packing) memory for a live set: for each size class, ceil(live objects of the

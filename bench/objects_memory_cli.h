@@ -32,8 +32,9 @@ inline CLI::App* AddObjectsMemoryBenchCommand(CLI::App& bench, ObjectsMemoryBenc
       ->check(CLI::Range(1u, 256u));
   cmd->add_option("--objects", o.objects, "synthetic object count (default ~16 MiB, >= 8192)");
   cmd->add_option("--block-size", o.min_block_size,
-                  "minimum CoRM block size; a trace whose largest object does not fit uses the "
-                  "smallest power of two that holds it")
+                  "minimum CoRM block size; a trace whose largest object's class fills less than "
+                  "7/8 of it uses the smallest power of two (up to 64 KiB) that it fills that "
+                  "well, or else the smallest that holds it")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "trace seed")->capture_default_str();
   cmd->add_option("--jobs", o.jobs, "child processes at once (figures do not depend on it)")

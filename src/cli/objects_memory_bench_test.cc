@@ -267,7 +267,9 @@ TEST(ObjectsMemoryTrace, SpecRoundTripAndErrors) {
 
 TEST(ObjectsMemoryBench, BlockSizeFitsLargestObject) {
   EXPECT_EQ(BlockSizeFor(64, 65536).value(), 65536u);
-  EXPECT_EQ(BlockSizeFor(4096, 4096).value(), 8192u);  // 4 KiB blocks hold at most 4023 B
+  // 4 KiB blocks hold at most 4023 B, 8 KiB blocks one 4 KiB object: 32 KiB hold 7 (size_classes.h)
+  EXPECT_EQ(BlockSizeFor(4096, 4096).value(), 32768u);
+  EXPECT_EQ(BlockSizeFor(2048, 4096).value(), 16384u);
   EXPECT_EQ(BlockSizeFor(4023, 4096).value(), 4096u);
   EXPECT_EQ(BlockSizeFor(kT3LargeSize, 65536).value(), 256u * 1024);
   EXPECT_FALSE(BlockSizeFor(2u << 20, 65536).ok());

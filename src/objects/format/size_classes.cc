@@ -35,6 +35,13 @@ Result<SizeClasses> SizeClasses::Create(size_t block_size) {
     if (next <= prev) next = prev + kSlotAlign;
     slots.push_back(std::min(next, block_size));
   }
+  // Rule 1 (size_classes.h): slot sizes that tile the block. Adding classes only lowers the
+  // rounding waste, so kMaxRoundingWaste still holds.
+  for (size_t n = 1; n <= kTilingSlots; ++n) {
+    slots.push_back(block_size / n / kSlotAlign * kSlotAlign);
+  }
+  std::sort(slots.begin(), slots.end());
+  slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
   for (size_t s : slots) {
     sc.classes_.push_back(SizeClass{static_cast<uint32_t>(s),
                                     static_cast<uint32_t>(PayloadCapacity(s)),
@@ -55,6 +62,32 @@ Result<SizeClasses> SizeClasses::Create(size_t block_size) {
     sc.lookup_[i] = static_cast<uint16_t>(c);
   }
   return sc;
+}
+
+double BlockFill(const SizeClasses& classes, uint32_t c) {
+  const SizeClass& k = classes.at(c);
+  return double(uint64_t{k.slots_per_block} * k.slot_size) / double(classes.block_size());
+}
+
+Result<size_t> RecommendedBlockSize(size_t max_payload, size_t min_block_size) {
+  if (min_block_size < kMinBlockSize || min_block_size > kMaxBlockSize ||
+      (min_block_size & (min_block_size - 1)) != 0) {
+    return Status::InvalidArgument("block size must be a power of two in [4096, 1048576], got " +
+                                   std::to_string(min_block_size));
+  }
+  if (max_payload == 0) return Status::OutOfRange("object size 0");
+  size_t first_fit = 0;
+  for (size_t bs = min_block_size; bs <= kMaxBlockSize; bs *= 2) {
+    FARMEM_ASSIGN_OR_RETURN(SizeClasses sc, SizeClasses::Create(bs));
+    if (max_payload > sc.max_payload()) continue;
+    if (first_fit == 0) first_fit = bs;
+    if (bs > kMaxGeometryBlock) break;
+    FARMEM_ASSIGN_OR_RETURN(uint32_t c, sc.ClassFor(max_payload));
+    if (BlockFill(sc, c) >= kMinBlockFill) return bs;
+  }
+  if (first_fit != 0) return first_fit;
+  return Status::OutOfRange("an object of " + std::to_string(max_payload) +
+                            " B does not fit in a 1 MiB block");
 }
 
 Result<uint32_t> SizeClasses::ClassFor(size_t payload) const {
