@@ -197,9 +197,23 @@ bool SameFraction(double a, double b) {
 
 // ---- pure parts ------------------------------------------------------------------------------
 
-Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size) {
-  // The store's geometry rule (size_classes.h): large objects get blocks they fill to 7/8.
-  return corm::RecommendedBlockSize(max_object_size, min_block_size);
+Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size,
+                            BlockGeometry geometry) {
+  if (geometry == BlockGeometry::kRecommended) {
+    // The store's geometry rule (size_classes.h): large objects get blocks they fill to 7/8.
+    return corm::RecommendedBlockSize(max_object_size, min_block_size);
+  }
+  if (min_block_size < corm::kMinBlockSize || min_block_size > corm::kMaxBlockSize ||
+      (min_block_size & (min_block_size - 1)) != 0) {
+    return Status::InvalidArgument(
+        fmt::format("block size {} is not a power of two in [4096, 1048576]", min_block_size));
+  }
+  for (size_t bs = min_block_size; bs <= corm::kMaxBlockSize; bs *= 2) {
+    FARMEM_ASSIGN_OR_RETURN(corm::SizeClasses sc, corm::SizeClasses::Create(bs));
+    if (max_object_size <= sc.max_payload()) return bs;
+  }
+  return Status::OutOfRange(
+      fmt::format("an object of {} B does not fit in a 1 MiB CoRM block", max_object_size));
 }
 
 Result<IdealResult> IdealMemory(const std::vector<uint32_t>& live_sizes,
@@ -610,16 +624,19 @@ json ToJson(const ObjectsMemoryBenchOptions& o, const std::vector<TraceFigures>&
   json j;
   j["benchmark"] = "farmem bench objects-memory";
   j["machine"] = machine;
-  j["options"] = {{"quick", o.quick},
-                  {"sizes", o.sizes},
-                  {"fractions", o.fractions},
-                  {"traces", o.traces},
-                  {"threads", o.threads},
-                  {"objects", o.objects},
-                  {"min_block_size", o.min_block_size},
-                  {"seed", o.seed},
-                  {"jobs", o.jobs},
-                  {"jemalloc", jemalloc}};
+  j["options"] = {
+      {"quick", o.quick},
+      {"sizes", o.sizes},
+      {"fractions", o.fractions},
+      {"traces", o.traces},
+      {"threads", o.threads},
+      {"objects", o.objects},
+      {"min_block_size", o.min_block_size},
+      {"block_geometry",
+       o.block_geometry == bench::BlockGeometry::kRecommended ? "recommended" : "smallest"},
+      {"seed", o.seed},
+      {"jobs", o.jobs},
+      {"jemalloc", jemalloc}};
   j["seconds"] = seconds;
   j["notes"] = {
       "accounted_bytes: CoRM = BlockAllocator physical_bytes_held (physical blocks x block size) + "
@@ -722,8 +739,8 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& in) {
     tf.spec = trace.spec;
     tf.label = spec.Label();
     tf.objects = trace.num_objects;
-    FARMEM_ASSIGN_OR_RETURN(tf.block_size,
-                            bench::BlockSizeFor(bench::MaxObjectSize(trace), o.min_block_size));
+    FARMEM_ASSIGN_OR_RETURN(tf.block_size, bench::BlockSizeFor(bench::MaxObjectSize(trace),
+                                                               o.min_block_size, o.block_geometry));
     FARMEM_ASSIGN_OR_RETURN(std::vector<uint32_t> live, bench::LiveSizesAfter(trace));
     tf.live_objects = live.size();
     for (uint32_t s : live) tf.live_payload_bytes += s;

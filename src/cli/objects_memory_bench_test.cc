@@ -267,13 +267,19 @@ TEST(ObjectsMemoryTrace, SpecRoundTripAndErrors) {
 
 TEST(ObjectsMemoryBench, BlockSizeFitsLargestObject) {
   EXPECT_EQ(BlockSizeFor(64, 65536).value(), 65536u);
-  // 4 KiB blocks hold at most 4023 B, 8 KiB blocks one 4 KiB object: 32 KiB hold 7 (size_classes.h)
-  EXPECT_EQ(BlockSizeFor(4096, 4096).value(), 32768u);
-  EXPECT_EQ(BlockSizeFor(2048, 4096).value(), 16384u);
+  // 4 KiB blocks hold at most 4023 B: the smallest block for a 4 KiB object is 8 KiB (one slot).
+  EXPECT_EQ(BlockSizeFor(4096, 4096).value(), 8192u);
+  EXPECT_EQ(BlockSizeFor(2048, 4096).value(), 4096u);
   EXPECT_EQ(BlockSizeFor(4023, 4096).value(), 4096u);
   EXPECT_EQ(BlockSizeFor(kT3LargeSize, 65536).value(), 256u * 1024);
   EXPECT_FALSE(BlockSizeFor(2u << 20, 65536).ok());
   EXPECT_FALSE(BlockSizeFor(64, 5000).ok());
+  // The tuned geometry: 32 KiB hold 7 objects of 4 KiB, 16 KiB 7 of 2 KiB (size_classes.h).
+  constexpr auto kRec = BlockGeometry::kRecommended;
+  EXPECT_EQ(BlockSizeFor(4096, 4096, kRec).value(), 32768u);
+  EXPECT_EQ(BlockSizeFor(2048, 4096, kRec).value(), 16384u);
+  EXPECT_EQ(BlockSizeFor(4023, 4096, kRec).value(), 4096u);
+  EXPECT_FALSE(BlockSizeFor(64, 5000, kRec).ok());
 }
 
 TEST(ObjectsMemoryBench, IdealPacking) {
