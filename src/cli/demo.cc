@@ -3,9 +3,10 @@
 // write, direct_read, free 75 %, compact, read_any with pointer correction), then of a tiered
 // region twice its DRAM budget (write it all, read it back, read a hot part until it is promoted),
 // then of Storm transactions (transfers, an audit, forced conflicts shown as aborts), then of
-// channels across 3 embedded nodes (barrier, ticket lock, atomic counter), each step
-// checked and timed. Runs against an embedded in-process farmemd — which first joins an
-// in-process control plane (memory://demo) where the client finds it — or running ones given with
+// channels across 3 embedded nodes (barrier, ticket lock, atomic counter), then of remote regions
+// (a FUSE mount read back by a forked child after a RegionSync barrier), each step checked and
+// timed. Runs against an embedded in-process farmemd — which first joins an in-process control
+// plane (memory://demo) where the client finds it — or running ones given with
 // --connect or found in a cluster with --cluster.
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/demo_regions.h"
+#include "cli/demo_steps.h"
 #include "common/log.h"
 #include "farmem/channels.h"
 #include "farmem/client.h"
@@ -37,30 +40,6 @@
 
 namespace farmem::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
-// Prints one line per step and counts failures.
-class StepLog {
- public:
-  bool Report(const std::string& step, bool ok, double micros, const std::string& detail) {
-    std::printf("  %-22s %-4s %10.1f µs  %s\n", step.c_str(), ok ? "ok" : "FAIL", micros,
-                detail.c_str());
-    std::fflush(stdout);
-    (ok ? passed_ : failed_)++;
-    return ok;
-  }
-  int passed() const { return passed_; }
-  int failed() const { return failed_; }
-
- private:
-  int passed_ = 0;
-  int failed_ = 0;
-};
 
 RemoteRef At(RemoteRef ref, uint64_t delta) {
   ref.offset += delta;
@@ -970,6 +949,9 @@ int RunDemo(const DemoOptions& options) {
   // The channels part runs on its own embedded nodes, so only with the embedded server (a demo
   // against remote servers leaves this host's loopback alone).
   if (server) all_ok = RunChannelSteps(client) && all_ok;
+  // The regions part mounts its own file system (with its own embedded farmemd) and keeps its
+  // barrier's cell on the embedded demo server.
+  if (server) all_ok = RunRegionSteps(**node, targets.front(), client) && all_ok;
   if (server) {
     std::printf("cluster (memory://demo), continued\n");
     all_ok = cluster_demo.Finish() && all_ok;

@@ -1,0 +1,285 @@
+// `farmem demo`'s regions part (issue 14): mount a farmem file system (RunRegionFs on a thread of
+// the demo, its own embedded farmemd), write a file, and have a forked child read it back once a
+// RegionSync barrier (cell on the demo's farmemd) says the write is done; then unmount. The demo's
+// main thread runs it; the child process has one thread of its own plus its Node's.
+#include "cli/demo_regions.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/demo_steps.h"
+#include "farmem/client.h"
+#include "farmem/cluster.h"
+#include "farmem/regionfs.h"
+#include "farmem/regions.h"
+
+extern char** environ;
+
+namespace farmem::cli {
+namespace {
+
+constexpr size_t kFileBytes = (1 << 20) + 4321;  // not a multiple of a page or a chunk
+constexpr const char* kBarrier = "demo/regions-written";
+constexpr const char* kSyncUrl = "memory://demo-regions";
+constexpr auto kWait = std::chrono::seconds(10);
+
+unsigned char PatternByte(size_t i) {
+  return static_cast<unsigned char>((i * 131 + i / 4096) ^ 0x5a);
+}
+
+// What the child tells the demo through a pipe (fixed size: one write, one read).
+struct ChildVerdict {
+  int32_t barrier_ok = 0;
+  int32_t read_ok = 0;
+  uint64_t bytes = 0;
+  int64_t mismatch = -1;  // first wrong byte, -1 = none
+  char error[200] = {};
+};
+
+// Runs `argv` (PATH lookup) and returns its exit code, or -1 if it could not be started.
+int RunTool(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The child: its own Node and store handle (the forked copy of memory://demo-regions, which has
+// the barrier's name), waits at the barrier for the write, reads the file, reports, _exits.
+// FARMEM_DEMO_FAULT=regions_no_barrier reads before waiting (the check must then fail).
+[[noreturn]] void ChildMain(const ClientOptions& client, const std::string& path, int out_fd) {
+  ChildVerdict v;
+  auto say = [&](const std::string& e) {
+    std::snprintf(v.error, sizeof(v.error), "%s", e.c_str());
+  };
+  const char* fault = std::getenv("FARMEM_DEMO_FAULT");
+  const bool no_barrier = fault != nullptr && std::string(fault) == "regions_no_barrier";
+  auto read_file = [&] {
+    std::vector<unsigned char> buf(kFileBytes + 1);
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) return say(fmt::format("open {}: {}", path, std::strerror(errno)));
+    size_t got = 0;
+    for (ssize_t n; got < buf.size() && (n = read(fd, buf.data() + got, buf.size() - got)) > 0;)
+      got += static_cast<size_t>(n);
+    close(fd);
+    v.bytes = got;
+    for (size_t i = 0; i < std::min(got, kFileBytes) && v.mismatch < 0; i++)
+      if (buf[i] != PatternByte(i)) v.mismatch = static_cast<int64_t>(i);
+    v.read_ok = got == kFileBytes && v.mismatch < 0;
+    if (!v.read_ok && v.error[0] == 0)
+      say(v.mismatch < 0 ? fmt::format("read {} bytes, want {}", got, kFileBytes)
+                         : fmt::format("byte {} differs from the pattern", v.mismatch));
+  };
+  if (no_barrier) read_file();  // at once: the demo is still writing (or has not created it)
+  auto node = MakeClientNode(client, "farmem-demo-regions-child");
+  ClusterOptions co;
+  co.url = kSyncUrl;
+  auto cluster = node.ok() ? Cluster::Open(co) : Result<std::unique_ptr<Cluster>>(node.status());
+  auto sync = cluster.ok() ? RegionSync::Open(**node, **cluster, nullptr)
+                           : Result<std::unique_ptr<RegionSync>>(cluster.status());
+  if (!sync.ok()) {
+    say("child: " + sync.status().ToString());
+  } else {
+    Status st = (*sync)->rbarrier_wait(kBarrier, kWait);
+    v.barrier_ok = st.ok();
+    if (!st.ok()) say("child barrier: " + st.ToString());
+    if (!no_barrier && st.ok()) read_file();
+  }
+  [[maybe_unused]] ssize_t w = write(out_fd, &v, sizeof(v));
+  _exit(0);
+}
+
+// The mount on its own thread; Wait gives the ready/exit outcome.
+class Mount {
+ public:
+  explicit Mount(const std::string& dir) {
+    RegionFsOptions o;
+    o.mountpoint = dir;
+    o.memory_bytes = 32ull << 20;
+    o.threads = 2;
+    o.on_ready = [this] {
+      std::lock_guard lock(mu_);
+      ready_ = true;
+      cv_.notify_all();
+    };
+    thread_ = std::thread([this, o] {
+      Status st = RunRegionFs(o);
+      std::lock_guard lock(mu_);
+      result_ = st;
+      cv_.notify_all();
+    });
+  }
+  ~Mount() { thread_.join(); }
+  // OK once mounted; the daemon's error if it stopped first; TimedOut after kWait.
+  Status WaitReady() {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, kWait, [&] { return ready_ || result_.has_value(); }))
+      return Status(Code::kTimedOut, "the mount was not ready within 10 s");
+    return ready_ ? Status() : (result_->ok() ? Status(Code::kInternal, "mount ended") : *result_);
+  }
+  // The daemon's result once it returned (TimedOut after kWait).
+  Status WaitExit() {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, kWait, [&] { return result_.has_value(); }))
+      return Status(Code::kTimedOut, "the mount did not stop within 10 s");
+    return *result_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool ready_ = false;
+  std::optional<Status> result_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+bool RunRegionSteps(Node& node, const std::string& address, const ClientOptions& client) {
+  std::printf("regions (a farmem file system mounted in this process)\n");
+  if (access("/dev/fuse", R_OK | W_OK) != 0) {
+    std::printf("  regions: skipped (/dev/fuse: %s; no FUSE in this kernel or container)\n",
+                std::strerror(errno));
+    return true;
+  }
+  StepLog log;
+  char tmpl[] = "/tmp/farmem-demo-regions.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return log.Report("temp dir", false, 0, std::strerror(errno));
+  const std::string dir = tmpl, file = dir + "/demo.bin";
+  bool ok = true;
+  {
+    auto t0 = Clock::now();
+    Mount mount(dir);
+    Status st = mount.WaitReady();
+    const bool mounted = st.ok();
+    ok = log.Report(
+        "mount", st.ok(), MicrosSince(t0),
+        st.ok() ? dir + ": embedded farmemd (32.0 MiB), memory://regions metadata" : st.ToString());
+
+    // The barrier's name, created before the fork so the child's copy of the store has it.
+    std::unique_ptr<Cluster> cluster;
+    std::unique_ptr<RawClient> raw;
+    std::unique_ptr<RegionSync> sync;
+    if (ok) {
+      t0 = Clock::now();
+      ClusterOptions co;
+      co.url = kSyncUrl;
+      co.create_if_missing = true;
+      auto c = Cluster::Open(co);
+      auto r = c.ok() ? RawClient::Connect(node, address)
+                      : Result<std::unique_ptr<RawClient>>(c.status());
+      auto s = r.ok() ? RegionSync::Open(node, **c, r->get())
+                      : Result<std::unique_ptr<RegionSync>>(r.status());
+      st = s.ok() ? (*s)->rbarrier_init(kBarrier, 2) : s.status();
+      ok = log.Report(
+          "rbarrier_init", st.ok(), MicrosSince(t0),
+          st.ok() ? fmt::format("'{}' (2 parties), cell on {}", kBarrier, address) : st.ToString());
+      if (ok) {
+        cluster = std::move(*c);
+        raw = std::move(*r);
+        sync = std::move(*s);
+      }
+    }
+
+    int fds[2] = {-1, -1};
+    pid_t child = -1;
+    if (ok) {
+      if (pipe(fds) != 0) {
+        ok = log.Report("fork child", false, 0, std::strerror(errno));
+      } else {
+        std::fflush(stdout);
+        child = fork();
+        if (child == 0) {
+          close(fds[0]);
+          ChildMain(client, file, fds[1]);
+        }
+        close(fds[1]);
+        if (child < 0) ok = log.Report("fork child", false, 0, std::strerror(errno));
+      }
+    }
+
+    if (ok) {
+      // Written only now: the child is already running and must wait at the barrier for it.
+      t0 = Clock::now();
+      std::vector<unsigned char> data(kFileBytes);
+      for (size_t i = 0; i < kFileBytes; i++) data[i] = PatternByte(i);
+      int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+      size_t put = 0;
+      for (ssize_t n; fd >= 0 && put < data.size() &&
+                      (n = write(fd, data.data() + put, data.size() - put)) > 0;)
+        put += static_cast<size_t>(n);
+      const bool wrote = fd >= 0 && put == data.size() && fsync(fd) == 0 && close(fd) == 0;
+      const std::string err = std::strerror(errno);
+      log.Report("write file", wrote, MicrosSince(t0),
+                 wrote ? fmt::format("{} ({} bytes of a pattern), fsync'ed", file, kFileBytes)
+                       : file + ": " + err);
+
+      t0 = Clock::now();
+      st = sync->rbarrier_wait(kBarrier, kWait);
+      log.Report(
+          "barrier with child", st.ok(), MicrosSince(t0),
+          st.ok() ? fmt::format("demo and child (pid {}) both arrived", child) : st.ToString());
+
+      // The child's verdict (it reads after the barrier), within the timeout.
+      t0 = Clock::now();
+      ChildVerdict v;
+      pollfd p{fds[0], POLLIN, 0};
+      const bool got = poll(&p, 1, static_cast<int>(kWait.count() * 1000) + 5000) == 1 &&
+                       read(fds[0], &v, sizeof(v)) == static_cast<ssize_t>(sizeof(v));
+      if (!got) kill(child, SIGKILL);  // a child stuck past every timeout
+      int status = 0;
+      waitpid(child, &status, 0);
+      v.error[sizeof(v.error) - 1] = 0;
+      log.Report("child reads file", got && v.barrier_ok && v.read_ok, MicrosSince(t0),
+                 !got ? "no verdict from the child within 15 s"
+                 : v.read_ok && v.barrier_ok
+                     ? fmt::format("pid {}: {} bytes, pattern verified (after the barrier)", child,
+                                   v.bytes)
+                     : fmt::format("pid {}: {}", child, v.error));
+      close(fds[0]);
+
+      t0 = Clock::now();
+      st = sync->rdelete(kBarrier);
+      log.Report("rdelete", st.ok(), MicrosSince(t0),
+                 st.ok() ? "barrier name removed" : st.ToString());
+    }
+    sync.reset();
+    raw.reset();
+    cluster.reset();
+
+    if (mounted) {
+      t0 = Clock::now();
+      int rc = RunTool({"fusermount3", "-u", dir});
+      if (rc != 0) RunTool({"fusermount3", "-uz", dir});  // never leave a mount behind
+      st = mount.WaitExit();
+      log.Report("unmount", rc == 0 && st.ok(), MicrosSince(t0),
+                 rc != 0   ? fmt::format("fusermount3 -u exited {}", rc)
+                 : st.ok() ? "fusermount3 -u; the daemon thread returned OK"
+                           : st.ToString());
+    }
+  }
+  rmdir(dir.c_str());
+  std::printf("  regions: %d/%d checks passed\n", log.passed(), log.passed() + log.failed());
+  return log.failed() == 0;
+}
+
+}  // namespace farmem::cli
