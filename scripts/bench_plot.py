@@ -20,3 +20,20 @@ def print_targets(doc, ratio=fmt_ratio):
         v = "n/a" if t["value"] is None else f"{t['value']:.4g}"
         b = "n/a" if t["baseline"] is None else f"{t['baseline']:.4g}"
         print(f"| {t['name']} | {v} | {b} | {ratio(t)} | {t['limit']} | {t['result']} |")
+
+
+def run_main(doc_string, name, table, plot):
+    """A plot script's command line: `NAME.py bench.json [out.png]` prints the tables (`table(doc)`)
+    and, given out.png, draws it (`plot(doc, path)`)."""
+    import json
+    import sys
+
+    if len(sys.argv) < 2:
+        print(doc_string or f"usage: {name} bench.json [out.png]", file=sys.stderr)
+        sys.exit(2)
+    with open(sys.argv[1]) as f:
+        doc = json.load(f)
+    table(doc)
+    if len(sys.argv) > 2:
+        plot(doc, sys.argv[2])
+        print(f"\nwrote {sys.argv[2]}")

@@ -3,11 +3,11 @@
 # the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, the
 # kvstore's gets (vs raw one-sided reads and Redis) and Zipf writes (ticket vs test-and-set lock)
 # when the JSON has them, and the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_plot import run_main  # noqa: E402
 from plot_soak_bench import fmt_ratio  # noqa: E402  (one "1.23x (min-max)" format for all plots)
 
 
@@ -119,15 +119,7 @@ def plot_kvstore(doc, kv, axes, w):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__ or "usage: plot_channels.py channels.json [out.png]", file=sys.stderr)
-        sys.exit(2)
-    with open(sys.argv[1]) as f:
-        doc = json.load(f)
-    table(doc)
-    if len(sys.argv) > 2:
-        plot(doc, sys.argv[2])
-        print(f"\nwrote {sys.argv[2]}")
+    run_main(__doc__, "plot_channels.py", table, plot)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,7 @@
 # Plot or tabulate the JSON written by `farmem bench regions`: every round's farmem-mount and tmpfs
 # figure per workload (sysbench reads, fio writes, cp -a), and the targets.
 # Usage: plot_regions.py regions.json [out.png]   (without out.png or matplotlib: a markdown table)
-import json
-import sys
-
-from bench_plot import print_targets
+from bench_plot import print_targets, run_main
 
 
 def table(doc):
@@ -49,14 +46,7 @@ def plot(doc, out):
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__ or "usage: plot_regions.py regions.json [out.png]")
-    with open(sys.argv[1]) as f:
-        doc = json.load(f)
-    table(doc)
-    if len(sys.argv) > 2:
-        plot(doc, sys.argv[2])
-        print(f"\nwrote {sys.argv[2]}")
+    run_main(__doc__, "plot_regions.py", table, plot)
 
 
 if __name__ == "__main__":
