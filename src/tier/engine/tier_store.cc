@@ -195,7 +195,6 @@ Status TierStore::Init(const TierOptions& o) {
   }
   hysteresis_percent_ = o.hysteresis_percent;
   hysteresis_heat_ = o.hysteresis_heat;
-  FARMEM_ASSIGN_OR_RETURN(heat_, TierHeat::Make(geo_.unit_count, o.heat_keep_percent));
   if (o.magic_word != 0 && !IsValidMagic(o.magic_word)) {
     return Status::InvalidArgument("magic word must not be one byte repeated");
   }
@@ -224,6 +223,10 @@ Status TierStore::Init(const TierOptions& o) {
       }
     }
   }
+
+  // After the mapping check: the heat arrays are per unit, so a capacity refused there must not
+  // allocate them first (2^40 B of 4 KiB units asked for gigabytes before the check moved).
+  FARMEM_ASSIGN_OR_RETURN(heat_, TierHeat::Make(geo_.unit_count, o.heat_keep_percent));
 
   // Backing file: refuse memory file systems before creating anything.
   {
