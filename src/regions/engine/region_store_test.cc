@@ -38,11 +38,7 @@ class RegionStoreTest : public ::testing::Test {
     return a.ok() ? a->ino : 0;
   }
   std::vector<std::byte> Read(uint64_t ino, uint64_t off, size_t n) {
-    std::vector<std::byte> out(n);
-    auto r = store_->read(ino, off, out);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    out.resize(r.ok() ? *r : 0);
-    return out;
+    return testing::ReadBytes(*store_, ino, off, n);
   }
   static size_t CountNonZero(const std::vector<std::byte>& v) {
     return static_cast<size_t>(

@@ -32,6 +32,16 @@ inline std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
 }
 
 // `servers` farmemds with `budget` bytes each (pools of 4 MiB, or the budget if smaller).
+// Reads n bytes of `ino` at `off` through the store; a failed read is a test failure and an
+// empty result, a short one is cut to what was read.
+inline std::vector<std::byte> ReadBytes(RegionStore& store, uint64_t ino, uint64_t off, size_t n) {
+  std::vector<std::byte> out(n);
+  auto r = store.read(ino, off, out);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  out.resize(r.ok() ? *r : 0);
+  return out;
+}
+
 class RegionEnv {
  public:
   Status Start(int servers, uint64_t budget, bool persistent_units = false) {

@@ -43,11 +43,7 @@ class RmmapTest : public ::testing::Test {
     return a->ino;
   }
   std::vector<std::byte> Read(uint64_t ino, uint64_t off, size_t n) {
-    std::vector<std::byte> out(n);
-    auto r = store_->read(ino, off, out);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    out.resize(r.ok() ? *r : 0);
-    return out;
+    return testing::ReadBytes(*store_, ino, off, n);
   }
 
   // rmmap of `name` when write-protect tracking is on, else nullptr (an rmmap failure is also
