@@ -3,9 +3,11 @@
 # farmemd, memory:// metadata, a 40 MiB budget), then Unix tools against it, compared with tmpfs:
 # random data + sha256 (also read back with O_DIRECT, past the page cache), cp -a + diff -r of the
 # repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, chmod/chown/
-# utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second writer EBUSY), ENOSPC with the rest intact and
-# the space reusable after rm, df from the budget, clean unmount on SIGTERM and by fusermount3 -u.
-# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms (passed to the daemon) makes a check fail.
+# utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second
+# writer EBUSY), ENOSPC with the rest intact and the space reusable after rm, df from the budget,
+# fallocate (-l, -n, -p, -z) against tmpfs, clean unmount on SIGTERM and by fusermount3 -u.
+# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_rollback (passed
+# to the daemon) makes a check fail.
 # SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
 set -euo pipefail
 
@@ -164,7 +166,42 @@ done
 dd if=/dev/zero of="$MNT/again" bs=1M count=16 conv=fsync status=none || fail "space not reusable after rm"
 log "ENOSPC at 40 MiB, the rest intact, 16 MiB fit again after rm"
 
-# 8. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
+# 8. fallocate against tmpfs: mode 0 (size + blocks), KEEP_SIZE past the end, PUNCH_HOLE of whole
+# 128 KiB chunks (blocks drop) and of a partial range (zeroed), other modes EOPNOTSUPP, ENOSPC
+# changing nothing, and preallocated space still writable when the budget is exhausted.
+rm "$MNT/again"
+for d in "$REF" "$MNT"; do
+  fallocate -l 1M "$d/fa"
+  fallocate -n -o 1M -l 512K "$d/fa"
+done
+[[ "$(stat -c '%s %b' "$MNT/fa")" == "$(stat -c '%s %b' "$REF/fa")" ]] ||
+  fail "fallocate -l / -n: size+blocks $(stat -c '%s %b' "$MNT/fa") vs tmpfs $(stat -c '%s %b' "$REF/fa")"
+for d in "$REF" "$MNT"; do
+  head -c $((1024 * 1024)) /dev/zero | tr '\0' '\252' | dd of="$d/fa" conv=notrunc status=none
+  fallocate -p -o 128K -l 256K "$d/fa"
+  fallocate -p -o 600000 -l 1000 "$d/fa"
+done
+[[ "$(direct_sum "$MNT/fa")" == "$(sum "$REF/fa")" ]] || fail "fallocate -p: contents differ from tmpfs"
+[[ "$(stat -c '%s %b' "$MNT/fa")" == "$(stat -c '%s %b' "$REF/fa")" ]] ||
+  fail "fallocate -p: size+blocks $(stat -c '%s %b' "$MNT/fa") vs tmpfs $(stat -c '%s %b' "$REF/fa")"
+fallocate -z -l 4096 "$MNT/fa" 2>"$WORK/fz.err" && fail "fallocate ZERO_RANGE succeeded"
+grep -q "Operation not supported" "$WORK/fz.err" || fail "ZERO_RANGE: $(cat "$WORK/fz.err")"
+free_before="$(stat -f -c %f "$MNT")"
+fallocate -l 64M "$MNT/fhuge" 2>"$WORK/fh.err" && fail "fallocate of 64 MiB fit into 40 MiB"
+grep -q "No space left" "$WORK/fh.err" || fail "fallocate 64 MiB: $(cat "$WORK/fh.err")"
+[[ "$(stat -c '%s %b' "$MNT/fhuge")" == "0 0" ]] || fail "failed fallocate left $(stat -c '%s %b' "$MNT/fhuge")"
+# (Free blocks may only have grown: a RELEASE of fa, whose punched chunk it frees, can still come.)
+(($(stat -f -c %f "$MNT") >= free_before)) || fail "failed fallocate kept blocks: $(stat -f -c %f "$MNT") < $free_before"
+fallocate -l 2M "$MNT/fpre"
+dd if=/dev/zero of="$MNT/ffill" bs=1M count=64 conv=fsync status=none 2>/dev/null && fail "64 MiB fit"
+head -c $((2 * 1024 * 1024)) /dev/urandom >"$REF/fpre"
+dd if="$REF/fpre" of="$MNT/fpre" bs=1M conv=notrunc,fsync status=none 2>"$WORK/fpre.err" ||
+  fail "a write into preallocated space failed with the budget exhausted: $(cat "$WORK/fpre.err")"
+[[ "$(direct_sum "$MNT/fpre")" == "$(sum "$REF/fpre")" ]] || fail "preallocated file content"
+rm "$MNT/ffill" "$MNT/fhuge"
+log "fallocate -l/-n/-p: size, blocks and bytes as on tmpfs; -z EOPNOTSUPP; ENOSPC changed nothing; preallocated space writable when full"
+
+# 9. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
 kill -TERM "$PID"
 for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$PID" 2>/dev/null && fail "farmem mount still running 10 s after SIGTERM"

@@ -5,6 +5,8 @@
 // are zeroed where a write does not cover them; a shrink zeroes the tail of its last chunk).
 #include "regions/engine/region_store.h"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -24,7 +26,9 @@ namespace {
 //   no_tail: a shrink does not zero the tail of its last chunk;
 //   no_pin: an unlinked or shrunk inode's chunks are freed while handles still have it open;
 //   no_onewriter: ONEWRITER lets a second writer in;
-//   no_rollback: a write that ran out of memory keeps the chunks it did get.
+//   no_rollback: a write or fallocate that ran out of memory keeps the chunks it did get;
+//   no_prealloc: fallocate mode 0 / KEEP_SIZE sets the size but allocates nothing;
+//   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were.
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -890,34 +894,11 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   std::vector<Piece> pieces;
   std::vector<uint64_t> fresh;  // chunk indexes allocated by this write
   uint64_t end = offset + data.size();
-  auto rollback = [&] {
-    for (uint64_t c : fresh) {
-      FreeChunk(in->rec.map[c]);
-      in->rec.map[c] = kHole;
-    }
-    while (!in->rec.map.empty() && in->rec.map.back() == kHole &&
-           in->rec.map.size() > ChunksFor(in->rec.h.size))
-      in->rec.map.pop_back();
-  };
   {
     std::lock_guard lk(mu_);
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
-    uint64_t last = ChunkOf(end - 1);
-    if (in->rec.map.size() <= last) in->rec.map.resize(last + 1, kHole);
-    uint32_t servers = static_cast<uint32_t>(servers_.size());
-    bool multi = in->rec.h.attr_flags & kAttrMultihosted;
-    for (uint64_t c = ChunkOf(offset); c <= last; ++c) {
-      if (in->rec.map[c] != kHole) continue;
-      auto e = AllocChunk(
-          multi ? StepServer(c, static_cast<uint32_t>(in->rec.h.ino % servers), servers) : 0);
-      if (!e.ok()) {
-        if (!Fault("no_rollback")) rollback();
-        return e.status();
-      }
-      in->rec.map[c] = *e;
-      fresh.push_back(c);
-    }
+    FARMEM_RETURN_IF_ERROR(AllocRange(*in, ChunkOf(offset), ChunkOf(end - 1), fresh));
     for (uint64_t pos = offset; pos < end;) {
       uint64_t c = ChunkOf(pos);
       uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, end) - pos;
@@ -946,11 +927,115 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   Status w = RunPieces(Sched(), pieces, true);
   std::lock_guard lk(mu_);
   if (!w.ok()) {
-    rollback();
+    Unalloc(*in, fresh);
     return w;
   }
   in->rec.h.size = std::max(in->rec.h.size, end);
   in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
+  return Persist(*in);
+}
+
+Status RegionStore::AllocRange(Inode& in, uint64_t first, uint64_t last,
+                               std::vector<uint64_t>& fresh) {
+  if (in.rec.map.size() <= last) in.rec.map.resize(last + 1, kHole);
+  uint32_t servers = static_cast<uint32_t>(servers_.size());
+  bool multi = in.rec.h.attr_flags & kAttrMultihosted;
+  for (uint64_t c = first; c <= last; ++c) {
+    if (in.rec.map[c] != kHole) continue;
+    auto e = AllocChunk(
+        multi ? StepServer(c, static_cast<uint32_t>(in.rec.h.ino % servers), servers) : 0);
+    if (!e.ok()) {
+      if (!Fault("no_rollback")) Unalloc(in, fresh);
+      return e.status();
+    }
+    in.rec.map[c] = *e;
+    fresh.push_back(c);
+  }
+  return Status::OK();
+}
+
+void RegionStore::Unalloc(Inode& in, const std::vector<uint64_t>& fresh) {
+  for (uint64_t c : fresh) {
+    FreeChunk(in.rec.map[c]);
+    in.rec.map[c] = kHole;
+  }
+  while (!in.rec.map.empty() && in.rec.map.back() == kHole &&
+         in.rec.map.size() > ChunksFor(in.rec.h.size))
+    in.rec.map.pop_back();
+}
+
+Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
+  const bool punch = mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE);
+  if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE && !punch)
+    return Err(ENOTSUP, "fallocate: only mode 0, KEEP_SIZE and PUNCH_HOLE|KEEP_SIZE");
+  if (len == 0) return Err(EINVAL, "fallocate of 0 bytes");
+  if (offset > kMaxRegionBytes || len > kMaxRegionBytes - offset)
+    return Err(EFBIG, "past the largest region (8 GiB)");
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
+  }
+  std::unique_lock io(in->io);  // no read or write of this inode in flight: the map is ours
+  std::unique_lock lk(mu_);
+  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+  if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "fallocate of a non-file");
+  const uint64_t end = offset + len;
+  const uint64_t first = ChunkOf(offset), last = ChunkOf(end - 1);
+  std::vector<Piece> zero;
+  std::vector<uint64_t> fresh, whole;
+  if (punch) {
+    // Partial chunks are zeroed where the range covers them; whole ones are cut afterwards, so a
+    // failed zeroing changes nothing.
+    for (uint64_t c = first; c <= last && c < in->rec.map.size(); ++c) {
+      if (in->rec.map[c] == kHole) continue;
+      uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
+      if (offset <= cs && end >= ce) {
+        whole.push_back(c);
+        continue;
+      }
+      if (Fault("no_punch_zero")) continue;
+      FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+      uint64_t from = std::max(offset, cs), to = std::min(end, ce);
+      ref.offset += from - cs;
+      zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
+    }
+  } else if (!Fault("no_prealloc")) {
+    FARMEM_RETURN_IF_ERROR(AllocRange(*in, first, last, fresh));
+    // Fresh chunks may hold a freed region's bytes, and all of a fresh chunk reads zero.
+    if (!Fault("no_zero"))
+      for (uint64_t c : fresh) {
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        zero.push_back(Piece{ref, nullptr, ZeroChunk(), kChunkBytes});
+      }
+  }
+  lk.unlock();
+  remote_writes_ += zero.size();
+  Status w = RunPieces(Sched(), zero, true);
+  lk.lock();
+  if (!w.ok()) {
+    Unalloc(*in, fresh);
+    return w;
+  }
+  if (!whole.empty()) {
+    std::vector<MapEntry> cut;
+    for (uint64_t c : whole) {
+      cut.push_back(in->rec.map[c]);
+      in->rec.map[c] = kHole;
+    }
+    Unalloc(*in, {});  // drops trailing holes past the size
+    // As for a shrink: open handles keep the memory until the last one goes.
+    if (in->opens > 0 && !Fault("no_pin"))
+      in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
+    else
+      for (MapEntry e : cut) FreeChunk(e);
+  }
+  int64_t now = NowNs();
+  if (mode == 0 && end > in->rec.h.size) {
+    in->rec.h.size = end;
+    in->rec.h.mtime_ns = now;
+  }
+  in->rec.h.ctime_ns = now;
   return Persist(*in);
 }
 

@@ -165,6 +165,14 @@ class RegionStore {
   // in remote memory.
   Status write(uint64_t ino, uint64_t offset, std::span<const std::byte> data);
 
+  // fallocate(2). mode 0 or FALLOC_FL_KEEP_SIZE: every chunk of [offset, offset+len) gets
+  // allocated and zeroed, so later writes there cannot fail with ENOSPC; mode 0 also extends the
+  // size (KEEP_SIZE preallocates past the end without changing it). ENOSPC changes nothing.
+  // FALLOC_FL_PUNCH_HOLE|KEEP_SIZE: whole chunks in the range become holes (their memory returns
+  // at the last release, as for a truncate) and the covered bytes of partial ones are zeroed.
+  // Any other mode: ENOTSUP (== EOPNOTSUPP).
+  Status fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
+
   Result<StoreStatFs> statfs();
   RegionStoreStats stats() const;
 
@@ -185,8 +193,12 @@ class RegionStore {
   Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
   void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
   Result<MapEntry> AllocChunk(uint32_t server);         // mu_ held
-  void FreeChunk(MapEntry e);                           // mu_ held
-  Result<RemoteRef> RefOf(MapEntry e) const;            // mu_ held
+  // Allocates every hole among chunks [first, last] of `in` (growing its map), appending their
+  // indexes to `fresh`; on failure frees what it got (Unalloc) and returns the error. mu_ held.
+  Status AllocRange(Inode& in, uint64_t first, uint64_t last, std::vector<uint64_t>& fresh);
+  void Unalloc(Inode& in, const std::vector<uint64_t>& fresh);  // mu_ held
+  void FreeChunk(MapEntry e);                                   // mu_ held
+  Result<RemoteRef> RefOf(MapEntry e) const;                    // mu_ held
   Scheduler& Sched();
   InodeAttr AttrOf(const Inode& in) const;
 

@@ -1,10 +1,12 @@
 // RegionStore tests against embedded farmemds (loopback TCP) and a memory:// cluster store: data
 // round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
-// operations and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|no_tail|
-// no_pin|no_rollback|no_onewriter removes one protection; the test guarding it then fails.
+// operations, fallocate and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|
+// no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|no_punch_zero removes one protection; the
+// test guarding it then fails.
 #include "regions/engine/region_store.h"
 
 #include <gtest/gtest.h>
+#include <linux/falloc.h>
 #include <sys/stat.h>
 #include <nlohmann/json.hpp>
 
@@ -170,6 +172,56 @@ TEST_F(RegionStoreTest, EnospcChangesNothingAndSpaceIsReusableAfterDelete) {
   for (uint64_t off = 0; off < written; off += mib.size())
     ASSERT_TRUE(store_->write(again, off, mib).ok()) << "space not reusable at " << off;
   EXPECT_EQ(Read(again, written - mib.size(), mib.size()), mib);
+}
+
+TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
+  Open(1, 8ull << 20);  // 8 MiB: 64 chunks
+  uint64_t f = Create("f");
+  auto chunks = [&](uint64_t ino) {
+    auto a = store_->getattr(ino);
+    EXPECT_TRUE(a.ok());
+    return a.ok() ? a->chunks : 0;
+  };
+  // Mode 0 allocates and extends; KEEP_SIZE allocates past the end without extending.
+  ASSERT_TRUE(store_->fallocate(f, 0, 0, 3 * kChunkBytes + 1).ok());
+  EXPECT_EQ(store_->getattr(f)->size, 3 * kChunkBytes + 1);
+  EXPECT_EQ(chunks(f), 4u) << "mode 0 did not allocate";
+  ASSERT_TRUE(store_->fallocate(f, FALLOC_FL_KEEP_SIZE, 0, 6 * kChunkBytes).ok());
+  EXPECT_EQ(store_->getattr(f)->size, 3 * kChunkBytes + 1);
+  EXPECT_EQ(chunks(f), 6u) << "KEEP_SIZE did not allocate past the end";
+  EXPECT_EQ(CountNonZero(Read(f, 0, 3 * kChunkBytes + 1)), 0u);
+  // Punch [chunk/2, 2.5 chunks): chunk 1 goes, halves of chunks 0 and 2 read zero.
+  auto data = RandomBytes(4 * kChunkBytes, 11);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  ASSERT_TRUE(store_
+                  ->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kChunkBytes / 2,
+                              2 * kChunkBytes)
+                  .ok());
+  EXPECT_EQ(chunks(f), 5u) << "the whole chunk was not freed";
+  std::fill(data.begin() + kChunkBytes / 2, data.begin() + 5 * kChunkBytes / 2, std::byte{0});
+  EXPECT_EQ(Read(f, 0, data.size()), data) << "punched range not zero or the rest damaged";
+  EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes);
+  // Other modes are refused.
+  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_ZERO_RANGE, 0, 1)), ENOTSUP);
+  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_PUNCH_HOLE, 0, 1)), ENOTSUP);
+  // More than the budget: ENOSPC, nothing allocated, the size unchanged.
+  uint64_t g = Create("g");
+  uint64_t before = store_->stats().chunks_in_use;
+  EXPECT_EQ(ErrnoOf(store_->fallocate(g, 0, 0, 16ull << 20)), ENOSPC);
+  EXPECT_EQ(store_->stats().chunks_in_use, before) << "the failed fallocate left chunks";
+  EXPECT_EQ(store_->getattr(g)->size, 0u);
+  // Preallocated chunks are a promise: with the servers full, writes there still succeed.
+  ASSERT_TRUE(store_->fallocate(g, 0, 0, 2 * kChunkBytes).ok());
+  uint64_t fill = Create("fill");
+  auto mib = RandomBytes(1 << 20, 12);
+  Status st;
+  for (uint64_t off = 0; st.ok() && off < (16ull << 20); off += mib.size())
+    st = store_->write(fill, off, mib);
+  ASSERT_EQ(ErrnoOf(st), ENOSPC) << "8 MiB never ran out";
+  auto two = RandomBytes(2 * kChunkBytes, 13);
+  Status w = store_->write(g, 0, two);
+  ASSERT_TRUE(w.ok()) << "a write into preallocated chunks failed: " << w.ToString();
+  EXPECT_EQ(Read(g, 0, two.size()), two);
 }
 
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {

@@ -213,6 +213,15 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t o
   fuse_reply_write(req, size);
 }
 
+// The kernel writes back and drops its cached pages of a punched range itself (FUSE_FALLOCATE),
+// and updates i_size after a mode-0 call.
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+               fuse_file_info*) {
+  if (offset < 0 || length <= 0) return (void)fuse_reply_err(req, EINVAL);
+  ReplyStatus(req, Store(req).fallocate(ino, mode, static_cast<uint64_t>(offset),
+                                        static_cast<uint64_t>(length)));
+}
+
 // Every write the daemon acknowledged is already in remote memory, so flush and fsync have
 // nothing left to do here (the kernel writes its dirty pages back before calling them).
 void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
@@ -313,6 +322,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.listxattr = Listxattr;
   ops.removexattr = Removexattr;
   ops.create = Create;
+  ops.fallocate = Fallocate;
   return ops;
 }
 
