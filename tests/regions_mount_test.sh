@@ -5,9 +5,10 @@
 # repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, chmod/chown/
 # utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second
 # writer EBUSY), ENOSPC with the rest intact and the space reusable after rm, df from the budget,
-# fallocate (-l, -n, -p, -z) against tmpfs, clean unmount on SIGTERM and by fusermount3 -u.
+# fallocate (-l, -n, -p, -z) against tmpfs, the root-only .regions/ reports and `farmem regions
+# stat`, clean unmount on SIGTERM and by fusermount3 -u.
 # FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_rollback (passed
-# to the daemon) makes a check fail.
+# to the daemon) makes a check fail; so does open_intro (.regions/ readable by everyone).
 # SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
 set -euo pipefail
 
@@ -201,7 +202,39 @@ dd if="$REF/fpre" of="$MNT/fpre" bs=1M conv=notrunc,fsync status=none 2>"$WORK/f
 rm "$MNT/ffill" "$MNT/fhuge"
 log "fallocate -l/-n/-p: size, blocks and bytes as on tmpfs; -z EOPNOTSUPP; ENOSPC changed nothing; preallocated space writable when full"
 
-# 9. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
+# 9. .regions/ introspection: root reads the reports (and `farmem regions stat` prints them);
+# nobody gets EACCES; nothing in it can be written, created or removed.
+mkdir "$MNT/intro"
+printf abc >"$MNT/intro/one file"
+exec 3<"$MNT/intro/one file"  # an open region for the "open" report
+grep -Eq "^path=/intro/one%20file ino=[0-9]+ size=3 chunks=1 .* map=0:[0-9]+\.[0-9]+$" "$MNT/.regions/files" ||
+  fail ".regions/files: $(cat "$MNT/.regions/files")"
+grep -Eq "^ino=[0-9]+ path=/intro/one%20file opens=1 writers=0$" "$MNT/.regions/open" ||
+  fail ".regions/open: $(cat "$MNT/.regions/open")"
+exec 3<&-
+grep -q "^pid=$PID uid=0 mountpoint=$MNT " "$MNT/.regions/daemon" || fail ".regions/daemon: $(cat "$MNT/.regions/daemon")"
+grep -q "^server=0 address=127.0.0.1:[0-9]* units=[1-9]" "$MNT/.regions/hosts" || fail ".regions/hosts: $(cat "$MNT/.regions/hosts")"
+grep -q "^budget_bytes=41943040 free_bytes=[0-9]* used_bytes=[1-9]" "$MNT/.regions/memusage" || fail ".regions/memusage"
+grep -q "^gid=[0-9]* server=0 address=127.0.0.1:[0-9]* key=" "$MNT/.regions/pools" || fail ".regions/pools"
+"$FARMEM" regions stat --mount "$MNT" >"$WORK/rstat.out" || fail "farmem regions stat failed"
+grep -q "^== files ==" "$WORK/rstat.out" && grep -q "^path=/intro/one%20file " "$WORK/rstat.out" ||
+  fail "farmem regions stat: $(cat "$WORK/rstat.out")"
+(echo x >"$MNT/.regions/files") 2>/dev/null && fail "root wrote .regions/files"
+touch "$MNT/.regions/new" 2>/dev/null && fail "created a file in .regions/"
+rm -f "$MNT/.regions/files" 2>/dev/null && fail "removed .regions/files"
+mkdir "$MNT/.regions" 2>/dev/null && fail "mkdir .regions over the introspection directory"
+if command -v runuser >/dev/null && id nobody >/dev/null 2>&1; then
+  runuser -u nobody -- cat "$MNT/.regions/files" >/dev/null 2>&1 && fail "nobody read .regions/files"
+  runuser -u nobody -- ls "$MNT/.regions" >/dev/null 2>&1 && fail "nobody listed .regions/"
+  runuser -u nobody -- "$FARMEM" regions stat --mount "$MNT" >/dev/null 2>"$WORK/rstat.err" &&
+    fail "nobody ran farmem regions stat"
+  grep -q "Permission denied (.regions/ is root-only)" "$WORK/rstat.err" || fail "regions stat as nobody: $(cat "$WORK/rstat.err")"
+  log ".regions/: reports as documented, read-only, nobody gets EACCES (cat, ls, farmem regions stat)"
+else
+  log ".regions/: reports as documented, read-only (no runuser/nobody: EACCES not checked)"
+fi
+
+# 10. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
 kill -TERM "$PID"
 for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$PID" 2>/dev/null && fail "farmem mount still running 10 s after SIGTERM"

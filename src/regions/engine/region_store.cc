@@ -13,9 +13,11 @@
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace farmem::regions {
 
@@ -1066,6 +1068,120 @@ RegionStoreStats RegionStore::stats() const {
   s.units = units_.size();
   for (auto& [gid, u] : units_) s.chunks_in_use += static_cast<uint64_t>(std::popcount(u->used));
   return s;
+}
+
+}  // namespace farmem::regions
+
+namespace farmem::regions {
+
+std::string EscapeField(std::string_view p) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (char ch : p) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c <= 0x20 || c == 0x7f || c == '%' || c == '=') {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+std::unordered_map<uint64_t, std::string> RegionStore::Paths() const {
+  std::unordered_map<uint64_t, std::string> out;
+  out[kRootIno] = "/";
+  std::vector<std::pair<uint64_t, std::string>> todo{{kRootIno, ""}};
+  while (!todo.empty()) {
+    auto [dir, prefix] = std::move(todo.back());
+    todo.pop_back();
+    auto d = inodes_.find(dir);
+    if (d == inodes_.end()) continue;
+    for (const auto& [name, child] : d->second->children) {
+      std::string path = prefix + "/" + name;
+      auto c = inodes_.find(child);
+      if (c != inodes_.end() && c->second->is_dir()) todo.emplace_back(child, path);
+      out[child] = std::move(path);
+    }
+  }
+  return out;
+}
+
+Result<std::string> RegionStore::report(std::string_view name) {
+  std::ostringstream o;
+  if (name == "memusage") {
+    FARMEM_ASSIGN_OR_RETURN(StoreStatFs fs, statfs());
+    RegionStoreStats st = stats();
+    std::lock_guard lk(mu_);
+    uint64_t regions = static_cast<uint64_t>(std::count_if(
+        inodes_.begin(), inodes_.end(), [](const auto& kv) { return kv.second->is_reg(); }));
+    o << "budget_bytes=" << fs.budget_bytes << " free_bytes=" << fs.free_bytes
+      << " used_bytes=" << st.chunks_in_use * kChunkBytes << " units=" << st.units
+      << " unit_bytes=" << st.units * kStepBytes << " chunks_in_use=" << st.chunks_in_use
+      << " inodes=" << inodes_.size() << " regions=" << regions
+      << " remote_reads=" << st.remote_reads << " remote_writes=" << st.remote_writes
+      << " units_freed=" << st.units_freed << " alloc_failures=" << st.alloc_failures << "\n";
+    return o.str();
+  }
+  std::lock_guard lk(mu_);
+  if (name == "hosts") {
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      uint64_t units = 0, chunks = 0;
+      for (const auto& [gid, u] : units_)
+        if (u->server == i) {
+          ++units;
+          chunks += static_cast<uint64_t>(std::popcount(u->used));
+        }
+      o << "server=" << i << " address=" << servers_[i]->address << " units=" << units
+        << " chunks_in_use=" << chunks << " used_bytes=" << chunks * kChunkBytes << "\n";
+    }
+  } else if (name == "pools") {
+    for (const auto& [gid, u] : units_) {
+      char used[8];
+      std::snprintf(used, sizeof(used), "%04x", u->used);
+      o << "gid=" << gid << " server=" << u->server << " address=" << servers_[u->server]->address
+        << " key=" << u->base.key << " offset=" << u->base.offset << " bytes=" << kStepBytes
+        << " used_bitmap=" << used << " chunks_in_use=" << std::popcount(u->used) << "\n";
+    }
+  } else if (name == "open") {
+    auto paths = Paths();
+    std::map<uint64_t, std::shared_ptr<Inode>> open;
+    for (const auto& [h, in] : handles_) open[in->rec.h.ino] = in;
+    for (const auto& [ino, in] : open) {
+      auto p = paths.find(ino);
+      o << "ino=" << ino << " path=" << (p == paths.end() ? "-" : EscapeField(p->second))
+        << " opens=" << in->opens << " writers=" << in->writers << "\n";
+    }
+  } else if (name == "files") {
+    auto paths = Paths();
+    std::map<uint64_t, std::shared_ptr<Inode>> sorted(inodes_.begin(), inodes_.end());
+    for (const auto& [ino, in] : sorted) {
+      if (!in->is_reg()) continue;
+      const InodeRecordHeader& h = in->rec.h;
+      auto p = paths.find(ino);
+      o << "path=" << (p == paths.end() ? "-" : EscapeField(p->second)) << " ino=" << ino
+        << " size=" << h.size << " chunks=" << AttrOf(*in).chunks
+        << " persistent=" << ((h.attr_flags & kAttrPersistent) ? 1 : 0)
+        << " multihosted=" << ((h.attr_flags & kAttrMultihosted) ? 1 : 0)
+        << " onewriter=" << ((h.attr_flags & kAttrOneWriter) ? 1 : 0) << " ownerpid=" << h.owner_pid
+        << " map=";
+      // chunk:gid.index for every allocated chunk (holes left out), "-" when there is none.
+      bool any = false;
+      for (size_t c = 0; c < in->rec.map.size(); ++c) {
+        MapEntry e = in->rec.map[c];
+        if (e == kHole) continue;
+        o << (any ? "," : "") << c << ":" << EntryGid(e) << "."
+          << (EntryUnitOffset(e) >> kChunkShift);
+        any = true;
+      }
+      o << (any ? "" : "-") << "\n";
+    }
+  } else {
+    return Err(ENOENT, "no report " + std::string(name));
+  }
+  return o.str();
 }
 
 }  // namespace farmem::regions

@@ -116,6 +116,10 @@ struct RegionStoreStats {
 // with the errno name, e.g. "ENOTEMPTY: ...").
 int ErrnoOf(const Status& s);
 
+// A value of an introspection report field: bytes that would split a line or a field (space,
+// control bytes, '%', '=') as %XX.
+std::string EscapeField(std::string_view v);
+
 class RegionStore {
  public:
   // Connects a RawClient to every server through `node` (started, outlives the store), loads the
@@ -176,6 +180,14 @@ class RegionStore {
   Result<StoreStatFs> statfs();
   RegionStoreStats stats() const;
 
+  // ---- introspection (the paper's /proc/regions; docs/regions.md "Introspection") ----
+  // The text of one report: "hosts" (one line per memory server), "memusage" (one line),
+  // "pools" (one line per 2 MiB unit), "open" (one line per open region), "files" (one line per
+  // region: path, size, attributes, owner, chunk map). Every line is space-separated key=value
+  // fields; paths are %XX-escaped (space, '%', '=', control bytes). NotFound for another name.
+  Result<std::string> report(std::string_view name);
+  static constexpr std::string_view kReports[] = {"hosts", "memusage", "pools", "open", "files"};
+
  private:
   struct Inode;
   struct Unit;
@@ -201,6 +213,7 @@ class RegionStore {
   Result<RemoteRef> RefOf(MapEntry e) const;                    // mu_ held
   Scheduler& Sched();
   InodeAttr AttrOf(const Inode& in) const;
+  std::unordered_map<uint64_t, std::string> Paths() const;  // mu_ held; ino -> "/a/b"
 
   Node& node_;
   MetaStore& meta_;

@@ -224,6 +224,43 @@ TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
   EXPECT_EQ(Read(g, 0, two.size()), two);
 }
 
+TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
+  Open(1, 8ull << 20);
+  auto d = store_->mkdir(kRootIno, "d", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.onewriter", "1").ok());
+  uint64_t f = Create("a b=c", d->ino);
+  ASSERT_TRUE(store_->write(f, kChunkBytes, RandomBytes(10, 14)).ok());  // chunk 0 a hole
+  auto h = store_->open(f, false);
+  ASSERT_TRUE(h.ok());
+  auto text = [&](std::string_view name) {
+    auto r = store_->report(name);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status().ToString();
+    return r.ok() ? *r : std::string();
+  };
+  std::string files = text("files");
+  EXPECT_NE(
+      files.find("path=/d/a%20b%3Dc ino=" + std::to_string(f) +
+                 " size=" + std::to_string(kChunkBytes + 10) +
+                 " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 map=1:1.0\n"),
+      std::string::npos)
+      << files;
+  EXPECT_EQ(text("open"), "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0\n");
+  EXPECT_EQ(text("hosts"), "server=0 address=" + env_.options.servers[0] +
+                               " units=1 chunks_in_use=1 used_bytes=131072\n");
+  EXPECT_NE(text("pools").find("gid=1 server=0 address=" + env_.options.servers[0]),
+            std::string::npos);
+  EXPECT_NE(text("pools").find(" used_bitmap=0001 chunks_in_use=1\n"), std::string::npos);
+  std::string mem = text("memusage");
+  EXPECT_TRUE(mem.starts_with("budget_bytes=8388608 ")) << mem;
+  EXPECT_NE(mem.find(" used_bytes=131072 units=1 unit_bytes=2097152 chunks_in_use=1 "),
+            std::string::npos)
+      << mem;
+  EXPECT_EQ(ErrnoOf(store_->report("nope").status()), ENOENT);
+  ASSERT_TRUE(store_->release(*h).ok());
+  EXPECT_EQ(text("open"), "");
+}
+
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
   Open();
   auto d = store_->mkdir(kRootIno, "solo", 0755, who_);
