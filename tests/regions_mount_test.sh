@@ -6,9 +6,11 @@
 # utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second
 # writer EBUSY), ENOSPC with the rest intact and the space reusable after rm, df from the budget,
 # fallocate (-l, -n, -p, -z) against tmpfs, the root-only .regions/ reports and `farmem regions
-# stat`, clean unmount on SIGTERM and by fusermount3 -u.
+# stat`, OWNERPID/PERSISTENT (a region dies with its creating process unless PERSISTENT), clean
+# unmount on SIGTERM and by fusermount3 -u.
 # FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_rollback (passed
-# to the daemon) makes a check fail; so does open_intro (.regions/ readable by everyone).
+# to the daemon) makes a check fail; so do open_intro (.regions/ readable by everyone) and no_reap|
+# no_revoke|reap_persistent (OWNERPID).
 # SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
 set -euo pipefail
 
@@ -234,7 +236,69 @@ else
   log ".regions/: reports as documented, read-only (no runuser/nobody: EACCES not checked)"
 fi
 
-# 10. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
+# 10. OWNERPID/PERSISTENT: the root (and so every directory) defaults to PERSISTENT; in a directory
+# with user.region.persistent=0 a region dies with the process that created it: its name goes, a
+# reader that still has it open gets EIO, its chunks are free once that reader closes. A PERSISTENT
+# region made by the same process stays.
+mkdir "$MNT/eph" "$MNT/keep"
+python3 - "$MNT" >"$WORK/owner.out" 2>&1 <<'PY' || fail "OWNERPID: $(cat "$WORK/owner.out")"
+import errno, os, subprocess, sys, time
+mnt = sys.argv[1]
+eph, keep = os.path.join(mnt, "eph"), os.path.join(mnt, "keep")
+assert os.getxattr(keep, "user.region.persistent") == b"1", "the default is not PERSISTENT"
+os.setxattr(eph, "user.region.persistent", b"0")
+# The owner: creates one region in each directory, says so, exits when its stdin closes.
+owner = subprocess.Popen([sys.executable, "-c", """
+import sys
+for d in sys.argv[1:]:
+    with open(d + "/f", "wb") as f:
+        f.write(b"owned" * 1000)
+print("made", flush=True)
+sys.stdin.read()
+""", eph, keep], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+assert owner.stdout.readline() == b"made\n", "owner did not create its regions"
+doomed = os.path.join(eph, "f")
+assert os.getxattr(doomed, "user.region.ownerpid") == str(owner.pid).encode(), "ownerpid"
+fd = os.open(doomed, os.O_RDONLY)  # another opener
+assert os.pread(fd, 5, 0) == b"owned"
+def report(name):
+    with open(os.path.join(mnt, ".regions", name)) as f:
+        return f.read()
+line = [l for l in report("files").splitlines() if l.startswith("path=/eph/f ")]
+assert len(line) == 1 and " persistent=0 " in line[0], report("files")
+chunks = [c.split(":")[1] for c in line[0].split("map=")[1].split(",")]  # gid.index
+owner.stdin.close()
+owner.wait()
+deadline = time.monotonic() + 10
+while os.path.exists(doomed):
+    if time.monotonic() > deadline:
+        sys.exit("non-persistent region still there 10 s after its owner exited")
+    time.sleep(0.05)
+try:
+    os.pread(fd, 5, 0)
+    sys.exit("a reader of a region whose owner exited read it (want EIO)")
+except OSError as e:
+    assert e.errno == errno.EIO, e
+os.close(fd)
+with open(os.path.join(keep, "f"), "rb") as f:
+    assert f.read() == b"owned" * 1000, "persistent region damaged"
+# Its chunks are free once the reader's RELEASE arrived (after close() returned: 10 s bound).
+def in_use():
+    used = {}
+    for l in report("pools").splitlines():
+        kv = dict(x.split("=", 1) for x in l.split())
+        used[kv["gid"]] = int(kv["used_bitmap"], 16)
+    return [c for c in chunks if used.get(c.split(".")[0], 0) >> int(c.split(".")[1]) & 1]
+deadline = time.monotonic() + 10
+while in_use():
+    if time.monotonic() > deadline:
+        sys.exit("chunks of the deleted region still in use: %s" % in_use())
+    time.sleep(0.05)
+PY
+[[ -f "$MNT/keep/f" ]] || fail "PERSISTENT region gone with its owner"
+log "OWNERPID: a non-persistent region died with its owner (name gone, reader EIO, chunks freed); the PERSISTENT one stayed"
+
+# 11. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
 kill -TERM "$PID"
 for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$PID" 2>/dev/null && fail "farmem mount still running 10 s after SIGTERM"

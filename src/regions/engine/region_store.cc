@@ -7,7 +7,10 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -30,7 +33,10 @@ namespace {
 //   no_onewriter: ONEWRITER lets a second writer in;
 //   no_rollback: a write or fallocate that ran out of memory keeps the chunks it did get;
 //   no_prealloc: fallocate mode 0 / KEEP_SIZE sets the size but allocates nothing;
-//   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were.
+//   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were;
+//   no_reap: regions of an exited owner are not deleted;
+//   no_revoke: they are deleted, but handles still open keep reading and writing them;
+//   reap_persistent: PERSISTENT regions are deleted with their owner too.
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -109,6 +115,20 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The thread group (process) of thread `tid` (FUSE reports the calling thread), from
+// /proc/<tid>/status; `tid` itself when that cannot be read (the caller is gone, or a test's
+// made-up pid).
+int32_t TgidOf(int32_t tid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(tid) + "/status").c_str(), "r");
+  if (f == nullptr) return tid;
+  char line[256];
+  int32_t tgid = tid;
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "Tgid: %d", &tgid) == 1) break;
+  std::fclose(f);
+  return tgid > 0 ? tgid : tid;
 }
 
 Status CheckName(std::string_view name) {
@@ -216,6 +236,7 @@ struct RegionStore::Inode {
   uint32_t writers = 0;
   std::vector<MapEntry> deferred;  // cut off by a shrink while open: freed at the last release
   bool reclaimed = false;
+  bool revoked = false;  // its owner exited (not PERSISTENT): IO through open handles is EIO
   std::shared_mutex io;
   bool is_dir() const { return (rec.h.mode & S_IFMT) == S_IFDIR; }
   bool is_reg() const { return (rec.h.mode & S_IFMT) == S_IFREG; }
@@ -236,6 +257,8 @@ RegionStore::RegionStore(Node& node, MetaStore& meta, RegionStoreOptions options
     : node_(node), meta_(meta), options_(std::move(options)) {}
 
 RegionStore::~RegionStore() {
+  for (auto& [pid, fd] : owners_)
+    if (fd >= 0) close(fd);
   {
     std::lock_guard lk(sched_mu_);
     scheds_.clear();
@@ -339,6 +362,10 @@ Status RegionStore::Load() {
   }
   if (!inodes_.contains(kRootIno) || !inodes_[kRootIno]->is_dir())
     return Status::InvalidArgument("regions metadata: no root directory");
+  // Owners of an earlier mount: watched by pid again (a pid reused since would be taken for the
+  // owner; the record has no start time), gone ones reaped at the first ReapOwners.
+  for (auto& [ino, in] : inodes_)
+    if (in->is_reg() && in->rec.h.owner_pid > 0) WatchOwner(in->rec.h.owner_pid);
   inodes_[kRootIno]->parent = kRootIno;
   for (auto& [key, ino] : dirents) {
     std::string_view rest = std::string_view(key).substr(7);
@@ -469,14 +496,15 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
   h.uid = who.uid;
   h.gid = who.gid;
   h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
-  h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
-  h.owner_pid = who.pid;
+  h.attr_flags = dir->rec.h.attr_flags;             // inherited from the directory
+  h.owner_pid = who.pid > 0 ? TgidOf(who.pid) : 0;  // the process, not the thread
   h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
   if (in->is_dir()) in->parent = parent;
   in->rec.target = std::string(target);  // symlinks: in the record before it is first persisted
   FARMEM_RETURN_IF_ERROR(Persist(*in));
   FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, h.ino));
   inodes_[h.ino] = in;
+  if (in->is_reg() && h.owner_pid > 0) WatchOwner(h.owner_pid);
   dir->children.emplace(std::string(name), h.ino);
   if (in->is_dir()) ++dir->rec.h.nlink;
   dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = h.ctime_ns;
@@ -660,6 +688,7 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   }
   std::unique_lock io(in->io);  // no read or write of this inode in flight from here on
   std::unique_lock lk(mu_);
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (in->reclaimed) return Err(ENOENT, "inode was deleted");
   InodeRecordHeader& h = in->rec.h;
   int64_t now = NowNs();
@@ -761,6 +790,7 @@ Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
 Result<uint64_t> RegionStore::open(uint64_t ino, bool write) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (write && (in->rec.h.attr_flags & kAttrOneWriter) && in->writers > 0 && !Fault("no_onewriter"))
     return Err(EBUSY, "ONEWRITER region already has a writer");
   ++in->opens;
@@ -858,6 +888,7 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
   size_t n = 0;
   {
     std::lock_guard lk(mu_);
+    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "read of a non-file");
     uint64_t size = in->rec.h.size;
@@ -898,6 +929,7 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   uint64_t end = offset + data.size();
   {
     std::lock_guard lk(mu_);
+    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
     FARMEM_RETURN_IF_ERROR(AllocRange(*in, ChunkOf(offset), ChunkOf(end - 1), fresh));
@@ -980,6 +1012,7 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
   }
   std::unique_lock io(in->io);  // no read or write of this inode in flight: the map is ours
   std::unique_lock lk(mu_);
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (in->reclaimed) return Err(ENOENT, "inode was deleted");
   if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "fallocate of a non-file");
   const uint64_t end = offset + len;
@@ -1073,6 +1106,77 @@ RegionStoreStats RegionStore::stats() const {
 }  // namespace farmem::regions
 
 namespace farmem::regions {
+
+void RegionStore::WatchOwner(int32_t pid) {
+  if (owners_.contains(pid)) return;
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    owners_[pid] = fd;
+  } else if (errno == ESRCH) {
+    owners_[pid] = -1;  // already gone: reaped at the next ReapOwners
+  }
+  // Other errors (no pidfd_open, out of fds, a made-up pid of another kind): not watched, so
+  // the region behaves as PERSISTENT (docs/regions.md "Attributes").
+}
+
+Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseconds wait) {
+  std::vector<pollfd> fds;
+  std::vector<int32_t> pids;
+  bool gone = false;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [pid, fd] : owners_) {
+      if (fd < 0) gone = true;
+      fds.push_back(pollfd{fd, POLLIN, 0});  // poll ignores negative fds
+      pids.push_back(pid);
+    }
+  }
+  // A pidfd turns readable when its process has exited.
+  int n = poll(fds.data(), fds.size(), gone ? 0 : static_cast<int>(wait.count()));
+  if (n < 0 && errno != EINTR)
+    return Err(EIO, std::string("poll of owner pidfds: ") + strerror(errno));
+  std::vector<ReapedRegion> out;
+  std::vector<std::shared_ptr<Inode>> victims;
+  {
+    std::lock_guard lk(mu_);
+    std::vector<int32_t> dead;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd >= 0 && !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto it = owners_.find(pids[i]);
+      if (it == owners_.end()) continue;
+      if (it->second >= 0) close(it->second);
+      owners_.erase(it);
+      dead.push_back(pids[i]);
+    }
+    if (dead.empty() || Fault("no_reap")) return out;
+    auto doomed = [&](const Inode& in) {
+      return in.is_reg() && in.rec.h.nlink > 0 &&
+             std::find(dead.begin(), dead.end(), in.rec.h.owner_pid) != dead.end() &&
+             (!(in.rec.h.attr_flags & kAttrPersistent) || Fault("reap_persistent"));
+    };
+    for (auto& [dino, dir] : inodes_) {
+      if (!dir->is_dir()) continue;
+      for (auto it = dir->children.begin(); it != dir->children.end();) {
+        auto c = inodes_.find(it->second);
+        if (c == inodes_.end() || !doomed(*c->second)) {
+          ++it;
+          continue;
+        }
+        std::shared_ptr<Inode> in = c->second;
+        FARMEM_RETURN_IF_ERROR(PersistDirent(dino, it->first, 0));
+        out.push_back({dino, it->first, in->rec.h.ino, in->rec.h.owner_pid});
+        it = dir->children.erase(it);
+        dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
+        FARMEM_RETURN_IF_ERROR(Persist(*dir));
+        FARMEM_RETURN_IF_ERROR(DropLink(in));
+        if (!Fault("no_revoke")) in->revoked = true;
+        victims.push_back(std::move(in));
+      }
+    }
+  }
+  for (auto& in : victims) MaybeReclaim(in);
+  return out;
+}
 
 std::string EscapeField(std::string_view p) {
   static const char kHex[] = "0123456789ABCDEF";

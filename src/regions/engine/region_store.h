@@ -96,6 +96,15 @@ struct Caller {
   int32_t pid = 0;
 };
 
+// A region deleted because its owner process exited (ReapOwners): the FUSE daemon drops the
+// kernel's cached name and pages of it.
+struct ReapedRegion {
+  uint64_t parent = 0;
+  std::string name;
+  uint64_t ino = 0;
+  int32_t owner_pid = 0;
+};
+
 struct StoreStatFs {
   uint64_t budget_bytes = 0;  // sum of the servers' budgets
   uint64_t free_bytes = 0;    // what the servers have left plus free chunks in our units
@@ -180,6 +189,15 @@ class RegionStore {
   Result<StoreStatFs> statfs();
   RegionStoreStats stats() const;
 
+  // ---- OWNERPID / PERSISTENT (docs/regions.md "Attributes") ----
+  // A regular file records its creating process (the TGID of Caller::pid) and the store watches
+  // that process with a pidfd. Waits up to `wait` for a watched process to exit; then every
+  // region of every exited owner that is not PERSISTENT (at that moment) is unlinked and revoked:
+  // its name goes, IO through handles still open gets EIO, its memory returns at the last
+  // release. Returns what was deleted. Regions whose owner is unknown (pid 0: another pid
+  // namespace; no pidfd) are never deleted this way. Called in a loop by one thread.
+  Result<std::vector<ReapedRegion>> ReapOwners(std::chrono::milliseconds wait);
+
   // ---- introspection (the paper's /proc/regions; docs/regions.md "Introspection") ----
   // The text of one report: "hosts" (one line per memory server), "memusage" (one line),
   // "pools" (one line per 2 MiB unit), "open" (one line per open region), "files" (one line per
@@ -214,6 +232,8 @@ class RegionStore {
   Scheduler& Sched();
   InodeAttr AttrOf(const Inode& in) const;
   std::unordered_map<uint64_t, std::string> Paths() const;  // mu_ held; ino -> "/a/b"
+  // Starts watching process `pid` with a pidfd (mu_ held); one that does not exist has exited.
+  void WatchOwner(int32_t pid);
 
   Node& node_;
   MetaStore& meta_;
@@ -224,6 +244,7 @@ class RegionStore {
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> inodes_;
   std::map<uint64_t, std::unique_ptr<Unit>> units_;  // by gid
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> handles_;
+  std::map<int32_t, int> owners_;  // watched owner TGID -> pidfd (-1: known to have exited)
   uint64_t next_ino_ = kRootIno + 1;
   uint64_t next_handle_ = 1;
   uint32_t next_gid_ = 1;

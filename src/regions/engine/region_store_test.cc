@@ -1,13 +1,16 @@
 // RegionStore tests against embedded farmemds (loopback TCP) and a memory:// cluster store: data
 // round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
 // operations, fallocate and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|
-// no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|no_punch_zero removes one protection; the
-// test guarding it then fails.
+// no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|no_punch_zero|no_reap|no_revoke|
+// reap_persistent removes one protection; the test guarding it then fails. One test forks a child
+// (it only blocks on a pipe and _exits) to be a region's owner process.
 #include "regions/engine/region_store.h"
 
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -259,6 +262,63 @@ TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
   EXPECT_EQ(ErrnoOf(store_->report("nope").status()), ENOENT);
   ASSERT_TRUE(store_->release(*h).ok());
   EXPECT_EQ(text("open"), "");
+}
+
+TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
+  Open(1, 8ull << 20);
+  // The owner: a child blocked on a pipe until we close it (fork: it only reads and _exits).
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    close(pipefd[1]);
+    (void)!read(pipefd[0], &c, 1);
+    _exit(0);
+  }
+  close(pipefd[0]);
+  Caller owner{1000, 1000, child};
+  auto eph = store_->mkdir(kRootIno, "eph", 0755, owner);
+  auto keep = store_->mkdir(kRootIno, "keep", 0755, owner);
+  ASSERT_TRUE(eph.ok() && keep.ok());
+  ASSERT_TRUE(store_->setxattr(keep->ino, "user.region.persistent", "1").ok());
+  auto doomed = store_->create(eph->ino, "f", 0644, owner);
+  auto kept = store_->create(keep->ino, "f", 0644, owner);
+  auto mine = store_->create(eph->ino, "mine", 0644, Caller{0, 0, getpid()});
+  ASSERT_TRUE(doomed.ok() && kept.ok() && mine.ok());
+  EXPECT_EQ(doomed->owner_pid, child);
+  auto data = RandomBytes(kChunkBytes + 1, 15);
+  ASSERT_TRUE(store_->write(doomed->ino, 0, data).ok());
+  ASSERT_TRUE(store_->write(kept->ino, 0, data).ok());
+  auto other = store_->open(doomed->ino, false);  // another opener
+  ASSERT_TRUE(other.ok());
+  uint64_t chunks_before = store_->stats().chunks_in_use;
+  auto nothing = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_TRUE(nothing->empty()) << "reaped while the owner lives";
+  close(pipefd[1]);  // the owner exits
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  std::vector<ReapedRegion> reaped;
+  for (int i = 0; i < 100 && reaped.empty(); ++i) {  // the pidfd is readable at once; 10 s bound
+    auto r = store_->ReapOwners(std::chrono::milliseconds(100));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    reaped = *r;
+  }
+  ASSERT_EQ(reaped.size(), 1u) << "the non-persistent region was not deleted with its owner";
+  EXPECT_EQ(reaped[0].parent, eph->ino);
+  EXPECT_EQ(reaped[0].name, "f");
+  EXPECT_EQ(ErrnoOf(store_->lookup(eph->ino, "f").status()), ENOENT);
+  EXPECT_TRUE(store_->lookup(keep->ino, "f").ok()) << "the PERSISTENT region went too";
+  EXPECT_TRUE(store_->lookup(eph->ino, "mine").ok()) << "a live owner's region went";
+  std::vector<std::byte> buf(10);
+  EXPECT_EQ(ErrnoOf(store_->read(doomed->ino, 0, buf).status()), EIO) << "revoked region readable";
+  EXPECT_EQ(ErrnoOf(store_->write(doomed->ino, 0, data)), EIO) << "revoked region writable";
+  EXPECT_EQ(store_->stats().chunks_in_use, chunks_before) << "freed while another opener has it";
+  ASSERT_TRUE(store_->release(*other).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, chunks_before - 2) << "memory not returned";
+  EXPECT_EQ(Read(kept->ino, 0, data.size()), data);
 }
 
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {

@@ -8,15 +8,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/log.h"
 #include "farmem/cluster.h"
 #include "farmem/regionfs.h"
 #include "farmem/server.h"
@@ -36,7 +40,8 @@ constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 
 // TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
 // namespace in; no_perms mounts without default_permissions (the kernel then checks nothing);
-// open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid check).
+// open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid check); no_inval keeps
+// the kernel's cached pages of a region deleted with its owner (readers then see no EIO).
 bool FsFault(std::string_view name) {
   const char* f = std::getenv("FARMEM_REGIONS_FAULT");
   return f != nullptr && name == f;
@@ -508,6 +513,24 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
                                " (does it exist, is /dev/fuse usable?)");
     } else {
       if (o.on_ready) o.on_ready();
+      // OWNERPID: deletes the regions of exited owners and drops what the kernel cached of them
+      // (name and pages: other openers' reads then reach the store and get EIO). Started with
+      // the stop signals still blocked; wakes at least every 100 ms to see `stop`.
+      std::atomic<bool> stop{false};
+      std::thread reaper([&] {
+        while (!stop.load()) {
+          auto r = store.ReapOwners(std::chrono::milliseconds(100));
+          if (!r.ok()) {
+            FARMEM_LOG_WARN("regions: reaping owners: {}", r.status().ToString());
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
+          }
+          for (const regions::ReapedRegion& x : *r) {
+            fuse_lowlevel_notify_inval_entry(se, x.parent, x.name.data(), x.name.size());
+            if (!FsFault("no_inval")) fuse_lowlevel_notify_inval_inode(se, x.ino, 0, 0);
+          }
+        }
+      });
       sigset_t blocked;
       pthread_sigmask(SIG_SETMASK, &unblocked, &blocked);
       fuse_loop_config* cfg = fuse_loop_cfg_create();
@@ -516,6 +539,8 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
       int rc = fuse_session_loop_mt(se, cfg);
       fuse_loop_cfg_destroy(cfg);
       pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
+      stop = true;
+      reaper.join();
       fuse_session_unmount(se);
       // A signal (SIGINT/SIGTERM) ends the loop with its number: a clean unmount.
       if (rc < 0) result = Status::IoError("regions: FUSE loop: " + std::string(strerror(-rc)));
@@ -591,6 +616,11 @@ Status RunRegionFs(const RegionFsOptions& o) {
   FARMEM_ASSIGN_OR_RETURN(auto node, Node::Create(nc));
   FARMEM_RETURN_IF_ERROR(node->start());
   so.root_mode = 0755;
+  // The paper's default is a region that dies with its creating process; a file system used by
+  // shell tools (each `cp`, `echo >` exits at once) needs PERSISTENT as the default, so a new
+  // namespace's root carries it and directories inherit it. `setfattr -n user.region.persistent
+  // -v 0 DIR` gives the paper's default to what is created in DIR (docs/regions.md).
+  so.root_attrs = regions::kAttrPersistent;
   // Running farmemds outlive this mount, so its units must too (the metadata in a shared store
   // names them); the embedded server's memory dies with the process anyway.
   so.persistent_units = !o.servers.empty();
