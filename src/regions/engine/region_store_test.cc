@@ -42,6 +42,14 @@ class RegionStoreTest : public ::testing::Test {
     EXPECT_TRUE(a.ok()) << a.status().ToString();
     return a.ok() ? a->ino : 0;
   }
+  // A directory in the root with region attribute `xattr` set to 1 (its files inherit it).
+  uint64_t MkdirWith(std::string_view name, std::string_view xattr) {
+    auto d = store_->mkdir(kRootIno, name, 0755, who_);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    if (!d.ok()) return 0;
+    EXPECT_TRUE(store_->setxattr(d->ino, xattr, "1").ok());
+    return d->ino;
+  }
   std::vector<std::byte> Read(uint64_t ino, uint64_t off, size_t n) {
     return testing::ReadBytes(*store_, ino, off, n);
   }
@@ -229,10 +237,7 @@ TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
 
 TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
   Open(1, 8ull << 20);
-  auto d = store_->mkdir(kRootIno, "d", 0755, who_);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.onewriter", "1").ok());
-  uint64_t f = Create("a b=c", d->ino);
+  uint64_t f = Create("a b=c", MkdirWith("d", "user.region.onewriter"));
   ASSERT_TRUE(store_->write(f, kChunkBytes, RandomBytes(10, 14)).ok());  // chunk 0 a hole
   auto h = store_->open(f, false);
   ASSERT_TRUE(h.ok());
@@ -323,10 +328,7 @@ TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
 
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
   Open();
-  auto d = store_->mkdir(kRootIno, "solo", 0755, who_);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.onewriter", "1").ok());
-  uint64_t f = Create("f", d->ino);
+  uint64_t f = Create("f", MkdirWith("solo", "user.region.onewriter"));
   auto v = store_->getxattr(f, "user.region.onewriter");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, "1");
@@ -452,10 +454,7 @@ TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
 
 TEST_F(RegionStoreTest, MultihostedRegionsSpreadIn2MiBSteps) {
   Open(2, 16ull << 20);
-  auto d = store_->mkdir(kRootIno, "multi", 0755, who_);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.multihosted", "1").ok());
-  uint64_t f = Create("f", d->ino);
+  uint64_t f = Create("f", MkdirWith("multi", "user.region.multihosted"));
   auto data = RandomBytes(2 * kStepBytes, 11);
   ASSERT_TRUE(store_->write(f, 0, data).ok());
   EXPECT_EQ(Read(f, 0, data.size()), data);
