@@ -1046,7 +1046,15 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
   }
   lk.unlock();
   remote_writes_ += zero.size();
-  Status w = RunPieces(Sched(), zero, true);
+  // In batches: a large preallocation (up to 2^16 chunks) must not put every write in flight.
+  constexpr size_t kBatch = 64;
+  Status w;
+  for (size_t i = 0; i < zero.size() && w.ok(); i += kBatch) {
+    std::vector<Piece> batch(
+        zero.begin() + static_cast<ptrdiff_t>(i),
+        zero.begin() + static_cast<ptrdiff_t>(std::min(zero.size(), i + kBatch)));
+    w = RunPieces(Sched(), batch, true);
+  }
   lk.lock();
   if (!w.ok()) {
     Unalloc(*in, fresh);

@@ -323,7 +323,9 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
   if (fi->fh & kIntroHandle) {
     FsState& fs = State(req);
     std::lock_guard lk(fs.mu);
-    const std::string& t = fs.intro[fi->fh];
+    auto it = fs.intro.find(fi->fh);
+    if (it == fs.intro.end()) return (void)fuse_reply_err(req, EBADF);
+    const std::string& t = it->second;
     size_t from = std::min(static_cast<size_t>(off), t.size());
     return (void)fuse_reply_buf(req, t.data() + from, std::min(size, t.size() - from));
   }
