@@ -6,8 +6,8 @@
 # utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second
 # writer EBUSY), ENOSPC with the rest intact and the space reusable after rm, df from the budget,
 # fallocate (-l, -n, -p, -z) against tmpfs, the root-only .regions/ reports and `farmem regions
-# stat`, OWNERPID/PERSISTENT (a region dies with its creating process unless PERSISTENT), clean
-# unmount on SIGTERM and by fusermount3 -u.
+# stat`, OWNERPID/PERSISTENT (a region dies with its creating process unless PERSISTENT), HOSTALLOC,
+# clean unmount on SIGTERM and by fusermount3 -u.
 # FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_rollback (passed
 # to the daemon) makes a check fail; so do open_intro (.regions/ readable by everyone) and no_reap|
 # no_revoke|reap_persistent (OWNERPID).
@@ -298,7 +298,28 @@ PY
 [[ -f "$MNT/keep/f" ]] || fail "PERSISTENT region gone with its owner"
 log "OWNERPID: a non-persistent region died with its owner (name gone, reader EIO, chunks freed); the PERSISTENT one stayed"
 
-# 11. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
+# 11. HOSTALLOC: a directory limited to the (one) memory server of this mount passes the list on;
+# a server the mount does not have is EINVAL. (Placement over several servers: the engine tests.)
+server="$(sed -n 's/^server=0 address=\([^ ]*\) .*/\1/p' "$MNT/.regions/hosts")"
+mkdir "$MNT/placed"
+python3 - "$MNT/placed" "$server" >"$WORK/hostalloc.out" 2>&1 <<'PY' || fail "HOSTALLOC: $(cat "$WORK/hostalloc.out")"
+import errno, os, sys
+d, server = sys.argv[1], sys.argv[2].encode()
+assert os.getxattr(d, "user.region.hostalloc") == b"", "default is not all servers"
+try:
+    os.setxattr(d, "user.region.hostalloc", b"192.0.2.1:9")
+    sys.exit("a server the mount does not have was accepted")
+except OSError as e:
+    assert e.errno == errno.EINVAL, e
+os.setxattr(d, "user.region.hostalloc", server)
+with open(os.path.join(d, "f"), "wb") as f:
+    f.write(b"x" * 200000)
+assert os.getxattr(os.path.join(d, "f"), "user.region.hostalloc") == server, "not inherited"
+PY
+grep -q "^path=/placed/f .* hostalloc=$server map=" "$MNT/.regions/files" || fail ".regions/files: no hostalloc=$server for /placed/f"
+log "HOSTALLOC: set to the mount's server, inherited, shown in .regions/files; an unknown server EINVAL"
+
+# 12. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.
 kill -TERM "$PID"
 for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$PID" 2>/dev/null && fail "farmem mount still running 10 s after SIGTERM"

@@ -36,7 +36,8 @@ namespace {
 //   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were;
 //   no_reap: regions of an exited owner are not deleted;
 //   no_revoke: they are deleted, but handles still open keep reading and writing them;
-//   reap_persistent: PERSISTENT regions are deleted with their owner too.
+//   reap_persistent: PERSISTENT regions are deleted with their owner too;
+//   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers).
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -496,7 +497,8 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
   h.uid = who.uid;
   h.gid = who.gid;
   h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
-  h.attr_flags = dir->rec.h.attr_flags;             // inherited from the directory
+  h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
+  if ((mode & S_IFMT) != S_IFLNK) in->rec.hostalloc = dir->rec.hostalloc;
   h.owner_pid = who.pid > 0 ? TgidOf(who.pid) : 0;  // the process, not the thread
   h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
   if (in->is_dir()) in->parent = parent;
@@ -744,12 +746,14 @@ constexpr XattrName kXattrs[] = {{"user.region.persistent", kAttrPersistent},
                                  {"user.region.multihosted", kAttrMultihosted},
                                  {"user.region.onewriter", kAttrOneWriter}};
 constexpr std::string_view kOwnerPidXattr = "user.region.ownerpid";
+constexpr std::string_view kHostallocXattr = "user.region.hostalloc";
 }  // namespace
 
 Result<std::string> RegionStore::getxattr(uint64_t ino, std::string_view name) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return std::to_string(in->rec.h.owner_pid);
+  if (name == kHostallocXattr) return in->rec.hostalloc;
   for (const auto& x : kXattrs)
     if (x.name == name) return std::string((in->rec.h.attr_flags & x.flag) ? "1" : "0");
   return Err(ENODATA, std::string(name));
@@ -759,6 +763,21 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  if (name == kHostallocXattr) {
+    if ((in->rec.h.mode & S_IFMT) == S_IFLNK) return Err(EINVAL, "a symlink has no HOSTALLOC");
+    Status ok = CheckHostalloc(value);
+    if (!ok.ok()) return Err(EINVAL, std::string(ok.message()));
+    for (const std::string& a : SplitHostalloc(value))
+      if (std::none_of(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; }))
+        return Err(EINVAL, "HOSTALLOC: " + a + " is not a memory server of this mount");
+    // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
+    if (in->is_reg() &&
+        std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
+      return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
+    in->rec.hostalloc = std::string(value);
+    in->rec.h.ctime_ns = NowNs();
+    return Persist(*in);
+  }
   for (const auto& x : kXattrs) {
     if (x.name != name) continue;
     if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
@@ -775,7 +794,11 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   }
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
-  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter} can be set");
+  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter,hostalloc} can be set");
+}
+
+Status RegionStore::removexattr(uint64_t ino, std::string_view name) {
+  return setxattr(ino, name, name == kHostallocXattr ? "" : "0");
 }
 
 Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
@@ -784,6 +807,7 @@ Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
   std::vector<std::string> out;
   for (const auto& x : kXattrs) out.emplace_back(x.name);
   out.emplace_back(kOwnerPidXattr);
+  if ((in->rec.h.mode & S_IFMT) != S_IFLNK) out.emplace_back(kHostallocXattr);
   return out;
 }
 
@@ -971,13 +995,27 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
 
 Status RegionStore::AllocRange(Inode& in, uint64_t first, uint64_t last,
                                std::vector<uint64_t>& fresh) {
+  // HOSTALLOC: the servers this region may use, in its list's order (all when empty); a
+  // single-host region lives on the first, a MULTIHOSTED one goes round-robin over them.
+  std::vector<uint32_t> hosts;
+  if (in.rec.hostalloc.empty() || Fault("no_hostalloc")) {
+    for (uint32_t i = 0; i < servers_.size(); ++i) hosts.push_back(i);
+  } else {
+    for (const std::string& a : SplitHostalloc(in.rec.hostalloc)) {
+      auto it =
+          std::find_if(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; });
+      if (it == servers_.end())
+        return Err(EIO, "HOSTALLOC names " + a + ", which is not a memory server of this mount");
+      hosts.push_back(static_cast<uint32_t>(it - servers_.begin()));
+    }
+  }
   if (in.rec.map.size() <= last) in.rec.map.resize(last + 1, kHole);
-  uint32_t servers = static_cast<uint32_t>(servers_.size());
+  uint32_t n = static_cast<uint32_t>(hosts.size());
   bool multi = in.rec.h.attr_flags & kAttrMultihosted;
   for (uint64_t c = first; c <= last; ++c) {
     if (in.rec.map[c] != kHole) continue;
-    auto e = AllocChunk(
-        multi ? StepServer(c, static_cast<uint32_t>(in.rec.h.ino % servers), servers) : 0);
+    auto e =
+        AllocChunk(hosts[multi ? StepServer(c, static_cast<uint32_t>(in.rec.h.ino % n), n) : 0]);
     if (!e.ok()) {
       if (!Fault("no_rollback")) Unalloc(in, fresh);
       return e.status();
@@ -1278,6 +1316,7 @@ Result<std::string> RegionStore::report(std::string_view name) {
         << " persistent=" << ((h.attr_flags & kAttrPersistent) ? 1 : 0)
         << " multihosted=" << ((h.attr_flags & kAttrMultihosted) ? 1 : 0)
         << " onewriter=" << ((h.attr_flags & kAttrOneWriter) ? 1 : 0) << " ownerpid=" << h.owner_pid
+        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc))
         << " map=";
       // chunk:gid.index for every allocated chunk (holes left out), "-" when there is none.
       bool any = false;

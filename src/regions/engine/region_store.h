@@ -161,10 +161,13 @@ class RegionStore {
   // or write of this inode is in flight, and zeroes the tail of the last chunk).
   Result<InodeAttr> setattr(uint64_t ino, const SetAttrRequest& req);
 
-  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid}" ----
+  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid,
+  // hostalloc}" (hostalloc: comma-separated server addresses of this store, "" = all) ----
   Result<std::string> getxattr(uint64_t ino, std::string_view name);
   Status setxattr(uint64_t ino, std::string_view name, std::string_view value);
   Result<std::vector<std::string>> listxattr(uint64_t ino);
+  // Flags go back to 0, HOSTALLOC to "" (all servers).
+  Status removexattr(uint64_t ino, std::string_view name);
 
   // ---- data ----
   // A handle pins the inode (its chunks stay until the last handle goes). `write`: counts as a

@@ -2,8 +2,8 @@
 // round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
 // operations, fallocate and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|
 // no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|no_punch_zero|no_reap|no_revoke|
-// reap_persistent removes one protection; the test guarding it then fails. One test forks a child
-// (it only blocks on a pipe and _exits) to be a region's owner process.
+// reap_persistent|no_hostalloc removes one protection; the test guarding it then fails. One test
+// forks a child (it only blocks on a pipe and _exits) to be a region's owner process.
 #include "regions/engine/region_store.h"
 
 #include <gtest/gtest.h>
@@ -248,9 +248,10 @@ TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
   };
   std::string files = text("files");
   EXPECT_NE(
-      files.find("path=/d/a%20b%3Dc ino=" + std::to_string(f) +
-                 " size=" + std::to_string(kChunkBytes + 10) +
-                 " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 map=1:1.0\n"),
+      files.find(
+          "path=/d/a%20b%3Dc ino=" + std::to_string(f) +
+          " size=" + std::to_string(kChunkBytes + 10) +
+          " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 hostalloc=- map=1:1.0\n"),
       std::string::npos)
       << files;
   EXPECT_EQ(text("open"), "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0\n");
@@ -450,6 +451,43 @@ TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
   ASSERT_FALSE(cycle.ok());
   EXPECT_NE(cycle.status().message().find("not reachable"), std::string_view::npos)
       << cycle.status().ToString();
+}
+
+TEST_F(RegionStoreTest, HostallocPicksTheServersARegionUses) {
+  Open(3, 16ull << 20);
+  const auto& addr = env_.options.servers;
+  auto allocated = [&](size_t server) {
+    auto j = nlohmann::json::parse(env_.servers[server]->stats_json());
+    return j["memory"]["allocated_bytes"].get<uint64_t>();
+  };
+  auto d = store_->mkdir(kRootIno, "on2", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*store_->getxattr(d->ino, "user.region.hostalloc"), "") << "default: all servers";
+  EXPECT_EQ(ErrnoOf(store_->setxattr(d->ino, "user.region.hostalloc", "127.0.0.1:1")), EINVAL);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(d->ino, "user.region.hostalloc", addr[2] + ",")), EINVAL);
+  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.hostalloc", addr[2]).ok());
+  // Inherited; a single-host region lives on the (first) listed server.
+  uint64_t f = Create("f", d->ino);
+  EXPECT_EQ(*store_->getxattr(f, "user.region.hostalloc"), addr[2]);
+  auto data = RandomBytes(kStepBytes + 1, 16);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  EXPECT_EQ(Read(f, 0, data.size()), data);
+  EXPECT_EQ(allocated(0), 0u) << "HOSTALLOC ignored: data on server 0";
+  EXPECT_EQ(allocated(2), 2 * kStepBytes);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(f, "user.region.hostalloc", addr[1])), EBUSY);
+  // MULTIHOSTED over two of the three, round-robin in the list's order.
+  auto m = store_->mkdir(kRootIno, "pair", 0755, who_);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(store_->setxattr(m->ino, "user.region.multihosted", "1").ok());
+  ASSERT_TRUE(store_->setxattr(m->ino, "user.region.hostalloc", addr[1] + "," + addr[0]).ok());
+  uint64_t g = Create("g", m->ino);
+  ASSERT_TRUE(store_->write(g, 0, RandomBytes(2 * kStepBytes, 17)).ok());
+  EXPECT_EQ(allocated(0), kStepBytes);
+  EXPECT_EQ(allocated(1), kStepBytes);
+  EXPECT_EQ(allocated(2), 2 * kStepBytes) << "a region used a server not in its HOSTALLOC";
+  // removexattr: back to all servers.
+  ASSERT_TRUE(store_->removexattr(d->ino, "user.region.hostalloc").ok());
+  EXPECT_EQ(*store_->getxattr(d->ino, "user.region.hostalloc"), "");
 }
 
 TEST_F(RegionStoreTest, MultihostedRegionsSpreadIn2MiBSteps) {

@@ -444,7 +444,7 @@ void Listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void Removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
-  ReplyStatus(req, Store(req).setxattr(ino, name, "0"));
+  ReplyStatus(req, Store(req).removexattr(ino, name));
 }
 
 fuse_lowlevel_ops MakeOps() {
