@@ -1183,6 +1183,7 @@ Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseco
     return Err(EIO, std::string("poll of owner pidfds: ") + strerror(errno));
   std::vector<ReapedRegion> out;
   std::vector<std::shared_ptr<Inode>> victims;
+  Status failed;
   {
     std::lock_guard lk(mu_);
     std::vector<int32_t> dead;
@@ -1202,26 +1203,35 @@ Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseco
     };
     for (auto& [dino, dir] : inodes_) {
       if (!dir->is_dir()) continue;
-      for (auto it = dir->children.begin(); it != dir->children.end();) {
+      for (auto it = dir->children.begin(); it != dir->children.end() && failed.ok();) {
         auto c = inodes_.find(it->second);
         if (c == inodes_.end() || !doomed(*c->second)) {
           ++it;
           continue;
         }
         std::shared_ptr<Inode> in = c->second;
-        FARMEM_RETURN_IF_ERROR(PersistDirent(dino, it->first, 0));
+        failed = PersistDirent(dino, it->first, 0);
+        if (!failed.ok()) break;  // this one unchanged
+        // The name is gone from the store: the rest follows in memory even if a record write
+        // fails (the next change of the directory rewrites it).
         out.push_back({dino, it->first, in->rec.h.ino, in->rec.h.owner_pid});
         it = dir->children.erase(it);
         dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
-        FARMEM_RETURN_IF_ERROR(Persist(*dir));
-        FARMEM_RETURN_IF_ERROR(DropLink(in));
+        failed = Persist(*dir);
+        Status dropped = DropLink(in);
+        if (failed.ok()) failed = dropped;
         if (!Fault("no_revoke")) in->revoked = true;
         victims.push_back(std::move(in));
       }
+      if (!failed.ok()) break;
     }
+    // A metadata write failed: the owners stay marked as gone, so the next call goes on.
+    if (!failed.ok())
+      for (int32_t pid : dead) owners_.emplace(pid, -1);
   }
   for (auto& in : victims) MaybeReclaim(in);
-  return out;
+  if (!failed.ok() && out.empty()) return failed;
+  return out;  // what did go (the caller drops the kernel's cache of it)
 }
 
 std::string EscapeField(std::string_view p) {
