@@ -37,7 +37,8 @@ namespace {
 //   no_reap: regions of an exited owner are not deleted;
 //   no_revoke: they are deleted, but handles still open keep reading and writing them;
 //   reap_persistent: PERSISTENT regions are deleted with their owner too;
-//   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers).
+//   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers);
+//   no_rewatch: owners recorded in loaded metadata are not watched again.
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -366,7 +367,8 @@ Status RegionStore::Load() {
   // Owners of an earlier mount: watched by pid again (a pid reused since would be taken for the
   // owner; the record has no start time), gone ones reaped at the first ReapOwners.
   for (auto& [ino, in] : inodes_)
-    if (in->is_reg() && in->rec.h.owner_pid > 0) WatchOwner(in->rec.h.owner_pid);
+    if (in->is_reg() && in->rec.h.owner_pid > 0 && !Fault("no_rewatch"))
+      WatchOwner(in->rec.h.owner_pid);
   inodes_[kRootIno]->parent = kRootIno;
   for (auto& [key, ino] : dirents) {
     std::string_view rest = std::string_view(key).substr(7);

@@ -1,9 +1,10 @@
 // RegionStore tests against embedded farmemds (loopback TCP) and a memory:// cluster store: data
 // round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
-// operations, fallocate and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|
-// no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|no_punch_zero|no_reap|no_revoke|
-// reap_persistent|no_hostalloc removes one protection; the test guarding it then fails. One test
-// forks a child (it only blocks on a pipe and _exits) to be a region's owner process.
+// operations, fallocate, OWNERPID, HOSTALLOC, the reports and reloading the namespace from the
+// store. FARMEM_REGIONS_FAULT=no_zero|no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|
+// no_punch_zero|no_reap|no_revoke|reap_persistent|no_hostalloc|no_rewatch removes one protection;
+// the test guarding it then fails. The OWNERPID tests fork children (they only block on a pipe and
+// _exit) to be regions' owner processes.
 #include "regions/engine/region_store.h"
 
 #include <gtest/gtest.h>
@@ -41,6 +42,34 @@ class RegionStoreTest : public ::testing::Test {
     auto a = store_->create(parent, name, 0644, who_);
     EXPECT_TRUE(a.ok()) << a.status().ToString();
     return a.ok() ? a->ino : 0;
+  }
+  // A stand-in owner process: a child blocked on a pipe (fork: it only reads and _exits) that
+  // exits when *release is closed.
+  static pid_t SpawnOwner(int* release) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return -1;
+    pid_t child = fork();
+    if (child == 0) {
+      char c;
+      close(pipefd[1]);
+      (void)!read(pipefd[0], &c, 1);
+      _exit(0);
+    }
+    close(pipefd[0]);
+    *release = pipefd[1];
+    return child;
+  }
+  // Lets the owner exit, reaps it, then calls ReapOwners until it deletes something (10 s bound).
+  std::vector<ReapedRegion> EndOwner(pid_t child, int release) {
+    close(release);
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    for (int i = 0; i < 100; ++i) {  // the pidfd is readable at once
+      auto r = store_->ReapOwners(std::chrono::milliseconds(100));
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok() || !r->empty()) return r.ok() ? *r : std::vector<ReapedRegion>{};
+    }
+    return {};
   }
   // A directory in the root with region attribute `xattr` set to 1 (its files inherit it).
   uint64_t MkdirWith(std::string_view name, std::string_view xattr) {
@@ -272,18 +301,9 @@ TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
 
 TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
   Open(1, 8ull << 20);
-  // The owner: a child blocked on a pipe until we close it (fork: it only reads and _exits).
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    char c;
-    close(pipefd[1]);
-    (void)!read(pipefd[0], &c, 1);
-    _exit(0);
-  }
-  close(pipefd[0]);
+  int release = -1;
+  pid_t child = SpawnOwner(&release);
+  ASSERT_GT(child, 0);
   Caller owner{1000, 1000, child};
   auto eph = store_->mkdir(kRootIno, "eph", 0755, owner);
   auto keep = store_->mkdir(kRootIno, "keep", 0755, owner);
@@ -303,15 +323,7 @@ TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
   auto nothing = store_->ReapOwners(std::chrono::milliseconds(0));
   ASSERT_TRUE(nothing.ok());
   EXPECT_TRUE(nothing->empty()) << "reaped while the owner lives";
-  close(pipefd[1]);  // the owner exits
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  std::vector<ReapedRegion> reaped;
-  for (int i = 0; i < 100 && reaped.empty(); ++i) {  // the pidfd is readable at once; 10 s bound
-    auto r = store_->ReapOwners(std::chrono::milliseconds(100));
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    reaped = *r;
-  }
+  std::vector<ReapedRegion> reaped = EndOwner(child, release);
   ASSERT_EQ(reaped.size(), 1u) << "the non-persistent region was not deleted with its owner";
   EXPECT_EQ(reaped[0].parent, eph->ino);
   EXPECT_EQ(reaped[0].name, "f");
@@ -325,6 +337,41 @@ TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
   ASSERT_TRUE(store_->release(*other).ok());
   EXPECT_EQ(store_->stats().chunks_in_use, chunks_before - 2) << "memory not returned";
   EXPECT_EQ(Read(kept->ino, 0, data.size()), data);
+}
+
+TEST_F(RegionStoreTest, OwnersAreWatchedAgainAfterAReload) {
+  Open(1, 8ull << 20, /*persistent=*/true);  // root not PERSISTENT (RegionStoreOptions default)
+  int release = -1;
+  pid_t child = SpawnOwner(&release);
+  ASSERT_GT(child, 0);
+  auto f = store_->create(kRootIno, "f", 0644, Caller{0, 0, child});
+  ASSERT_TRUE(f.ok());
+  store_.reset();  // a remount, while the owner lives
+  auto again = env_.OpenStore();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  store_ = std::move(*again);
+  auto none = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty()) << "reaped after the reload while the owner lives";
+  auto reaped = EndOwner(child, release);
+  ASSERT_EQ(reaped.size(), 1u) << "the reloaded region's owner is not watched";
+  EXPECT_EQ(reaped[0].ino, f->ino);
+  EXPECT_EQ(ErrnoOf(store_->lookup(kRootIno, "f").status()), ENOENT);
+  // And a store opened after the owner is gone deletes the region at its first ReapOwners.
+  pid_t gone = SpawnOwner(&release);
+  ASSERT_GT(gone, 0);
+  ASSERT_TRUE(store_->create(kRootIno, "g", 0644, Caller{0, 0, gone}).ok());
+  store_.reset();
+  close(release);
+  int status = 0;
+  ASSERT_EQ(waitpid(gone, &status, 0), gone);
+  auto third = env_.OpenStore();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  store_ = std::move(*third);
+  auto at_once = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(at_once.ok());
+  ASSERT_EQ(at_once->size(), 1u) << "a region whose owner died while unmounted survived";
+  EXPECT_EQ((*at_once)[0].name, "g");
 }
 
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
