@@ -83,6 +83,9 @@ int RunHold(const HoldOptions& options);
 
 // `farmem mount DIR` (mount_cmd.cc): serves remote regions over FUSE until unmounted.
 int RunMount(RegionFsOptions options);
+// `farmem regions stat` (regions_stat_cmd.cc): prints the .regions/ reports of `mount` (empty:
+// every fuse.regions mount in /proc/self/mounts).
+int RunRegionsStat(const std::string& mount);
 
 struct CompactOptions {
   ClientOptions client;

@@ -1,6 +1,6 @@
 // `farmem`: the command-line tool. Subcommands: serve (run a memory server, same as farmemd),
 // demo (guided, checked tour of the raw and object APIs), stat (server statistics), mount (remote
-// regions over FUSE), hold
+// regions over FUSE), regions stat (a mount's .regions/ reports), hold
 // (allocate and keep until killed: sessions demo and test), compact
 // (one object-store compaction round), cluster (the control plane: members, watch, metadata, a
 // local cluster up/down), bench (benchmarks). Exit codes: 0 ok, 1 a check or remote call failed,
@@ -147,6 +147,15 @@ int main(int argc, char** argv) {
   mount->add_option("--threads", mount_opts.threads, "FUSE worker threads at most (1..64)")
       ->capture_default_str();
   mount->add_flag("--debug", mount_opts.debug, "log every FUSE request on stderr");
+
+  std::string regions_stat_mount;
+  CLI::App* regions = app.add_subcommand("regions", "remote regions tools");
+  regions->require_subcommand(1);
+  CLI::App* regions_stat = regions->add_subcommand(
+      "stat",
+      "print a regions mount's .regions/ reports (hosts, memory, pools, open, files; root)");
+  regions_stat->add_option("--mount", regions_stat_mount,
+                           "the mount point (default: every fuse.regions mount)");
 
   farmem::cli::CompactOptions compact_opts;
   uint16_t compact_class = 0;
@@ -321,6 +330,7 @@ int main(int argc, char** argv) {
     mount_opts.memory_bytes = mount_memory_mib << 20;
     return farmem::cli::RunMount(mount_opts);
   }
+  if (regions_stat->parsed()) return farmem::cli::RunRegionsStat(regions_stat_mount);
   if (hold->parsed()) {
     ApplyTokenEnv(*hold, hold_opts.client);
     return farmem::cli::RunHold(hold_opts);

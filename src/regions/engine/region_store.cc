@@ -5,15 +5,22 @@
 // are zeroed where a write does not cover them; a shrink zeroes the tail of its last chunk).
 #include "regions/engine/region_store.h"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace farmem::regions {
 
@@ -24,7 +31,14 @@ namespace {
 //   no_tail: a shrink does not zero the tail of its last chunk;
 //   no_pin: an unlinked or shrunk inode's chunks are freed while handles still have it open;
 //   no_onewriter: ONEWRITER lets a second writer in;
-//   no_rollback: a write that ran out of memory keeps the chunks it did get.
+//   no_rollback: a write or fallocate that ran out of memory keeps the chunks it did get;
+//   no_prealloc: fallocate mode 0 / KEEP_SIZE sets the size but allocates nothing;
+//   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were;
+//   no_reap: regions of an exited owner are not deleted;
+//   no_revoke: they are deleted, but handles still open keep reading and writing them;
+//   reap_persistent: PERSISTENT regions are deleted with their owner too;
+//   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers);
+//   no_rewatch: owners recorded in loaded metadata are not watched again.
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -103,6 +117,20 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The thread group (process) of thread `tid` (FUSE reports the calling thread), from
+// /proc/<tid>/status; `tid` itself when that cannot be read (the caller is gone, or a test's
+// made-up pid).
+int32_t TgidOf(int32_t tid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(tid) + "/status").c_str(), "r");
+  if (f == nullptr) return tid;
+  char line[256];
+  int32_t tgid = tid;
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "Tgid: %d", &tgid) == 1) break;
+  std::fclose(f);
+  return tgid > 0 ? tgid : tid;
 }
 
 Status CheckName(std::string_view name) {
@@ -210,6 +238,7 @@ struct RegionStore::Inode {
   uint32_t writers = 0;
   std::vector<MapEntry> deferred;  // cut off by a shrink while open: freed at the last release
   bool reclaimed = false;
+  bool revoked = false;  // its owner exited (not PERSISTENT): IO through open handles is EIO
   std::shared_mutex io;
   bool is_dir() const { return (rec.h.mode & S_IFMT) == S_IFDIR; }
   bool is_reg() const { return (rec.h.mode & S_IFMT) == S_IFREG; }
@@ -230,6 +259,8 @@ RegionStore::RegionStore(Node& node, MetaStore& meta, RegionStoreOptions options
     : node_(node), meta_(meta), options_(std::move(options)) {}
 
 RegionStore::~RegionStore() {
+  for (auto& [pid, fd] : owners_)
+    if (fd >= 0) close(fd);
   {
     std::lock_guard lk(sched_mu_);
     scheds_.clear();
@@ -333,6 +364,11 @@ Status RegionStore::Load() {
   }
   if (!inodes_.contains(kRootIno) || !inodes_[kRootIno]->is_dir())
     return Status::InvalidArgument("regions metadata: no root directory");
+  // Owners of an earlier mount: watched by pid again (a pid reused since would be taken for the
+  // owner; the record has no start time), gone ones reaped at the first ReapOwners.
+  for (auto& [ino, in] : inodes_)
+    if (in->is_reg() && in->rec.h.owner_pid > 0 && !Fault("no_rewatch"))
+      WatchOwner(in->rec.h.owner_pid);
   inodes_[kRootIno]->parent = kRootIno;
   for (auto& [key, ino] : dirents) {
     std::string_view rest = std::string_view(key).substr(7);
@@ -464,13 +500,15 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
   h.gid = who.gid;
   h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
   h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
-  h.owner_pid = who.pid;
+  if ((mode & S_IFMT) != S_IFLNK) in->rec.hostalloc = dir->rec.hostalloc;
+  h.owner_pid = who.pid > 0 ? TgidOf(who.pid) : 0;  // the process, not the thread
   h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
   if (in->is_dir()) in->parent = parent;
   in->rec.target = std::string(target);  // symlinks: in the record before it is first persisted
   FARMEM_RETURN_IF_ERROR(Persist(*in));
   FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, h.ino));
   inodes_[h.ino] = in;
+  if (in->is_reg() && h.owner_pid > 0) WatchOwner(h.owner_pid);
   dir->children.emplace(std::string(name), h.ino);
   if (in->is_dir()) ++dir->rec.h.nlink;
   dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = h.ctime_ns;
@@ -654,6 +692,7 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   }
   std::unique_lock io(in->io);  // no read or write of this inode in flight from here on
   std::unique_lock lk(mu_);
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (in->reclaimed) return Err(ENOENT, "inode was deleted");
   InodeRecordHeader& h = in->rec.h;
   int64_t now = NowNs();
@@ -709,12 +748,14 @@ constexpr XattrName kXattrs[] = {{"user.region.persistent", kAttrPersistent},
                                  {"user.region.multihosted", kAttrMultihosted},
                                  {"user.region.onewriter", kAttrOneWriter}};
 constexpr std::string_view kOwnerPidXattr = "user.region.ownerpid";
+constexpr std::string_view kHostallocXattr = "user.region.hostalloc";
 }  // namespace
 
 Result<std::string> RegionStore::getxattr(uint64_t ino, std::string_view name) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return std::to_string(in->rec.h.owner_pid);
+  if (name == kHostallocXattr) return in->rec.hostalloc;
   for (const auto& x : kXattrs)
     if (x.name == name) return std::string((in->rec.h.attr_flags & x.flag) ? "1" : "0");
   return Err(ENODATA, std::string(name));
@@ -724,6 +765,21 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  if (name == kHostallocXattr) {
+    if ((in->rec.h.mode & S_IFMT) == S_IFLNK) return Err(EINVAL, "a symlink has no HOSTALLOC");
+    Status ok = CheckHostalloc(value);
+    if (!ok.ok()) return Err(EINVAL, std::string(ok.message()));
+    for (const std::string& a : SplitHostalloc(value))
+      if (std::none_of(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; }))
+        return Err(EINVAL, "HOSTALLOC: " + a + " is not a memory server of this mount");
+    // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
+    if (in->is_reg() &&
+        std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
+      return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
+    in->rec.hostalloc = std::string(value);
+    in->rec.h.ctime_ns = NowNs();
+    return Persist(*in);
+  }
   for (const auto& x : kXattrs) {
     if (x.name != name) continue;
     if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
@@ -740,7 +796,11 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   }
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
-  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter} can be set");
+  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter,hostalloc} can be set");
+}
+
+Status RegionStore::removexattr(uint64_t ino, std::string_view name) {
+  return setxattr(ino, name, name == kHostallocXattr ? "" : "0");
 }
 
 Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
@@ -749,12 +809,14 @@ Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
   std::vector<std::string> out;
   for (const auto& x : kXattrs) out.emplace_back(x.name);
   out.emplace_back(kOwnerPidXattr);
+  if ((in->rec.h.mode & S_IFMT) != S_IFLNK) out.emplace_back(kHostallocXattr);
   return out;
 }
 
 Result<uint64_t> RegionStore::open(uint64_t ino, bool write) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (write && (in->rec.h.attr_flags & kAttrOneWriter) && in->writers > 0 && !Fault("no_onewriter"))
     return Err(EBUSY, "ONEWRITER region already has a writer");
   ++in->opens;
@@ -852,6 +914,7 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
   size_t n = 0;
   {
     std::lock_guard lk(mu_);
+    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "read of a non-file");
     uint64_t size = in->rec.h.size;
@@ -890,34 +953,12 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   std::vector<Piece> pieces;
   std::vector<uint64_t> fresh;  // chunk indexes allocated by this write
   uint64_t end = offset + data.size();
-  auto rollback = [&] {
-    for (uint64_t c : fresh) {
-      FreeChunk(in->rec.map[c]);
-      in->rec.map[c] = kHole;
-    }
-    while (!in->rec.map.empty() && in->rec.map.back() == kHole &&
-           in->rec.map.size() > ChunksFor(in->rec.h.size))
-      in->rec.map.pop_back();
-  };
   {
     std::lock_guard lk(mu_);
+    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
-    uint64_t last = ChunkOf(end - 1);
-    if (in->rec.map.size() <= last) in->rec.map.resize(last + 1, kHole);
-    uint32_t servers = static_cast<uint32_t>(servers_.size());
-    bool multi = in->rec.h.attr_flags & kAttrMultihosted;
-    for (uint64_t c = ChunkOf(offset); c <= last; ++c) {
-      if (in->rec.map[c] != kHole) continue;
-      auto e = AllocChunk(
-          multi ? StepServer(c, static_cast<uint32_t>(in->rec.h.ino % servers), servers) : 0);
-      if (!e.ok()) {
-        if (!Fault("no_rollback")) rollback();
-        return e.status();
-      }
-      in->rec.map[c] = *e;
-      fresh.push_back(c);
-    }
+    FARMEM_RETURN_IF_ERROR(AllocRange(*in, ChunkOf(offset), ChunkOf(end - 1), fresh));
     for (uint64_t pos = offset; pos < end;) {
       uint64_t c = ChunkOf(pos);
       uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, end) - pos;
@@ -946,11 +987,138 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   Status w = RunPieces(Sched(), pieces, true);
   std::lock_guard lk(mu_);
   if (!w.ok()) {
-    rollback();
+    Unalloc(*in, fresh);
     return w;
   }
   in->rec.h.size = std::max(in->rec.h.size, end);
   in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
+  return Persist(*in);
+}
+
+Status RegionStore::AllocRange(Inode& in, uint64_t first, uint64_t last,
+                               std::vector<uint64_t>& fresh) {
+  // HOSTALLOC: the servers this region may use, in its list's order (all when empty); a
+  // single-host region lives on the first, a MULTIHOSTED one goes round-robin over them.
+  std::vector<uint32_t> hosts;
+  if (in.rec.hostalloc.empty() || Fault("no_hostalloc")) {
+    for (uint32_t i = 0; i < servers_.size(); ++i) hosts.push_back(i);
+  } else {
+    for (const std::string& a : SplitHostalloc(in.rec.hostalloc)) {
+      auto it =
+          std::find_if(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; });
+      if (it == servers_.end())
+        return Err(EIO, "HOSTALLOC names " + a + ", which is not a memory server of this mount");
+      hosts.push_back(static_cast<uint32_t>(it - servers_.begin()));
+    }
+  }
+  if (in.rec.map.size() <= last) in.rec.map.resize(last + 1, kHole);
+  uint32_t n = static_cast<uint32_t>(hosts.size());
+  bool multi = in.rec.h.attr_flags & kAttrMultihosted;
+  for (uint64_t c = first; c <= last; ++c) {
+    if (in.rec.map[c] != kHole) continue;
+    auto e =
+        AllocChunk(hosts[multi ? StepServer(c, static_cast<uint32_t>(in.rec.h.ino % n), n) : 0]);
+    if (!e.ok()) {
+      if (!Fault("no_rollback")) Unalloc(in, fresh);
+      return e.status();
+    }
+    in.rec.map[c] = *e;
+    fresh.push_back(c);
+  }
+  return Status::OK();
+}
+
+void RegionStore::Unalloc(Inode& in, const std::vector<uint64_t>& fresh) {
+  for (uint64_t c : fresh) {
+    FreeChunk(in.rec.map[c]);
+    in.rec.map[c] = kHole;
+  }
+  while (!in.rec.map.empty() && in.rec.map.back() == kHole &&
+         in.rec.map.size() > ChunksFor(in.rec.h.size))
+    in.rec.map.pop_back();
+}
+
+Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
+  const bool punch = mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE);
+  if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE && !punch)
+    return Err(ENOTSUP, "fallocate: only mode 0, KEEP_SIZE and PUNCH_HOLE|KEEP_SIZE");
+  if (len == 0) return Err(EINVAL, "fallocate of 0 bytes");
+  if (offset > kMaxRegionBytes || len > kMaxRegionBytes - offset)
+    return Err(EFBIG, "past the largest region (8 GiB)");
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
+  }
+  std::unique_lock io(in->io);  // no read or write of this inode in flight: the map is ours
+  std::unique_lock lk(mu_);
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
+  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+  if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "fallocate of a non-file");
+  const uint64_t end = offset + len;
+  const uint64_t first = ChunkOf(offset), last = ChunkOf(end - 1);
+  std::vector<Piece> zero;
+  std::vector<uint64_t> fresh, whole;
+  if (punch) {
+    // Partial chunks are zeroed where the range covers them; whole ones are cut afterwards, so a
+    // failed zeroing changes nothing.
+    for (uint64_t c = first; c <= last && c < in->rec.map.size(); ++c) {
+      if (in->rec.map[c] == kHole) continue;
+      uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
+      if (offset <= cs && end >= ce) {
+        whole.push_back(c);
+        continue;
+      }
+      if (Fault("no_punch_zero")) continue;
+      FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+      uint64_t from = std::max(offset, cs), to = std::min(end, ce);
+      ref.offset += from - cs;
+      zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
+    }
+  } else if (!Fault("no_prealloc")) {
+    FARMEM_RETURN_IF_ERROR(AllocRange(*in, first, last, fresh));
+    // Fresh chunks may hold a freed region's bytes, and all of a fresh chunk reads zero.
+    if (!Fault("no_zero"))
+      for (uint64_t c : fresh) {
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        zero.push_back(Piece{ref, nullptr, ZeroChunk(), kChunkBytes});
+      }
+  }
+  lk.unlock();
+  remote_writes_ += zero.size();
+  // In batches: a large preallocation (up to 2^16 chunks) must not put every write in flight.
+  constexpr size_t kBatch = 64;
+  Status w;
+  for (size_t i = 0; i < zero.size() && w.ok(); i += kBatch) {
+    std::vector<Piece> batch(
+        zero.begin() + static_cast<ptrdiff_t>(i),
+        zero.begin() + static_cast<ptrdiff_t>(std::min(zero.size(), i + kBatch)));
+    w = RunPieces(Sched(), batch, true);
+  }
+  lk.lock();
+  if (!w.ok()) {
+    Unalloc(*in, fresh);
+    return w;
+  }
+  if (!whole.empty()) {
+    std::vector<MapEntry> cut;
+    for (uint64_t c : whole) {
+      cut.push_back(in->rec.map[c]);
+      in->rec.map[c] = kHole;
+    }
+    Unalloc(*in, {});  // drops trailing holes past the size
+    // As for a shrink: open handles keep the memory until the last one goes.
+    if (in->opens > 0 && !Fault("no_pin"))
+      in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
+    else
+      for (MapEntry e : cut) FreeChunk(e);
+  }
+  int64_t now = NowNs();
+  if (mode == 0 && end > in->rec.h.size) {
+    in->rec.h.size = end;
+    in->rec.h.mtime_ns = now;
+  }
+  in->rec.h.ctime_ns = now;
   return Persist(*in);
 }
 
@@ -981,6 +1149,202 @@ RegionStoreStats RegionStore::stats() const {
   s.units = units_.size();
   for (auto& [gid, u] : units_) s.chunks_in_use += static_cast<uint64_t>(std::popcount(u->used));
   return s;
+}
+
+}  // namespace farmem::regions
+
+namespace farmem::regions {
+
+void RegionStore::WatchOwner(int32_t pid) {
+  if (owners_.contains(pid)) return;
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd >= 0) {
+    owners_[pid] = fd;
+  } else if (errno == ESRCH) {
+    owners_[pid] = -1;  // already gone: reaped at the next ReapOwners
+  }
+  // Other errors (no pidfd_open, out of fds, a made-up pid of another kind): not watched, so
+  // the region behaves as PERSISTENT (docs/regions.md "Attributes").
+}
+
+Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseconds wait) {
+  std::vector<pollfd> fds;
+  std::vector<int32_t> pids;
+  bool gone = false;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [pid, fd] : owners_) {
+      if (fd < 0) gone = true;
+      fds.push_back(pollfd{fd, POLLIN, 0});  // poll ignores negative fds
+      pids.push_back(pid);
+    }
+  }
+  // A pidfd turns readable when its process has exited.
+  int n = poll(fds.data(), fds.size(), gone ? 0 : static_cast<int>(wait.count()));
+  if (n < 0 && errno != EINTR)
+    return Err(EIO, std::string("poll of owner pidfds: ") + strerror(errno));
+  std::vector<ReapedRegion> out;
+  std::vector<std::shared_ptr<Inode>> victims;
+  Status failed;
+  {
+    std::lock_guard lk(mu_);
+    std::vector<int32_t> dead;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd >= 0 && !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto it = owners_.find(pids[i]);
+      if (it == owners_.end()) continue;
+      if (it->second >= 0) close(it->second);
+      owners_.erase(it);
+      dead.push_back(pids[i]);
+    }
+    if (dead.empty() || Fault("no_reap")) return out;
+    auto doomed = [&](const Inode& in) {
+      return in.is_reg() && in.rec.h.nlink > 0 &&
+             std::find(dead.begin(), dead.end(), in.rec.h.owner_pid) != dead.end() &&
+             (!(in.rec.h.attr_flags & kAttrPersistent) || Fault("reap_persistent"));
+    };
+    for (auto& [dino, dir] : inodes_) {
+      if (!dir->is_dir()) continue;
+      for (auto it = dir->children.begin(); it != dir->children.end() && failed.ok();) {
+        auto c = inodes_.find(it->second);
+        if (c == inodes_.end() || !doomed(*c->second)) {
+          ++it;
+          continue;
+        }
+        std::shared_ptr<Inode> in = c->second;
+        failed = PersistDirent(dino, it->first, 0);
+        if (!failed.ok()) break;  // this one unchanged
+        // The name is gone from the store: the rest follows in memory even if a record write
+        // fails (the next change of the directory rewrites it).
+        out.push_back({dino, it->first, in->rec.h.ino, in->rec.h.owner_pid});
+        it = dir->children.erase(it);
+        dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
+        failed = Persist(*dir);
+        Status dropped = DropLink(in);
+        if (failed.ok()) failed = dropped;
+        if (!Fault("no_revoke")) in->revoked = true;
+        victims.push_back(std::move(in));
+      }
+      if (!failed.ok()) break;
+    }
+    // A metadata write failed: the owners stay marked as gone, so the next call goes on.
+    if (!failed.ok())
+      for (int32_t pid : dead) owners_.emplace(pid, -1);
+  }
+  for (auto& in : victims) MaybeReclaim(in);
+  if (!failed.ok() && out.empty()) return failed;
+  return out;  // what did go (the caller drops the kernel's cache of it)
+}
+
+std::string EscapeField(std::string_view p) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (char ch : p) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c <= 0x20 || c == 0x7f || c == '%' || c == '=') {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+std::unordered_map<uint64_t, std::string> RegionStore::Paths() const {
+  std::unordered_map<uint64_t, std::string> out;
+  out[kRootIno] = "/";
+  std::vector<std::pair<uint64_t, std::string>> todo{{kRootIno, ""}};
+  while (!todo.empty()) {
+    auto [dir, prefix] = std::move(todo.back());
+    todo.pop_back();
+    auto d = inodes_.find(dir);
+    if (d == inodes_.end()) continue;
+    for (const auto& [name, child] : d->second->children) {
+      std::string path = prefix + "/" + name;
+      auto c = inodes_.find(child);
+      if (c != inodes_.end() && c->second->is_dir()) todo.emplace_back(child, path);
+      out[child] = std::move(path);
+    }
+  }
+  return out;
+}
+
+Result<std::string> RegionStore::report(std::string_view name) {
+  std::ostringstream o;
+  if (name == "memusage") {
+    FARMEM_ASSIGN_OR_RETURN(StoreStatFs fs, statfs());
+    RegionStoreStats st = stats();
+    std::lock_guard lk(mu_);
+    uint64_t regions = static_cast<uint64_t>(std::count_if(
+        inodes_.begin(), inodes_.end(), [](const auto& kv) { return kv.second->is_reg(); }));
+    o << "budget_bytes=" << fs.budget_bytes << " free_bytes=" << fs.free_bytes
+      << " used_bytes=" << st.chunks_in_use * kChunkBytes << " units=" << st.units
+      << " unit_bytes=" << st.units * kStepBytes << " chunks_in_use=" << st.chunks_in_use
+      << " inodes=" << inodes_.size() << " regions=" << regions
+      << " remote_reads=" << st.remote_reads << " remote_writes=" << st.remote_writes
+      << " units_freed=" << st.units_freed << " alloc_failures=" << st.alloc_failures << "\n";
+    return o.str();
+  }
+  std::lock_guard lk(mu_);
+  if (name == "hosts") {
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      uint64_t units = 0, chunks = 0;
+      for (const auto& [gid, u] : units_)
+        if (u->server == i) {
+          ++units;
+          chunks += static_cast<uint64_t>(std::popcount(u->used));
+        }
+      o << "server=" << i << " address=" << servers_[i]->address << " units=" << units
+        << " chunks_in_use=" << chunks << " used_bytes=" << chunks * kChunkBytes << "\n";
+    }
+  } else if (name == "pools") {
+    for (const auto& [gid, u] : units_) {
+      char used[8];
+      std::snprintf(used, sizeof(used), "%04x", u->used);
+      o << "gid=" << gid << " server=" << u->server << " address=" << servers_[u->server]->address
+        << " key=" << u->base.key << " offset=" << u->base.offset << " bytes=" << kStepBytes
+        << " used_bitmap=" << used << " chunks_in_use=" << std::popcount(u->used) << "\n";
+    }
+  } else if (name == "open") {
+    auto paths = Paths();
+    std::map<uint64_t, std::shared_ptr<Inode>> open;
+    for (const auto& [h, in] : handles_) open[in->rec.h.ino] = in;
+    for (const auto& [ino, in] : open) {
+      auto p = paths.find(ino);
+      o << "ino=" << ino << " path=" << (p == paths.end() ? "-" : EscapeField(p->second))
+        << " opens=" << in->opens << " writers=" << in->writers << "\n";
+    }
+  } else if (name == "files") {
+    auto paths = Paths();
+    std::map<uint64_t, std::shared_ptr<Inode>> sorted(inodes_.begin(), inodes_.end());
+    for (const auto& [ino, in] : sorted) {
+      if (!in->is_reg()) continue;
+      const InodeRecordHeader& h = in->rec.h;
+      auto p = paths.find(ino);
+      o << "path=" << (p == paths.end() ? "-" : EscapeField(p->second)) << " ino=" << ino
+        << " size=" << h.size << " chunks=" << AttrOf(*in).chunks
+        << " persistent=" << ((h.attr_flags & kAttrPersistent) ? 1 : 0)
+        << " multihosted=" << ((h.attr_flags & kAttrMultihosted) ? 1 : 0)
+        << " onewriter=" << ((h.attr_flags & kAttrOneWriter) ? 1 : 0) << " ownerpid=" << h.owner_pid
+        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc))
+        << " map=";
+      // chunk:gid.index for every allocated chunk (holes left out), "-" when there is none.
+      bool any = false;
+      for (size_t c = 0; c < in->rec.map.size(); ++c) {
+        MapEntry e = in->rec.map[c];
+        if (e == kHole) continue;
+        o << (any ? "," : "") << c << ":" << EntryGid(e) << "."
+          << (EntryUnitOffset(e) >> kChunkShift);
+        any = true;
+      }
+      o << (any ? "" : "-") << "\n";
+    }
+  } else {
+    return Err(ENOENT, "no report " + std::string(name));
+  }
+  return o.str();
 }
 
 }  // namespace farmem::regions

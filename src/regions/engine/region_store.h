@@ -96,6 +96,15 @@ struct Caller {
   int32_t pid = 0;
 };
 
+// A region deleted because its owner process exited (ReapOwners): the FUSE daemon drops the
+// kernel's cached name and pages of it.
+struct ReapedRegion {
+  uint64_t parent = 0;
+  std::string name;
+  uint64_t ino = 0;
+  int32_t owner_pid = 0;
+};
+
 struct StoreStatFs {
   uint64_t budget_bytes = 0;  // sum of the servers' budgets
   uint64_t free_bytes = 0;    // what the servers have left plus free chunks in our units
@@ -115,6 +124,10 @@ struct RegionStoreStats {
 // Errors carry POSIX meaning: ErrnoOf(status) gives the errno FUSE replies with (messages start
 // with the errno name, e.g. "ENOTEMPTY: ...").
 int ErrnoOf(const Status& s);
+
+// A value of an introspection report field: bytes that would split a line or a field (space,
+// control bytes, '%', '=') as %XX.
+std::string EscapeField(std::string_view v);
 
 class RegionStore {
  public:
@@ -148,10 +161,13 @@ class RegionStore {
   // or write of this inode is in flight, and zeroes the tail of the last chunk).
   Result<InodeAttr> setattr(uint64_t ino, const SetAttrRequest& req);
 
-  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid}" ----
+  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid,
+  // hostalloc}" (hostalloc: comma-separated server addresses of this store, "" = all) ----
   Result<std::string> getxattr(uint64_t ino, std::string_view name);
   Status setxattr(uint64_t ino, std::string_view name, std::string_view value);
   Result<std::vector<std::string>> listxattr(uint64_t ino);
+  // Flags go back to 0, HOSTALLOC to "" (all servers).
+  Status removexattr(uint64_t ino, std::string_view name);
 
   // ---- data ----
   // A handle pins the inode (its chunks stay until the last handle goes). `write`: counts as a
@@ -165,8 +181,33 @@ class RegionStore {
   // in remote memory.
   Status write(uint64_t ino, uint64_t offset, std::span<const std::byte> data);
 
+  // fallocate(2). mode 0 or FALLOC_FL_KEEP_SIZE: every chunk of [offset, offset+len) gets
+  // allocated and zeroed, so later writes there cannot fail with ENOSPC; mode 0 also extends the
+  // size (KEEP_SIZE preallocates past the end without changing it). ENOSPC changes nothing.
+  // FALLOC_FL_PUNCH_HOLE|KEEP_SIZE: whole chunks in the range become holes (their memory returns
+  // at the last release, as for a truncate) and the covered bytes of partial ones are zeroed.
+  // Any other mode: ENOTSUP (== EOPNOTSUPP).
+  Status fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
+
   Result<StoreStatFs> statfs();
   RegionStoreStats stats() const;
+
+  // ---- OWNERPID / PERSISTENT (docs/regions.md "Attributes") ----
+  // A regular file records its creating process (the TGID of Caller::pid) and the store watches
+  // that process with a pidfd. Waits up to `wait` for a watched process to exit; then every
+  // region of every exited owner that is not PERSISTENT (at that moment) is unlinked and revoked:
+  // its name goes, IO through handles still open gets EIO, its memory returns at the last
+  // release. Returns what was deleted. Regions whose owner is unknown (pid 0: another pid
+  // namespace; no pidfd) are never deleted this way. Called in a loop by one thread.
+  Result<std::vector<ReapedRegion>> ReapOwners(std::chrono::milliseconds wait);
+
+  // ---- introspection (the paper's /proc/regions; docs/regions.md "Introspection") ----
+  // The text of one report: "hosts" (one line per memory server), "memusage" (one line),
+  // "pools" (one line per 2 MiB unit), "open" (one line per open region), "files" (one line per
+  // region: path, size, attributes, owner, chunk map). Every line is space-separated key=value
+  // fields; paths are %XX-escaped (space, '%', '=', control bytes). NotFound for another name.
+  Result<std::string> report(std::string_view name);
+  static constexpr std::string_view kReports[] = {"hosts", "memusage", "pools", "open", "files"};
 
  private:
   struct Inode;
@@ -185,10 +226,17 @@ class RegionStore {
   Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
   void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
   Result<MapEntry> AllocChunk(uint32_t server);         // mu_ held
-  void FreeChunk(MapEntry e);                           // mu_ held
-  Result<RemoteRef> RefOf(MapEntry e) const;            // mu_ held
+  // Allocates every hole among chunks [first, last] of `in` (growing its map), appending their
+  // indexes to `fresh`; on failure frees what it got (Unalloc) and returns the error. mu_ held.
+  Status AllocRange(Inode& in, uint64_t first, uint64_t last, std::vector<uint64_t>& fresh);
+  void Unalloc(Inode& in, const std::vector<uint64_t>& fresh);  // mu_ held
+  void FreeChunk(MapEntry e);                                   // mu_ held
+  Result<RemoteRef> RefOf(MapEntry e) const;                    // mu_ held
   Scheduler& Sched();
   InodeAttr AttrOf(const Inode& in) const;
+  std::unordered_map<uint64_t, std::string> Paths() const;  // mu_ held; ino -> "/a/b"
+  // Starts watching process `pid` with a pidfd (mu_ held); one that does not exist has exited.
+  void WatchOwner(int32_t pid);
 
   Node& node_;
   MetaStore& meta_;
@@ -199,6 +247,7 @@ class RegionStore {
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> inodes_;
   std::map<uint64_t, std::unique_ptr<Unit>> units_;  // by gid
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> handles_;
+  std::map<int32_t, int> owners_;  // watched owner TGID -> pidfd (-1: known to have exited)
   uint64_t next_ino_ = kRootIno + 1;
   uint64_t next_handle_ = 1;
   uint32_t next_gid_ = 1;

@@ -1,11 +1,17 @@
 // RegionStore tests against embedded farmemds (loopback TCP) and a memory:// cluster store: data
 // round trips across chunks, holes, truncation, deferred frees, ENOSPC, ONEWRITER, the namespace
-// operations and reloading the namespace from the store. FARMEM_REGIONS_FAULT=no_zero|no_tail|
-// no_pin|no_rollback|no_onewriter removes one protection; the test guarding it then fails.
+// operations, fallocate, OWNERPID, HOSTALLOC, the reports and reloading the namespace from the
+// store. FARMEM_REGIONS_FAULT=no_zero|no_tail|no_pin|no_rollback|no_onewriter|no_prealloc|
+// no_punch_zero|no_reap|no_revoke|reap_persistent|no_hostalloc|no_rewatch removes one protection;
+// the test guarding it then fails. The OWNERPID tests fork children (they only block on a pipe and
+// _exit) to be regions' owner processes.
 #include "regions/engine/region_store.h"
 
 #include <gtest/gtest.h>
+#include <linux/falloc.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -36,6 +42,42 @@ class RegionStoreTest : public ::testing::Test {
     auto a = store_->create(parent, name, 0644, who_);
     EXPECT_TRUE(a.ok()) << a.status().ToString();
     return a.ok() ? a->ino : 0;
+  }
+  // A stand-in owner process: a child blocked on a pipe (fork: it only reads and _exits) that
+  // exits when *release is closed.
+  static pid_t SpawnOwner(int* release) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return -1;
+    pid_t child = fork();
+    if (child == 0) {
+      char c;
+      close(pipefd[1]);
+      (void)!read(pipefd[0], &c, 1);
+      _exit(0);
+    }
+    close(pipefd[0]);
+    *release = pipefd[1];
+    return child;
+  }
+  // Lets the owner exit, reaps it, then calls ReapOwners until it deletes something (10 s bound).
+  std::vector<ReapedRegion> EndOwner(pid_t child, int release) {
+    close(release);
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    for (int i = 0; i < 100; ++i) {  // the pidfd is readable at once
+      auto r = store_->ReapOwners(std::chrono::milliseconds(100));
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok() || !r->empty()) return r.ok() ? *r : std::vector<ReapedRegion>{};
+    }
+    return {};
+  }
+  // A directory in the root with region attribute `xattr` set to 1 (its files inherit it).
+  uint64_t MkdirWith(std::string_view name, std::string_view xattr) {
+    auto d = store_->mkdir(kRootIno, name, 0755, who_);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    if (!d.ok()) return 0;
+    EXPECT_TRUE(store_->setxattr(d->ino, xattr, "1").ok());
+    return d->ino;
   }
   std::vector<std::byte> Read(uint64_t ino, uint64_t off, size_t n) {
     return testing::ReadBytes(*store_, ino, off, n);
@@ -172,12 +214,169 @@ TEST_F(RegionStoreTest, EnospcChangesNothingAndSpaceIsReusableAfterDelete) {
   EXPECT_EQ(Read(again, written - mib.size(), mib.size()), mib);
 }
 
+TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
+  Open(1, 8ull << 20);  // 8 MiB: 64 chunks
+  uint64_t f = Create("f");
+  auto chunks = [&](uint64_t ino) {
+    auto a = store_->getattr(ino);
+    EXPECT_TRUE(a.ok());
+    return a.ok() ? a->chunks : 0;
+  };
+  // Mode 0 allocates and extends; KEEP_SIZE allocates past the end without extending.
+  ASSERT_TRUE(store_->fallocate(f, 0, 0, 3 * kChunkBytes + 1).ok());
+  EXPECT_EQ(store_->getattr(f)->size, 3 * kChunkBytes + 1);
+  EXPECT_EQ(chunks(f), 4u) << "mode 0 did not allocate";
+  ASSERT_TRUE(store_->fallocate(f, FALLOC_FL_KEEP_SIZE, 0, 6 * kChunkBytes).ok());
+  EXPECT_EQ(store_->getattr(f)->size, 3 * kChunkBytes + 1);
+  EXPECT_EQ(chunks(f), 6u) << "KEEP_SIZE did not allocate past the end";
+  EXPECT_EQ(CountNonZero(Read(f, 0, 3 * kChunkBytes + 1)), 0u);
+  // Punch [chunk/2, 2.5 chunks): chunk 1 goes, halves of chunks 0 and 2 read zero.
+  auto data = RandomBytes(4 * kChunkBytes, 11);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  ASSERT_TRUE(store_
+                  ->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kChunkBytes / 2,
+                              2 * kChunkBytes)
+                  .ok());
+  EXPECT_EQ(chunks(f), 5u) << "the whole chunk was not freed";
+  std::fill(data.begin() + kChunkBytes / 2, data.begin() + 5 * kChunkBytes / 2, std::byte{0});
+  EXPECT_EQ(Read(f, 0, data.size()), data) << "punched range not zero or the rest damaged";
+  EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes);
+  // Other modes are refused.
+  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_ZERO_RANGE, 0, 1)), ENOTSUP);
+  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_PUNCH_HOLE, 0, 1)), ENOTSUP);
+  // More than the budget: ENOSPC, nothing allocated, the size unchanged.
+  uint64_t g = Create("g");
+  uint64_t before = store_->stats().chunks_in_use;
+  EXPECT_EQ(ErrnoOf(store_->fallocate(g, 0, 0, 16ull << 20)), ENOSPC);
+  EXPECT_EQ(store_->stats().chunks_in_use, before) << "the failed fallocate left chunks";
+  EXPECT_EQ(store_->getattr(g)->size, 0u);
+  // Preallocated chunks are a promise: with the servers full, writes there still succeed.
+  ASSERT_TRUE(store_->fallocate(g, 0, 0, 2 * kChunkBytes).ok());
+  uint64_t fill = Create("fill");
+  auto mib = RandomBytes(1 << 20, 12);
+  Status st;
+  for (uint64_t off = 0; st.ok() && off < (16ull << 20); off += mib.size())
+    st = store_->write(fill, off, mib);
+  ASSERT_EQ(ErrnoOf(st), ENOSPC) << "8 MiB never ran out";
+  auto two = RandomBytes(2 * kChunkBytes, 13);
+  Status w = store_->write(g, 0, two);
+  ASSERT_TRUE(w.ok()) << "a write into preallocated chunks failed: " << w.ToString();
+  EXPECT_EQ(Read(g, 0, two.size()), two);
+}
+
+TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
+  Open(1, 8ull << 20);
+  uint64_t f = Create("a b=c", MkdirWith("d", "user.region.onewriter"));
+  ASSERT_TRUE(store_->write(f, kChunkBytes, RandomBytes(10, 14)).ok());  // chunk 0 a hole
+  auto h = store_->open(f, false);
+  ASSERT_TRUE(h.ok());
+  auto text = [&](std::string_view name) {
+    auto r = store_->report(name);
+    EXPECT_TRUE(r.ok()) << name << ": " << r.status().ToString();
+    return r.ok() ? *r : std::string();
+  };
+  std::string files = text("files");
+  EXPECT_NE(
+      files.find(
+          "path=/d/a%20b%3Dc ino=" + std::to_string(f) +
+          " size=" + std::to_string(kChunkBytes + 10) +
+          " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 hostalloc=- map=1:1.0\n"),
+      std::string::npos)
+      << files;
+  EXPECT_EQ(text("open"), "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0\n");
+  EXPECT_EQ(text("hosts"), "server=0 address=" + env_.options.servers[0] +
+                               " units=1 chunks_in_use=1 used_bytes=131072\n");
+  EXPECT_NE(text("pools").find("gid=1 server=0 address=" + env_.options.servers[0]),
+            std::string::npos);
+  EXPECT_NE(text("pools").find(" used_bitmap=0001 chunks_in_use=1\n"), std::string::npos);
+  std::string mem = text("memusage");
+  EXPECT_TRUE(mem.starts_with("budget_bytes=8388608 ")) << mem;
+  EXPECT_NE(mem.find(" used_bytes=131072 units=1 unit_bytes=2097152 chunks_in_use=1 "),
+            std::string::npos)
+      << mem;
+  EXPECT_EQ(ErrnoOf(store_->report("nope").status()), ENOENT);
+  ASSERT_TRUE(store_->release(*h).ok());
+  EXPECT_EQ(text("open"), "");
+}
+
+TEST_F(RegionStoreTest, NonPersistentRegionsDieWithTheirOwnerProcess) {
+  Open(1, 8ull << 20);
+  int release = -1;
+  pid_t child = SpawnOwner(&release);
+  ASSERT_GT(child, 0);
+  Caller owner{1000, 1000, child};
+  auto eph = store_->mkdir(kRootIno, "eph", 0755, owner);
+  auto keep = store_->mkdir(kRootIno, "keep", 0755, owner);
+  ASSERT_TRUE(eph.ok() && keep.ok());
+  ASSERT_TRUE(store_->setxattr(keep->ino, "user.region.persistent", "1").ok());
+  auto doomed = store_->create(eph->ino, "f", 0644, owner);
+  auto kept = store_->create(keep->ino, "f", 0644, owner);
+  auto mine = store_->create(eph->ino, "mine", 0644, Caller{0, 0, getpid()});
+  ASSERT_TRUE(doomed.ok() && kept.ok() && mine.ok());
+  EXPECT_EQ(doomed->owner_pid, child);
+  auto data = RandomBytes(kChunkBytes + 1, 15);
+  ASSERT_TRUE(store_->write(doomed->ino, 0, data).ok());
+  ASSERT_TRUE(store_->write(kept->ino, 0, data).ok());
+  auto other = store_->open(doomed->ino, false);  // another opener
+  ASSERT_TRUE(other.ok());
+  uint64_t chunks_before = store_->stats().chunks_in_use;
+  auto nothing = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_TRUE(nothing->empty()) << "reaped while the owner lives";
+  std::vector<ReapedRegion> reaped = EndOwner(child, release);
+  ASSERT_EQ(reaped.size(), 1u) << "the non-persistent region was not deleted with its owner";
+  EXPECT_EQ(reaped[0].parent, eph->ino);
+  EXPECT_EQ(reaped[0].name, "f");
+  EXPECT_EQ(ErrnoOf(store_->lookup(eph->ino, "f").status()), ENOENT);
+  EXPECT_TRUE(store_->lookup(keep->ino, "f").ok()) << "the PERSISTENT region went too";
+  EXPECT_TRUE(store_->lookup(eph->ino, "mine").ok()) << "a live owner's region went";
+  std::vector<std::byte> buf(10);
+  EXPECT_EQ(ErrnoOf(store_->read(doomed->ino, 0, buf).status()), EIO) << "revoked region readable";
+  EXPECT_EQ(ErrnoOf(store_->write(doomed->ino, 0, data)), EIO) << "revoked region writable";
+  EXPECT_EQ(store_->stats().chunks_in_use, chunks_before) << "freed while another opener has it";
+  ASSERT_TRUE(store_->release(*other).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, chunks_before - 2) << "memory not returned";
+  EXPECT_EQ(Read(kept->ino, 0, data.size()), data);
+}
+
+TEST_F(RegionStoreTest, OwnersAreWatchedAgainAfterAReload) {
+  Open(1, 8ull << 20, /*persistent=*/true);  // root not PERSISTENT (RegionStoreOptions default)
+  int release = -1;
+  pid_t child = SpawnOwner(&release);
+  ASSERT_GT(child, 0);
+  auto f = store_->create(kRootIno, "f", 0644, Caller{0, 0, child});
+  ASSERT_TRUE(f.ok());
+  store_.reset();  // a remount, while the owner lives
+  auto again = env_.OpenStore();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  store_ = std::move(*again);
+  auto none = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty()) << "reaped after the reload while the owner lives";
+  auto reaped = EndOwner(child, release);
+  ASSERT_EQ(reaped.size(), 1u) << "the reloaded region's owner is not watched";
+  EXPECT_EQ(reaped[0].ino, f->ino);
+  EXPECT_EQ(ErrnoOf(store_->lookup(kRootIno, "f").status()), ENOENT);
+  // And a store opened after the owner is gone deletes the region at its first ReapOwners.
+  pid_t gone = SpawnOwner(&release);
+  ASSERT_GT(gone, 0);
+  ASSERT_TRUE(store_->create(kRootIno, "g", 0644, Caller{0, 0, gone}).ok());
+  store_.reset();
+  close(release);
+  int status = 0;
+  ASSERT_EQ(waitpid(gone, &status, 0), gone);
+  auto third = env_.OpenStore();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  store_ = std::move(*third);
+  auto at_once = store_->ReapOwners(std::chrono::milliseconds(0));
+  ASSERT_TRUE(at_once.ok());
+  ASSERT_EQ(at_once->size(), 1u) << "a region whose owner died while unmounted survived";
+  EXPECT_EQ((*at_once)[0].name, "g");
+}
+
 TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
   Open();
-  auto d = store_->mkdir(kRootIno, "solo", 0755, who_);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.onewriter", "1").ok());
-  uint64_t f = Create("f", d->ino);
+  uint64_t f = Create("f", MkdirWith("solo", "user.region.onewriter"));
   auto v = store_->getxattr(f, "user.region.onewriter");
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, "1");
@@ -301,12 +500,46 @@ TEST_F(RegionStoreTest, NamespaceAndDataReloadFromTheClusterStore) {
       << cycle.status().ToString();
 }
 
+TEST_F(RegionStoreTest, HostallocPicksTheServersARegionUses) {
+  Open(3, 16ull << 20);
+  const auto& addr = env_.options.servers;
+  auto allocated = [&](size_t server) {
+    auto j = nlohmann::json::parse(env_.servers[server]->stats_json());
+    return j["memory"]["allocated_bytes"].get<uint64_t>();
+  };
+  auto d = store_->mkdir(kRootIno, "on2", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*store_->getxattr(d->ino, "user.region.hostalloc"), "") << "default: all servers";
+  EXPECT_EQ(ErrnoOf(store_->setxattr(d->ino, "user.region.hostalloc", "127.0.0.1:1")), EINVAL);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(d->ino, "user.region.hostalloc", addr[2] + ",")), EINVAL);
+  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.hostalloc", addr[2]).ok());
+  // Inherited; a single-host region lives on the (first) listed server.
+  uint64_t f = Create("f", d->ino);
+  EXPECT_EQ(*store_->getxattr(f, "user.region.hostalloc"), addr[2]);
+  auto data = RandomBytes(kStepBytes + 1, 16);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  EXPECT_EQ(Read(f, 0, data.size()), data);
+  EXPECT_EQ(allocated(0), 0u) << "HOSTALLOC ignored: data on server 0";
+  EXPECT_EQ(allocated(2), 2 * kStepBytes);
+  EXPECT_EQ(ErrnoOf(store_->setxattr(f, "user.region.hostalloc", addr[1])), EBUSY);
+  // MULTIHOSTED over two of the three, round-robin in the list's order.
+  auto m = store_->mkdir(kRootIno, "pair", 0755, who_);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(store_->setxattr(m->ino, "user.region.multihosted", "1").ok());
+  ASSERT_TRUE(store_->setxattr(m->ino, "user.region.hostalloc", addr[1] + "," + addr[0]).ok());
+  uint64_t g = Create("g", m->ino);
+  ASSERT_TRUE(store_->write(g, 0, RandomBytes(2 * kStepBytes, 17)).ok());
+  EXPECT_EQ(allocated(0), kStepBytes);
+  EXPECT_EQ(allocated(1), kStepBytes);
+  EXPECT_EQ(allocated(2), 2 * kStepBytes) << "a region used a server not in its HOSTALLOC";
+  // removexattr: back to all servers.
+  ASSERT_TRUE(store_->removexattr(d->ino, "user.region.hostalloc").ok());
+  EXPECT_EQ(*store_->getxattr(d->ino, "user.region.hostalloc"), "");
+}
+
 TEST_F(RegionStoreTest, MultihostedRegionsSpreadIn2MiBSteps) {
   Open(2, 16ull << 20);
-  auto d = store_->mkdir(kRootIno, "multi", 0755, who_);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(store_->setxattr(d->ino, "user.region.multihosted", "1").ok());
-  uint64_t f = Create("f", d->ino);
+  uint64_t f = Create("f", MkdirWith("multi", "user.region.multihosted"));
   auto data = RandomBytes(2 * kStepBytes, 11);
   ASSERT_TRUE(store_->write(f, 0, data).ok());
   EXPECT_EQ(Read(f, 0, data.size()), data);

@@ -14,14 +14,18 @@ std::string EncodeInode(const InodeRecord& r) {
   h.version = kInodeVersion;
   h.map_entries = static_cast<uint32_t>(r.map.size());
   h.target_len = static_cast<uint32_t>(r.target.size());
-  h.reserved = 0;
-  std::string out(sizeof(h) + r.map.size() * sizeof(MapEntry) + r.target.size(), '\0');
+  h.hostalloc_len = static_cast<uint32_t>(r.hostalloc.size());
+  std::string out(
+      sizeof(h) + r.map.size() * sizeof(MapEntry) + r.target.size() + r.hostalloc.size(), '\0');
   std::memcpy(out.data(), &h, sizeof(h));
   if (!r.map.empty())
     std::memcpy(out.data() + sizeof(h), r.map.data(), r.map.size() * sizeof(MapEntry));
   if (!r.target.empty())
     std::memcpy(out.data() + sizeof(h) + r.map.size() * sizeof(MapEntry), r.target.data(),
                 r.target.size());
+  if (!r.hostalloc.empty())
+    std::memcpy(out.data() + out.size() - r.hostalloc.size(), r.hostalloc.data(),
+                r.hostalloc.size());
   return out;
 }
 
@@ -32,7 +36,6 @@ Result<InodeRecord> DecodeInode(std::string_view bytes) {
   std::memcpy(&r.h, bytes.data(), sizeof(r.h));
   if (r.h.magic != kInodeMagic) return Status::InvalidArgument("inode record: bad magic");
   if (r.h.version != kInodeVersion) return Status::InvalidArgument("inode record: bad version");
-  if (r.h.reserved != 0) return Status::InvalidArgument("inode record: reserved field not 0");
   if ((r.h.attr_flags & ~kAttrKnown) != 0)
     return Status::InvalidArgument("inode record: unknown attribute flags");
   uint32_t type = r.h.mode & S_IFMT;
@@ -44,13 +47,15 @@ Result<InodeRecord> DecodeInode(std::string_view bytes) {
   if (r.h.target_len > kMaxSymlinkBytes)
     return Status::InvalidArgument("inode record: symlink target too long");
   if (r.h.size > kMaxRegionBytes) return Status::InvalidArgument("inode record: size too large");
-  uint64_t want =
-      sizeof(InodeRecordHeader) + uint64_t{r.h.map_entries} * sizeof(MapEntry) + r.h.target_len;
+  if (r.h.hostalloc_len > kMaxHostallocBytes)
+    return Status::InvalidArgument("inode record: HOSTALLOC list too long");
+  uint64_t want = sizeof(InodeRecordHeader) + uint64_t{r.h.map_entries} * sizeof(MapEntry) +
+                  r.h.target_len + r.h.hostalloc_len;
   if (bytes.size() != want) return Status::InvalidArgument("inode record: length mismatch");
   if (type != S_IFREG && r.h.map_entries != 0)
     return Status::InvalidArgument("inode record: only files have a chunk map");
-  if (ChunksFor(r.h.size) < r.h.map_entries)
-    return Status::InvalidArgument("inode record: map covers more than the size");
+  // A map may reach past the size: fallocate(FALLOC_FL_KEEP_SIZE) preallocates chunks past the
+  // end of a file (they are zero, like every byte past the size); kMaxRegionChunks bounds it.
   r.map.resize(r.h.map_entries);
   if (!r.map.empty())
     std::memcpy(r.map.data(), bytes.data() + sizeof(InodeRecordHeader),
@@ -61,7 +66,43 @@ Result<InodeRecord> DecodeInode(std::string_view bytes) {
   }
   r.target.assign(bytes.data() + sizeof(InodeRecordHeader) + r.map.size() * sizeof(MapEntry),
                   r.h.target_len);
+  if (type == S_IFLNK && r.h.hostalloc_len != 0)
+    return Status::InvalidArgument("inode record: a symlink with a HOSTALLOC list");
+  r.hostalloc.assign(bytes.data() + bytes.size() - r.h.hostalloc_len, r.h.hostalloc_len);
+  Status ha = CheckHostalloc(r.hostalloc);
+  if (!ha.ok()) return Status::InvalidArgument("inode record: " + std::string(ha.message()));
   return r;
+}
+
+Status CheckHostalloc(std::string_view list) {
+  if (list.size() > kMaxHostallocBytes)
+    return Status::InvalidArgument("HOSTALLOC list longer than 4096 bytes");
+  if (list.empty()) return Status::OK();
+  size_t entry = 0;
+  for (char ch : list) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c == ',') {
+      if (entry == 0) return Status::InvalidArgument("HOSTALLOC list with an empty entry");
+      entry = 0;
+    } else if (c <= 0x20 || c >= 0x7f) {
+      return Status::InvalidArgument("HOSTALLOC list with a space or non-printable byte");
+    } else {
+      ++entry;
+    }
+  }
+  if (entry == 0) return Status::InvalidArgument("HOSTALLOC list with an empty entry");
+  return Status::OK();
+}
+
+std::vector<std::string> SplitHostalloc(std::string_view list) {
+  std::vector<std::string> out;
+  while (!list.empty()) {
+    size_t comma = list.find(',');
+    out.emplace_back(list.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
 }
 
 std::string EncodeUnit(const UnitRecord& r) {

@@ -74,6 +74,9 @@ enum RegionAttr : uint16_t {
   kAttrMultihosted = 1 << 1,  // 2 MiB steps round-robin over every server
   kAttrOneWriter = 1 << 2,    // at most one open-for-writing handle at a time (else EBUSY)
 };
+// HOSTALLOC (not a flag: a list): the servers a region's chunks may come from, as
+// comma-separated farmemd bootstrap addresses ("" = all); at most this many bytes.
+inline constexpr uint32_t kMaxHostallocBytes = 4096;
 inline constexpr uint16_t kAttrKnown = kAttrPersistent | kAttrMultihosted | kAttrOneWriter;
 
 // ---- Metadata records (values in the cluster store; little-endian hosts only) ----
@@ -83,7 +86,7 @@ inline constexpr uint16_t kInodeVersion = 1;
 inline constexpr uint32_t kMaxSymlinkBytes = 4096;
 
 // Value of key "<prefix>inode/<ino>": this header, then `map_entries` MapEntry words, then
-// `target_len` bytes of symlink target.
+// `target_len` bytes of symlink target, then `hostalloc_len` bytes of HOSTALLOC list.
 struct InodeRecordHeader {
   uint32_t magic;
   uint16_t version;
@@ -100,7 +103,7 @@ struct InodeRecordHeader {
   int32_t owner_pid;  // OWNERPID: the creating process (0 = unknown)
   uint32_t map_entries;
   uint32_t target_len;
-  uint32_t reserved;  // 0
+  uint32_t hostalloc_len;  // files and directories; was a reserved 0, so older records have none
 };
 static_assert(sizeof(InodeRecordHeader) == 80, "inode record header is 80 bytes");
 
@@ -126,7 +129,14 @@ struct InodeRecord {
   InodeRecordHeader h{};
   std::vector<MapEntry> map;
   std::string target;
+  std::string hostalloc;  // HOSTALLOC: "addr,addr,..." or "" (all servers)
 };
+
+// OK if `list` is a well-formed HOSTALLOC value: "" or comma-separated non-empty entries of
+// printable non-space bytes, at most kMaxHostallocBytes. InvalidArgument otherwise.
+Status CheckHostalloc(std::string_view list);
+// The entries of a well-formed HOSTALLOC value.
+std::vector<std::string> SplitHostalloc(std::string_view list);
 struct UnitRecord {
   std::string address;
   uint64_t key = 0;

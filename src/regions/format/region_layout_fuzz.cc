@@ -2,7 +2,8 @@
 // corrupted cluster store could hand a mount. Built with -DFARMEM_FUZZ=ON (scripts/test --fuzz).
 // Input: byte 0 selects the decoder (even: inode record, odd: unit record), the rest is the value.
 // Checked beyond "no crash": an accepted record re-encodes to exactly the bytes it came from, and
-// an accepted inode's map entries are holes or name a chunk inside a 2 MiB unit of a non-zero gid.
+// an accepted inode's map entries are holes or name a chunk inside a 2 MiB unit of a non-zero gid,
+// and its HOSTALLOC list is well-formed.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -26,7 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return 0;
     }
     FUZZ_CHECK(EncodeInode(*r) == bytes);
-    FUZZ_CHECK(r->map.size() <= ChunksFor(r->h.size));
+    FUZZ_CHECK(r->map.size() <= kMaxRegionChunks);  // may pass the size (KEEP_SIZE)
+    FUZZ_CHECK(CheckHostalloc(r->hostalloc).ok());
     for (MapEntry e : r->map)
       FUZZ_CHECK(e == kHole || (EntryGid(e) != 0 && EntryUnitOffset(e) < kStepBytes));
   } else {

@@ -8,13 +8,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "common/log.h"
 #include "farmem/cluster.h"
 #include "farmem/regionfs.h"
 #include "farmem/server.h"
@@ -33,14 +39,86 @@ constexpr double kTimeout = 1.0;          // attr/entry cache, seconds (close-to
 constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 
 // TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
-// namespace in; no_perms mounts without default_permissions (the kernel then checks nothing).
+// namespace in; no_perms mounts without default_permissions (the kernel then checks nothing);
+// open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid check); no_inval keeps
+// the kernel's cached pages of a region deleted with its owner (readers then see no EIO).
 bool FsFault(std::string_view name) {
   const char* f = std::getenv("FARMEM_REGIONS_FAULT");
   return f != nullptr && name == f;
 }
 
+// What every request handler shares (the FUSE session's userdata).
+struct FsState {
+  RegionStore& store;
+  std::string mountpoint;
+  uint32_t threads = 0;
+  size_t servers = 0;
+  std::mutex mu;  // guards intro and next_intro (any worker thread)
+  // Open .regions/ files: handle -> the report's text, taken at open (a consistent snapshot).
+  std::unordered_map<uint64_t, std::string> intro;
+  uint64_t next_intro = 1;
+};
+
+FsState& State(fuse_req_t req) {
+  return *static_cast<FsState*>(fuse_req_userdata(req));
+}
 RegionStore& Store(fuse_req_t req) {
-  return *static_cast<RegionStore*>(fuse_req_userdata(req));
+  return State(req).store;
+}
+
+// ---- .regions/: the root-only introspection directory (docs/regions.md "Introspection") ----
+// Virtual inodes far above any the store hands out (it counts up from 2); the directory is
+// looked up by name in the root and not listed there.
+constexpr std::string_view kIntroName = ".regions";
+constexpr fuse_ino_t kIntroDir = 0xffffffff00000000ull;
+constexpr std::string_view kIntroFiles[] = {"daemon", "hosts", "memusage",
+                                            "pools",  "open",  "files"};
+constexpr size_t kIntroCount = sizeof(kIntroFiles) / sizeof(kIntroFiles[0]);
+constexpr uint64_t kIntroHandle = uint64_t{1} << 62;  // store handles stay below (bit 63: writer)
+
+bool IsIntro(fuse_ino_t ino) {
+  return ino >= kIntroDir && ino <= kIntroDir + kIntroCount;
+}
+bool IsIntroName(fuse_ino_t parent, std::string_view name) {
+  return parent == FUSE_ROOT_ID && name == kIntroName;
+}
+// Root only (or the daemon's own user when it is not root: nobody else can use such a mount).
+// The kernel refuses others first (default_permissions, modes 0500/0400); this is the second line.
+bool IntroAllowed(fuse_req_t req) {
+  uid_t uid = fuse_req_ctx(req)->uid;
+  return uid == 0 || uid == geteuid() || FsFault("open_intro");
+}
+struct stat IntroStat(fuse_ino_t ino) {
+  static const struct timespec born = [] {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t;
+  }();
+  bool open = FsFault("open_intro");
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode =
+      ino == kIntroDir ? (S_IFDIR | (open ? 0555 : 0500)) : (S_IFREG | (open ? 0444 : 0400));
+  st.st_nlink = ino == kIntroDir ? 2 : 1;
+  st.st_uid = geteuid();
+  st.st_gid = getegid();
+  st.st_size = 0;  // generated at open, read until EOF (direct_io), like /proc
+  st.st_atim = st.st_mtim = st.st_ctim = born;
+  return st;
+}
+void ReplyIntroEntry(fuse_req_t req, fuse_ino_t ino) {
+  fuse_entry_param e{};
+  e.ino = ino;
+  e.attr = IntroStat(ino);
+  e.attr_timeout = 1.0;
+  e.entry_timeout = 1.0;
+  fuse_reply_entry(req, &e);
+}
+Result<std::string> IntroText(FsState& fs, std::string_view name) {
+  if (name != "daemon") return fs.store.report(name);
+  return "pid=" + std::to_string(getpid()) + " uid=" + std::to_string(geteuid()) +
+         " mountpoint=" + regions::EscapeField(fs.mountpoint) +
+         " threads=" + std::to_string(fs.threads) + " servers=" + std::to_string(fs.servers) + "\n";
 }
 
 Caller Who(fuse_req_t req) {
@@ -105,10 +183,22 @@ void Init(void*, fuse_conn_info* conn) {
 }
 
 void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (IsIntroName(parent, name)) return ReplyIntroEntry(req, kIntroDir);
+  if (parent == kIntroDir) {
+    if (!IntroAllowed(req)) return (void)fuse_reply_err(req, EACCES);
+    for (size_t i = 0; i < kIntroCount; ++i)
+      if (kIntroFiles[i] == name) return ReplyIntroEntry(req, kIntroDir + 1 + i);
+    return (void)fuse_reply_err(req, ENOENT);
+  }
+  if (IsIntro(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   ReplyEntry(req, Store(req).lookup(parent, name));
 }
 
 void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  if (IsIntro(ino)) {
+    struct stat st = IntroStat(ino);
+    return (void)fuse_reply_attr(req, &st, kTimeout);
+  }
   auto a = Store(req).getattr(ino);
   if (!a.ok()) return ReplyStatus(req, a.status());
   struct stat st = ToStat(*a);
@@ -116,6 +206,7 @@ void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 }
 
 void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
+  if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);  // read-only
   regions::SetAttrRequest r;
   if (to_set & FUSE_SET_ATTR_SIZE) r.size = static_cast<uint64_t>(attr->st_size);
   if (to_set & FUSE_SET_ATTR_MODE) r.mode = attr->st_mode;
@@ -139,30 +230,45 @@ void Readlink(fuse_req_t req, fuse_ino_t ino) {
   fuse_reply_readlink(req, t->c_str());
 }
 
+// Refuses changes inside .regions/ (EPERM) and new entries named .regions in the root (EEXIST).
+bool RefuseIntroChange(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (IsIntro(parent)) return fuse_reply_err(req, EPERM), true;
+  if (IsIntroName(parent, name)) return fuse_reply_err(req, EEXIST), true;
+  return false;
+}
+
 void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
+  if (RefuseIntroChange(req, parent, name)) return;
   if (!S_ISREG(mode)) return (void)fuse_reply_err(req, EPERM);  // regions are regular files
   ReplyEntry(req, Store(req).create(parent, name, mode, Who(req)));
 }
 
 void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (RefuseIntroChange(req, parent, name)) return;
   ReplyEntry(req, Store(req).mkdir(parent, name, mode, Who(req)));
 }
 
 void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (IsIntro(parent) || IsIntroName(parent, name)) return (void)fuse_reply_err(req, EPERM);
   ReplyStatus(req, Store(req).unlink(parent, name));
 }
 
 void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (IsIntro(parent) || IsIntroName(parent, name)) return (void)fuse_reply_err(req, EPERM);
   ReplyStatus(req, Store(req).rmdir(parent, name));
 }
 
 void Symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  if (RefuseIntroChange(req, parent, name)) return;
   ReplyEntry(req, Store(req).symlink(parent, name, link, Who(req)));
 }
 
 void Rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
             const char* newname, unsigned int flags) {
   if (flags & ~RENAME_NOREPLACE) return (void)fuse_reply_err(req, EINVAL);  // no EXCHANGE
+  if (IsIntro(parent) || IsIntro(newparent) || IsIntroName(parent, name) ||
+      IsIntroName(newparent, newname))
+    return (void)fuse_reply_err(req, EPERM);
   ReplyStatus(req, Store(req).rename(parent, name, newparent, newname, flags & RENAME_NOREPLACE));
 }
 
@@ -170,7 +276,23 @@ void Link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
   fuse_reply_err(req, EPERM);  // a region has one name
 }
 
+void OpenIntro(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (ino == kIntroDir) return (void)fuse_reply_err(req, EISDIR);
+  if (!IntroAllowed(req) || IsWrite(fi->flags)) return (void)fuse_reply_err(req, EACCES);
+  FsState& fs = State(req);
+  auto text = IntroText(fs, kIntroFiles[ino - kIntroDir - 1]);
+  if (!text.ok()) return ReplyStatus(req, text.status());
+  {
+    std::lock_guard lk(fs.mu);
+    fi->fh = kIntroHandle | fs.next_intro++;
+    fs.intro[fi->fh] = std::move(*text);
+  }
+  fi->direct_io = 1;  // st_size is 0: every read comes here
+  fuse_reply_open(req, fi);
+}
+
 void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (IsIntro(ino)) return OpenIntro(req, ino, fi);
   auto h = Store(req).open(ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
   fi->fh = *h;
@@ -181,6 +303,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  if (RefuseIntroChange(req, parent, name)) return;
   RegionStore& s = Store(req);
   auto a = s.create(parent, name, mode, Who(req));
   if (!a.ok()) return ReplyStatus(req, a.status());
@@ -196,7 +319,16 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   fuse_reply_create(req, &e, fi);
 }
 
-void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  if (fi->fh & kIntroHandle) {
+    FsState& fs = State(req);
+    std::lock_guard lk(fs.mu);
+    auto it = fs.intro.find(fi->fh);
+    if (it == fs.intro.end()) return (void)fuse_reply_err(req, EBADF);
+    const std::string& t = it->second;
+    size_t from = std::min(static_cast<size_t>(off), t.size());
+    return (void)fuse_reply_buf(req, t.data() + from, std::min(size, t.size() - from));
+  }
   std::vector<std::byte> buf(size);
   auto n = Store(req).read(ino, static_cast<uint64_t>(off), buf);
   if (!n.ok()) return ReplyStatus(req, n.status());
@@ -213,6 +345,16 @@ void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t o
   fuse_reply_write(req, size);
 }
 
+// The kernel writes back and drops its cached pages of a punched range itself (FUSE_FALLOCATE),
+// and updates i_size after a mode-0 call.
+void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+               fuse_file_info*) {
+  if (offset < 0 || length <= 0) return (void)fuse_reply_err(req, EINVAL);
+  if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
+  ReplyStatus(req, Store(req).fallocate(ino, mode, static_cast<uint64_t>(offset),
+                                        static_cast<uint64_t>(length)));
+}
+
 // Every write the daemon acknowledged is already in remote memory, so flush and fsync have
 // nothing left to do here (the kernel writes its dirty pages back before calling them).
 void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) {
@@ -223,11 +365,26 @@ void Fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) {
 }
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  if (fi->fh & kIntroHandle) {
+    FsState& fs = State(req);
+    std::lock_guard lk(fs.mu);
+    fs.intro.erase(fi->fh);
+    return (void)fuse_reply_err(req, 0);
+  }
   ReplyStatus(req, Store(req).release(fi->fh));
 }
 
 void Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  auto list = Store(req).readdir(ino);
+  Result<std::vector<regions::DirEntry>> list = std::vector<regions::DirEntry>{};
+  if (ino == kIntroDir) {
+    if (!IntroAllowed(req)) return (void)fuse_reply_err(req, EACCES);
+    list->push_back({".", kIntroDir, S_IFDIR});
+    list->push_back({"..", FUSE_ROOT_ID, S_IFDIR});
+    for (size_t i = 0; i < kIntroCount; ++i)
+      list->push_back({std::string(kIntroFiles[i]), kIntroDir + 1 + i, S_IFREG});
+  } else {
+    list = Store(req).readdir(ino);
+  }
   if (!list.ok()) return ReplyStatus(req, list.status());
   std::vector<char> buf(size);
   size_t used = 0;
@@ -261,10 +418,12 @@ void Statfs(fuse_req_t req, fuse_ino_t) {
 
 void Setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
               int) {
+  if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
   ReplyStatus(req, Store(req).setxattr(ino, name, std::string_view(value, size)));
 }
 
 void Getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  if (IsIntro(ino)) return (void)fuse_reply_err(req, ENODATA);
   auto v = Store(req).getxattr(ino, name);
   if (!v.ok()) return ReplyStatus(req, v.status());
   if (size == 0) return (void)fuse_reply_xattr(req, v->size());
@@ -273,7 +432,8 @@ void Getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
 }
 
 void Listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
-  auto names = Store(req).listxattr(ino);
+  auto names = IsIntro(ino) ? Result<std::vector<std::string>>(std::vector<std::string>{})
+                            : Store(req).listxattr(ino);
   if (!names.ok()) return ReplyStatus(req, names.status());
   std::string all;
   for (const std::string& n : *names) all.append(n).push_back('\0');
@@ -283,7 +443,8 @@ void Listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void Removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
-  ReplyStatus(req, Store(req).setxattr(ino, name, "0"));
+  if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
+  ReplyStatus(req, Store(req).removexattr(ino, name));
 }
 
 fuse_lowlevel_ops MakeOps() {
@@ -313,6 +474,7 @@ fuse_lowlevel_ops MakeOps() {
   ops.listxattr = Listxattr;
   ops.removexattr = Removexattr;
   ops.create = Create;
+  ops.fallocate = Fallocate;
   return ops;
 }
 
@@ -325,6 +487,7 @@ std::string RandomToken() {
 // with: RunRegionFs blocks SIGINT/SIGTERM/SIGHUP before it starts any thread, so only this thread
 // (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
 Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblocked) {
+  FsState state{store, o.mountpoint, o.threads, o.servers.empty() ? 1 : o.servers.size()};
   std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
   if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
   if (getuid() == 0) argv_s.back() += ",allow_other";
@@ -333,7 +496,7 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
   for (auto& a : argv_s) argv.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   fuse_lowlevel_ops ops = MakeOps();
-  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &store);
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &state);
   if (se == nullptr) return Status::IoError("regions: fuse_session_new failed");
   Status result;
   // libfuse installs its handlers only over SIG_DFL, and libinfinipath (libfabric's psm provider,
@@ -352,6 +515,24 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
                                " (does it exist, is /dev/fuse usable?)");
     } else {
       if (o.on_ready) o.on_ready();
+      // OWNERPID: deletes the regions of exited owners and drops what the kernel cached of them
+      // (name and pages: other openers' reads then reach the store and get EIO). Started with
+      // the stop signals still blocked; wakes at least every 100 ms to see `stop`.
+      std::atomic<bool> stop{false};
+      std::thread reaper([&] {
+        while (!stop.load()) {
+          auto r = store.ReapOwners(std::chrono::milliseconds(100));
+          if (!r.ok()) {
+            FARMEM_LOG_WARN("regions: reaping owners: {}", r.status().ToString());
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
+          }
+          for (const regions::ReapedRegion& x : *r) {
+            fuse_lowlevel_notify_inval_entry(se, x.parent, x.name.data(), x.name.size());
+            if (!FsFault("no_inval")) fuse_lowlevel_notify_inval_inode(se, x.ino, 0, 0);
+          }
+        }
+      });
       sigset_t blocked;
       pthread_sigmask(SIG_SETMASK, &unblocked, &blocked);
       fuse_loop_config* cfg = fuse_loop_cfg_create();
@@ -360,6 +541,8 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblo
       int rc = fuse_session_loop_mt(se, cfg);
       fuse_loop_cfg_destroy(cfg);
       pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
+      stop = true;
+      reaper.join();
       fuse_session_unmount(se);
       // A signal (SIGINT/SIGTERM) ends the loop with its number: a clean unmount.
       if (rc < 0) result = Status::IoError("regions: FUSE loop: " + std::string(strerror(-rc)));
@@ -435,6 +618,11 @@ Status RunRegionFs(const RegionFsOptions& o) {
   FARMEM_ASSIGN_OR_RETURN(auto node, Node::Create(nc));
   FARMEM_RETURN_IF_ERROR(node->start());
   so.root_mode = 0755;
+  // The paper's default is a region that dies with its creating process; a file system used by
+  // shell tools (each `cp`, `echo >` exits at once) needs PERSISTENT as the default, so a new
+  // namespace's root carries it and directories inherit it. `setfattr -n user.region.persistent
+  // -v 0 DIR` gives the paper's default to what is created in DIR (docs/regions.md).
+  so.root_attrs = regions::kAttrPersistent;
   // Running farmemds outlive this mount, so its units must too (the metadata in a shared store
   // names them); the embedded server's memory dies with the process anyway.
   so.persistent_units = !o.servers.empty();
