@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 
 #include "farmem/status.h"
 
@@ -19,9 +20,14 @@ class RegionsInproc {
   RegionsInproc(const RegionsInproc&) = delete;
   RegionsInproc& operator=(const RegionsInproc&) = delete;
 
-  // Median microseconds of `pages` one-sided 4 KiB reads (Scheduler::read, one in flight, from a
-  // raw range of the same farmemd): the path a fault's store read takes, without the fault.
-  Result<double> RawReadMedianUs();
+  // Median microseconds of one-sided 4 KiB reads (one in flight, the scheduler's default wait,
+  // from a raw range of the same farmemd over the same loopback TCP) and of cold read faults
+  // (the first load of each page of a freshly rmmap'ed region holding data: one store read,
+  // UFFDIO_COPY), interleaved page by page: read page i, fault page i, read page i+1, ...
+  Result<std::pair<double, double>> RawReadAndReadFaultMedianUs();
+  // Median microseconds of RegionStore::read of 4 KiB (what a fault's handler calls: the store's
+  // own scheduler, which blocks between polls) of each page of the region the faults read.
+  Result<double> StoreReadMedianUs();
   // Median microseconds of the first load of each page of a freshly rmmap'ed region holding data
   // (a missing fault: one store read, UFFDIO_COPY).
   Result<double> ReadFaultMedianUs();

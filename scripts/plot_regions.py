@@ -14,6 +14,9 @@ def table(doc):
           f"{c.get('fault_pages', '?')} fault pages, {c.get('rmalloc_calls', '?')} rmalloc calls, "
           f"{c.get('creates', '?')} creates\n")
     print_targets(doc)
+    if doc.get("store_read_us"):
+        sr = ", ".join(f"{v:.1f}" for v in doc["store_read_us"])
+        print(f"\nRegionStore::read 4 KiB (a fault's fetch), us per round: {sr}")
     print(f"\nnot measured: {', '.join(doc.get('not_measured', []))}")
 
 
