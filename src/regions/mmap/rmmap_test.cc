@@ -224,12 +224,13 @@ TEST_F(RmmapTest, RsyncRacingStoresLosesNone) {
 }
 
 // rprefetch installs the missing pages of a range without faults (the fault counter stays at what
-// the test touched itself), skips pages already present (a dirty page keeps its store), and the
-// data is what the store holds, zeros past the size. Fails with no_prefetch (every page faults).
+// the test touched itself), skips pages already present (a dirty page keeps its store), the data
+// is what the store holds, zeros past the size, and (with write-protect tracking) a store to a
+// prefetched page is written back by rsync. Fails with no_prefetch (every page faults).
 TEST_F(RmmapTest, PrefetchInstallsMissingPagesWithoutFaults) {
   constexpr size_t kPages = 40;  // two 128 KiB chunks and a partial third: parallel reads
   auto data = RandomBytes(kPages * kPage - 100, 11);
-  Create("r", data);
+  uint64_t ino = Create("r", data);
   auto p = rmmap(*store_, "r");
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   auto* b = static_cast<std::byte*>(*p);
@@ -254,6 +255,14 @@ TEST_F(RmmapTest, PrefetchInstallsMissingPagesWithoutFaults) {
   // Everything present now: a second prefetch installs nothing.
   ASSERT_TRUE(rprefetch(b, kPages * kPage).ok());
   EXPECT_EQ(rmmap_stats(b)->prefetched, kPages - 1);
+  // A plain store to a prefetched page is tracked like one to a fetched page (installed
+  // write-protected), so rsync writes it back.
+  if (st->write_protect) {
+    b[20 * kPage + 5] = ~data[20 * kPage + 5];
+    ASSERT_TRUE(rsync(b, kPages * kPage).ok());
+    EXPECT_EQ(Read(ino, 20 * kPage + 5, 1), std::vector<std::byte>{~data[20 * kPage + 5]})
+        << "a store to a prefetched page was not written back";
+  }
   EXPECT_EQ(rprefetch(b, (kPages + 1) * kPage).code(), Code::kInvalidArgument);
   int x = 0;
   EXPECT_EQ(rprefetch(&x, 4).code(), Code::kNotFound);
