@@ -328,6 +328,7 @@ int RunRegionsBench(RegionsBenchOptions o) {
   const uint64_t memory_mib = need_mib > 900 ? need_mib * 5 / 4 : 0;
 
   const auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(500));
+  const nlohmann::json machine = bench::MachineInfo();  // its date and load: the run's start
   Mount mount;
   if (Status s = mount.Start(mnt, work + "/mount.out", memory_mib); !s.ok()) {
     fmt::print(stderr, "{}: {}\n", kProg, s.message());
@@ -442,7 +443,7 @@ int RunRegionsBench(RegionsBenchOptions o) {
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["benchmark"] = "regions";
-    j["machine"] = bench::MachineInfo();
+    j["machine"] = machine;
     if (busy) j["cpu_busy_before"] = *busy;
     j["config"] = {{"quick", o.quick},
                    {"rounds", o.rounds},
