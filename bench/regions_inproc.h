@@ -34,6 +34,9 @@ class RegionsInproc {
   // Median microseconds of rmarkdirty(page, 4096, zero=true) plus a store into the page, on each
   // cold page of a freshly rmmap'ed region holding data (no fetch: the page is zero-filled).
   Result<double> ZeroWriteMedianUs();
+  // Median microseconds of a plain store to each cold page of a freshly rmmap'ed region holding
+  // data (no rmarkdirty: the page is fetched, then its write-protect fault marks it dirty).
+  Result<double> WriteFaultMedianUs();
   // rmalloc(64) calls per second: `n` allocations (then freed, not timed) from a RegionHeap in an
   // rmmap'ed region, rprefetch'ed so the heap's pages take no faults while timed.
   Result<double> RmallocPerSec(size_t n);

@@ -17,6 +17,9 @@ def table(doc):
     if doc.get("store_read_us"):
         sr = ", ".join(f"{v:.1f}" for v in doc["store_read_us"])
         print(f"\nRegionStore::read 4 KiB (a fault's fetch), us per round: {sr}")
+    if doc.get("write_fault_us"):
+        wf = ", ".join(f"{v:.1f}" for v in doc["write_fault_us"])
+        print(f"plain cold write fault (no rmarkdirty), us per round: {wf}")
     print(f"\nnot measured: {', '.join(doc.get('not_measured', []))}")
 
 
