@@ -1,6 +1,7 @@
 // `farmem bench regions`: a `farmem mount` (embedded farmemd, no flags) and a tmpfs, each in a
-// temp dir, measured in interleaved rounds with sysbench fileio, fio and cp -a (docs/regions.md,
-// issue 14). Main thread only; the mount is a child process, the tools are child processes.
+// temp dir, measured in interleaved rounds with sysbench fileio, fio and cp -a; and in-process
+// (regions_inproc.h) rmmap faults and rmalloc against a one-sided read and a file create in the
+// mount (docs/regions.md, issue 14). Main thread only; the mount and the tools are child processes.
 #include "regions_bench.h"
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -28,6 +30,7 @@
 #include "bench_stats.h"
 #include "child_process.h"
 #include "machine_info.h"
+#include "regions_inproc.h"
 
 namespace farmem {
 
@@ -153,12 +156,16 @@ Status MakeTree(const fs::path& root, int files) {
   return Status::OK();
 }
 
+// One target: subject A against baseline B, measured A B in every round; judged on the median of
+// the per-round ratios A/B: >= factor (higher_is_better) or <= factor.
 struct Target {
   std::string name;
   std::string unit;
   bool higher_is_better = true;
-  double factor = 1.0;                // >= factor x tmpfs (higher_is_better) or <= factor x tmpfs
-  std::vector<double> farmem, tmpfs;  // per round
+  double factor = 1.0;
+  std::string a_label, b_label;
+  std::function<Result<double>()> a, b;
+  std::vector<double> av, bv;  // per round
 };
 
 struct Tools {
@@ -202,6 +209,24 @@ Result<double> FioWrite(const Tools& t, const std::string& dir, int mib, const s
   std::error_code ec;
   fs::remove(fs::path(dir) / "seqwrite.0.0", ec);
   return *v / (1024.0 * 1024.0);
+}
+
+// Files created per second in `dir`: `n` open(O_CREAT|O_EXCL) + close (the unlinks afterwards
+// are not timed).
+Result<double> CreateFiles(const std::string& dir, int n) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    const std::string f = fmt::format("{}/c{}", dir, i);
+    const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::FromErrno("create " + f, errno);
+    ::close(fd);
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (int i = 0; i < n; ++i) {
+    const std::string f = fmt::format("{}/c{}", dir, i);
+    if (::unlink(f.c_str()) != 0) return Status::FromErrno("unlink " + f, errno);
+  }
+  return n / secs;
 }
 
 // cp -a of the tree into `dir`: seconds (the rm afterwards is not timed).
@@ -255,6 +280,9 @@ int RunRegionsBench(RegionsBenchOptions o) {
   if (o.read_seconds == 0) o.read_seconds = o.quick ? 2 : 10;
   if (o.write_file_mib == 0) o.write_file_mib = o.quick ? 64 : 2048;
   if (o.small_files == 0) o.small_files = o.quick ? 1000 : 5000;
+  if (o.fault_pages == 0) o.fault_pages = o.quick ? 256 : 2048;
+  if (o.rmalloc_calls == 0) o.rmalloc_calls = o.quick ? 2000 : 10000;
+  if (o.creates == 0) o.creates = o.quick ? 200 : 1000;
 
   struct stat fuse_st {};
   if (::stat("/dev/fuse", &fuse_st) != 0 || !S_ISCHR(fuse_st.st_mode)) {
@@ -300,6 +328,7 @@ int RunRegionsBench(RegionsBenchOptions o) {
   const uint64_t memory_mib = need_mib > 900 ? need_mib * 5 / 4 : 0;
 
   const auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(500));
+  const nlohmann::json machine = bench::MachineInfo();  // its date and load: the run's start
   Mount mount;
   if (Status s = mount.Start(mnt, work + "/mount.out", memory_mib); !s.ok()) {
     fmt::print(stderr, "{}: {}\n", kProg, s.message());
@@ -319,72 +348,108 @@ int RunRegionsBench(RegionsBenchOptions o) {
   if (Status s = MakeTree(tree, o.small_files); !s.ok()) return fail(s);
   for (const std::string& d : {mnt, ref})
     if (Status s = SysbenchPrepare(tools, d, o.read_file_mib, log); !s.ok()) return fail(s);
+  const std::string creates_dir = mnt + "/creates";
+  fs::create_directories(creates_dir, ec);
+  if (ec) return fail(Status::Internal("mkdir " + creates_dir + ": " + ec.message()));
 
+  // The rmmap and rmalloc targets run in this process against an embedded farmemd.
+  auto inproc = bench::RegionsInproc::Start(static_cast<size_t>(o.fault_pages));
+  if (!inproc.ok()) return fail(inproc.status());
+  bench::RegionsInproc& ip = **inproc;
+
+  const std::string kMount = "farmem mount", kTmpfs = "tmpfs";
+  double paired_fault_us = 0;
   std::vector<Target> targets = {
-      {"sysbench seqrd 16 KiB buffered, 1 thread", "MiB/s", true, 0.90, {}, {}},
-      {"sysbench rndrd 16 KiB buffered, 1 thread", "MiB/s", true, 0.88, {}, {}},
-      {"fio seq write 1 MiB, end_fsync", "MiB/s", true, 0.5, {}, {}},
-      {fmt::format("cp -a of {} small files", o.small_files), "s", false, 5.0, {}, {}},
+      {"sysbench seqrd 16 KiB buffered, 1 thread", "MiB/s", true, 0.90, kMount, kTmpfs,
+       [&] { return SysbenchRead(tools, mnt, "seqrd", o.read_file_mib, o.read_seconds, log); },
+       [&] { return SysbenchRead(tools, ref, "seqrd", o.read_file_mib, o.read_seconds, log); }},
+      {"sysbench rndrd 16 KiB buffered, 1 thread", "MiB/s", true, 0.88, kMount, kTmpfs,
+       [&] { return SysbenchRead(tools, mnt, "rndrd", o.read_file_mib, o.read_seconds, log); },
+       [&] { return SysbenchRead(tools, ref, "rndrd", o.read_file_mib, o.read_seconds, log); }},
+      {"fio seq write 1 MiB, end_fsync", "MiB/s", true, 0.5, kMount, kTmpfs,
+       [&] { return FioWrite(tools, mnt, o.write_file_mib, log); },
+       [&] { return FioWrite(tools, ref, o.write_file_mib, log); }},
+      {fmt::format("cp -a of {} small files", o.small_files), "s", false, 5.0, kMount, kTmpfs,
+       [&] { return CopyTree(tools, tree, mnt, log); },
+       [&] { return CopyTree(tools, tree, ref, log); }},
+      // The paper's RDMA-to-regions ratio: a fault costs at most 1/0.41 one-sided reads.
+      // Both series come from one pass (read page i, fault page i, ...): B returns A's partner.
+      {"rmmap cold 4 KiB fault: one-sided read / fault latency", "us (median)", true, 0.41,
+       "one-sided 4 KiB read", "rmmap cold read fault",
+       [&]() -> Result<double> {
+         auto r = ip.RawReadAndReadFaultMedianUs();
+         if (!r.ok()) return r.status();
+         paired_fault_us = r->second;
+         return r->first;
+       },
+       [&]() -> Result<double> { return paired_fault_us; }},
+      {"rmmap write with rmarkdirty(zero) / read fault", "us (median)", false, 1.1,
+       "rmarkdirty(zero) + store", "rmmap cold read fault", [&] { return ip.ZeroWriteMedianUs(); },
+       [&] { return ip.ReadFaultMedianUs(); }},
+      {"rmalloc(64) / file create in the mount", "ops/s", true, 100, "rmalloc(64)",
+       "create in farmem mount", [&] { return ip.RmallocPerSec(o.rmalloc_calls); },
+       [&] { return CreateFiles(creates_dir, o.creates); }},
   };
-  auto measure = [&](size_t i, const std::string& dir) -> Result<double> {
-    switch (i) {
-      case 0:
-        return SysbenchRead(tools, dir, "seqrd", o.read_file_mib, o.read_seconds, log);
-      case 1:
-        return SysbenchRead(tools, dir, "rndrd", o.read_file_mib, o.read_seconds, log);
-      case 2:
-        return FioWrite(tools, dir, o.write_file_mib, log);
-      default:
-        return CopyTree(tools, tree, dir, log);
-    }
-  };
+  std::vector<double> store_read_us, write_fault_us;  // per round
   for (int round = 0; round < o.rounds; ++round) {
-    for (size_t i = 0; i < targets.size(); ++i) {
-      auto& t = targets[i];
-      auto a = measure(i, mnt);  // A: farmem
+    for (auto& t : targets) {
+      auto a = t.a();  // A: the subject
       if (!a.ok()) return fail(a.status());
-      auto b = measure(i, ref);  // B: tmpfs
+      auto b = t.b();  // B: its baseline, right after
       if (!b.ok()) return fail(b.status());
-      t.farmem.push_back(*a);
-      t.tmpfs.push_back(*b);
-      fmt::print("round {} {}: farmem {:.3f} {}, tmpfs {:.3f} {}\n", round + 1, t.name, *a, t.unit,
-                 *b, t.unit);
+      t.av.push_back(*a);
+      t.bv.push_back(*b);
+      fmt::print("round {} {}: {} {:.3f}, {} {:.3f} {}\n", round + 1, t.name, t.a_label, *a,
+                 t.b_label, *b, t.unit);
     }
+    // Not targets: the store read inside a fault, to split a fault's time, and a plain write
+    // fault (without rmarkdirty) beside the rmarkdirty(zero) one (bench/README.md).
+    auto sr = ip.StoreReadMedianUs();
+    if (!sr.ok()) return fail(sr.status());
+    auto wf = ip.WriteFaultMedianUs();
+    if (!wf.ok()) return fail(wf.status());
+    store_read_us.push_back(*sr);
+    write_fault_us.push_back(*wf);
+    fmt::print(
+        "round {} RegionStore::read 4 KiB (a fault's fetch): {:.3f} us, plain cold write fault: "
+        "{:.3f} us (medians)\n",
+        round + 1, *sr, *wf);
   }
   if (ReadAll("/proc/mounts").find(" " + mnt + " ") == std::string::npos)
     return fail(Status::Internal("the farmem mount disappeared during the run"));
   mount.Stop();
 
-  fmt::print("\n{:<44} {:>12} {:>12}  {}\n", "target", "farmem", "tmpfs",
-             "ratio (median, min-max)");
+  fmt::print("\n{:<56} {:>12} {:>12}  {}\n", "target", "A", "B", "ratio A/B (median, min-max)");
   std::vector<bench::TargetRecord> records;
   nlohmann::json rounds_json = nlohmann::json::object();
   for (const auto& t : targets) {
-    const auto rr = bench::PerRoundRatios(t.farmem, t.tmpfs);
-    const double va = bench::MedianOf(t.farmem), vb = bench::MedianOf(t.tmpfs);
+    const auto rr = bench::PerRoundRatios(t.av, t.bv);
+    const double va = bench::MedianOf(t.av), vb = bench::MedianOf(t.bv);
     bench::TargetResult res = bench::TargetResult::kUnknown;
     if (!rr.ratios.empty())
       res = (t.higher_is_better ? rr.median >= t.factor : rr.median <= t.factor)
                 ? bench::TargetResult::kPass
                 : bench::TargetResult::kMiss;
-    fmt::print("{:<44} {:>9.2f} {:<2} {:>9.2f} {:<2}  {} {}\n", t.name, va, t.unit, vb, t.unit,
-               bench::FormatRoundRatios(rr), bench::TargetResultName(res));
+    fmt::print("{:<56} {:>12.2f} {:>12.2f}  {} {}  ({}, A: {}, B: {})\n", t.name, va, vb,
+               bench::FormatRoundRatios(rr), bench::TargetResultName(res), t.unit, t.a_label,
+               t.b_label);
     bench::TargetRecord rec{
         .name = t.name,
         .value = va,
         .baseline = vb,
-        .limit = fmt::format("{} {}x tmpfs", t.higher_is_better ? ">=" : "<=", t.factor),
+        .limit = fmt::format("{} {}x {}", t.higher_is_better ? ">=" : "<=", t.factor, t.b_label),
         .result = res,
-        .detail = fmt::format("{} (median of rounds), farmem mount vs tmpfs", t.unit)};
+        .detail = fmt::format("{} (median of rounds), {} vs {}", t.unit, t.a_label, t.b_label)};
     rec.SetRounds(rr);
     records.push_back(std::move(rec));
-    rounds_json[t.name] = {{"unit", t.unit}, {"farmem", t.farmem}, {"tmpfs", t.tmpfs}};
+    rounds_json[t.name] = {
+        {"unit", t.unit}, {"labels", {t.a_label, t.b_label}}, {"a", t.av}, {"b", t.bv}};
   }
 
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["benchmark"] = "regions";
-    j["machine"] = bench::MachineInfo();
+    j["machine"] = machine;
     if (busy) j["cpu_busy_before"] = *busy;
     j["config"] = {{"quick", o.quick},
                    {"rounds", o.rounds},
@@ -392,9 +457,14 @@ int RunRegionsBench(RegionsBenchOptions o) {
                    {"read_seconds", o.read_seconds},
                    {"write_file_mib", o.write_file_mib},
                    {"small_files", o.small_files},
+                   {"fault_pages", o.fault_pages},
+                   {"rmalloc_calls", o.rmalloc_calls},
+                   {"creates", o.creates},
                    {"mount_memory_mib", memory_mib ? nlohmann::json(memory_mib) : "default"}};
-    j["not_measured"] = {"O_DIRECT reads vs regionfs-local", "rmmap/rmalloc targets"};
+    j["not_measured"] = {"O_DIRECT reads vs regionfs-local"};
     j["rounds"] = rounds_json;
+    j["store_read_us"] = store_read_us;
+    j["write_fault_us"] = write_fault_us;
     j["targets"] = bench::TargetsJson(records);
     if (Status s = bench::WriteJsonFile(o.json_path, j); !s.ok()) return fail(s);
     fmt::print("\nResults written to {}\n", o.json_path);

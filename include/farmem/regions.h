@@ -120,6 +120,7 @@ struct RmmapStats {
   uint64_t zero_fills = 0;     // of those, filled with zeros (holes, past the end, zero pages)
   uint64_t fetch_errors = 0;   // store reads that failed: the access got SIGBUS
   uint64_t pages_written = 0;  // pages rsync wrote back
+  uint64_t prefetched = 0;     // pages rprefetch installed (they take no fault later)
   bool write_protect = false;  // plain stores mark pages dirty (userfaultfd write-protect)
 };
 
@@ -136,6 +137,12 @@ Status rmunmap(void* addr);
 // do that too: the first store to a clean page takes one write-protect fault). `zero`: also sets
 // the bytes to zero, without fetching pages wholly inside the range.
 Status rmarkdirty(void* addr, size_t len, bool zero);
+// Fetches the pages of [addr, addr+len) that are not present yet, without faults: each run of
+// missing pages (up to 4 MiB at a time) is one store read, whose 128 KiB chunks are read
+// one-sidedly in parallel, installed with UFFDIO_COPY; pages already present (fetched, written or
+// prefetched before) are skipped, so nothing cached or dirty is overwritten. A read that fails
+// returns its error and installs nothing for that run (a later access faults as usual).
+Status rprefetch(void* addr, size_t len);
 // Writes the dirty pages of [addr, addr+len) back to the store and marks them clean.
 Status rsync(void* addr, size_t len);
 // Evicts the pages of [addr, addr+len): the next access fetches them again. FailedPrecondition if

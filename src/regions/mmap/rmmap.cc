@@ -33,7 +33,7 @@ namespace {
 constexpr size_t kPage = 4096;
 
 // Test-only switch (docs/regions_mmap.md, "Tests"): removes one protection so a test fails.
-enum class MmapFault { kNone, kNoFetch, kNoDirty, kNoWp };
+enum class MmapFault { kNone, kNoFetch, kNoDirty, kNoWp, kNoPrefetch };
 MmapFault FaultFromEnv() {
   const char* e = std::getenv("FARMEM_REGIONS_MMAP_FAULT");
   if (e == nullptr) return MmapFault::kNone;
@@ -41,6 +41,7 @@ MmapFault FaultFromEnv() {
   if (v == "no_fetch") return MmapFault::kNoFetch;  // faults filled with zeros, store not read
   if (v == "no_dirty") return MmapFault::kNoDirty;  // rmarkdirty records nothing
   if (v == "no_wp") return MmapFault::kNoWp;        // write-protect faults mark nothing dirty
+  if (v == "no_prefetch") return MmapFault::kNoPrefetch;  // rprefetch installs nothing
   return MmapFault::kNone;
 }
 
@@ -63,7 +64,7 @@ struct Mapping {
   std::mutex mu;
   bool wp = false;  // write-protect tracking registered
   std::unique_ptr<std::atomic<bool>[]> dirty;
-  std::atomic<uint64_t> faults{0}, zero_fills{0}, fetch_errors{0}, pages_written{0};
+  std::atomic<uint64_t> faults{0}, zero_fills{0}, fetch_errors{0}, pages_written{0}, prefetched{0};
 };
 
 std::mutex g_mu;  // guards g_maps
@@ -311,6 +312,72 @@ Status rmarkdirty(void* addr, size_t len, bool zero) {
   return Status::OK();
 }
 
+namespace {
+
+// Installs `n` fetched pages at `page` (UFFDIO_COPY, write-protected under WP tracking like a
+// fault's page). EEXIST: that page became present meanwhile (a fault served it): it keeps what
+// it has and the rest are still installed. Returns the pages installed.
+Result<size_t> InstallRun(Mapping& m, uintptr_t page, const std::byte* src, size_t n) {
+  size_t done = 0, installed = 0;
+  while (done < n) {
+    uffdio_copy c{};
+    c.dst = page + done * kPage;
+    c.src = reinterpret_cast<uintptr_t>(src + done * kPage);
+    c.len = (n - done) * kPage;
+    c.mode = m.wp ? UFFDIO_COPY_MODE_WP : 0;
+    if (ioctl(m.uffd, UFFDIO_COPY, &c) == 0) return installed + (n - done);
+    const int err = errno;
+    const size_t copied = c.copy > 0 ? static_cast<size_t>(c.copy) / kPage : 0;
+    done += copied;
+    installed += copied;
+    if (err == EEXIST)
+      ++done;  // the page at `done` is present: skip it
+    else if (err != EAGAIN)
+      return Status::FromErrno("rprefetch: UFFDIO_COPY", err);
+  }
+  return installed;
+}
+
+}  // namespace
+
+Status rprefetch(void* addr, size_t len) {
+  FARMEM_ASSIGN_OR_RETURN(auto pages, PagesOf(addr, len));
+  if (len == 0) return Status::OK();
+  auto& m = pages.m;
+  if (m->fault == MmapFault::kNoPrefetch) return Status::OK();
+  // Under mu no rclearcache can drop a page between mincore and UFFDIO_COPY, so a page seen
+  // present stays present; one faulted in meanwhile makes its UFFDIO_COPY EEXIST (skipped).
+  std::lock_guard lk(m->mu);
+  const size_t first = pages.first, count = pages.last - pages.first + 1;
+  std::vector<unsigned char> present(count);
+  if (mincore(m->base + first * kPage, count * kPage, present.data()) != 0)
+    return Status::FromErrno("rprefetch: mincore", errno);
+  constexpr size_t kMaxRunPages = (4u << 20) / kPage;  // bounds the buffer
+  std::unique_ptr<std::byte[]> buf;
+  for (size_t i = 0; i < count;) {
+    if (present[i] & 1) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < count && j - i < kMaxRunPages && !(present[j] & 1)) ++j;
+    const size_t n = j - i;
+    if (!buf) buf = std::make_unique<std::byte[]>(kMaxRunPages * kPage);
+    const uint64_t off = (first + i) * kPage;
+    std::memset(buf.get(), 0, n * kPage);  // past the region's size: zeros, as a fault gives
+    if (off < m->length) {
+      const size_t want = std::min<size_t>(n * kPage, m->length - off);
+      FARMEM_RETURN_IF_ERROR(
+          m->store->read(m->ino, off, std::span<std::byte>(buf.get(), want)).status());
+    }
+    FARMEM_ASSIGN_OR_RETURN(
+        size_t installed, InstallRun(*m, reinterpret_cast<uintptr_t>(m->base) + off, buf.get(), n));
+    m->prefetched.fetch_add(installed, std::memory_order_relaxed);
+    i = j;
+  }
+  return Status::OK();
+}
+
 Status rsync(void* addr, size_t len) {
   FARMEM_ASSIGN_OR_RETURN(auto pages, PagesOf(addr, len));
   if (len == 0) return Status::OK();
@@ -373,6 +440,7 @@ Result<RmmapStats> rmmap_stats(void* addr) {
   s.zero_fills = m->zero_fills.load();
   s.fetch_errors = m->fetch_errors.load();
   s.pages_written = m->pages_written.load();
+  s.prefetched = m->prefetched.load();
   s.write_protect = m->wp;
   return s;
 }

@@ -223,6 +223,78 @@ TEST_F(RmmapTest, RsyncRacingStoresLosesNone) {
   EXPECT_TRUE(rmunmap(b).ok());
 }
 
+// rprefetch installs the missing pages of a range without faults (the fault counter stays at what
+// the test touched itself), skips pages already present (a dirty page keeps its store), the data
+// is what the store holds, zeros past the size, and (with write-protect tracking) a store to a
+// prefetched page is written back by rsync. Fails with no_prefetch (every page faults).
+TEST_F(RmmapTest, PrefetchInstallsMissingPagesWithoutFaults) {
+  constexpr size_t kPages = 40;  // two 128 KiB chunks and a partial third: parallel reads
+  auto data = RandomBytes(kPages * kPage - 100, 11);
+  uint64_t ino = Create("r", data);
+  auto p = rmmap(*store_, "r");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto* b = static_cast<std::byte*>(*p);
+  // Page 3 present and dirty before the prefetch: it must be skipped, not refetched over.
+  b[3 * kPage] = ~data[3 * kPage];
+  ASSERT_TRUE(rmarkdirty(b + 3 * kPage, 1, false).ok());
+  auto st = rmmap_stats(b);
+  ASSERT_TRUE(st.ok());
+  const uint64_t faults_before = st->faults;
+  EXPECT_EQ(faults_before, 1u);
+  ASSERT_TRUE(rprefetch(b, kPages * kPage).ok());
+  st = rmmap_stats(b);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->prefetched, kPages - 1);
+  EXPECT_EQ(b[3 * kPage], ~data[3 * kPage]) << "a present page was overwritten";
+  EXPECT_EQ(0, std::memcmp(b + 4 * kPage, data.data() + 4 * kPage, data.size() - 4 * kPage));
+  EXPECT_EQ(0, std::memcmp(b, data.data(), 3 * kPage));
+  for (size_t i = data.size(); i < kPages * kPage; ++i) ASSERT_EQ(b[i], std::byte{0}) << i;
+  st = rmmap_stats(b);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->faults, faults_before) << "prefetched pages faulted on access";
+  // Everything present now: a second prefetch installs nothing.
+  ASSERT_TRUE(rprefetch(b, kPages * kPage).ok());
+  EXPECT_EQ(rmmap_stats(b)->prefetched, kPages - 1);
+  // A plain store to a prefetched page is tracked like one to a fetched page (installed
+  // write-protected), so rsync writes it back.
+  if (st->write_protect) {
+    b[20 * kPage + 5] = ~data[20 * kPage + 5];
+    ASSERT_TRUE(rsync(b, kPages * kPage).ok());
+    EXPECT_EQ(Read(ino, 20 * kPage + 5, 1), std::vector<std::byte>{~data[20 * kPage + 5]})
+        << "a store to a prefetched page was not written back";
+  }
+  EXPECT_EQ(rprefetch(b, (kPages + 1) * kPage).code(), Code::kInvalidArgument);
+  int x = 0;
+  EXPECT_EQ(rprefetch(&x, 4).code(), Code::kNotFound);
+  EXPECT_TRUE(rmunmap(b).ok());
+}
+
+// rprefetch racing faults from another thread on the same pages: a page the thread faulted in
+// after rprefetch's mincore makes its UFFDIO_COPY stop with EEXIST, and rprefetch must skip that
+// page and install the rest (not fail, not overwrite); every page then holds the store's bytes.
+TEST_F(RmmapTest, PrefetchRacingFaultsSkipsPagesFaultedMeanwhile) {
+  constexpr size_t kPages = 64;
+  auto data = RandomBytes(kPages * kPage, 12);
+  Create("r", data);
+  auto p = rmmap(*store_, "r");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto* b = static_cast<std::byte*>(*p);
+  for (int iter = 0; iter < 40; ++iter) {
+    ASSERT_TRUE(rclearcache(b, kPages * kPage).ok());
+    std::atomic<int> bad{0};
+    std::thread reader([&] {
+      for (size_t i = kPages; i-- > 0;)  // from the end, towards the prefetch
+        if (*reinterpret_cast<volatile std::byte*>(b + i * kPage + 7) != data[i * kPage + 7]) bad++;
+    });
+    Status st = rprefetch(b, kPages * kPage);
+    reader.join();
+    ASSERT_TRUE(st.ok()) << "iteration " << iter << ": " << st.ToString();
+    ASSERT_EQ(bad.load(), 0) << "iteration " << iter;
+    ASSERT_EQ(0, std::memcmp(b, data.data(), data.size())) << "iteration " << iter;
+  }
+  EXPECT_TRUE(rmunmap(b).ok());
+}
+
 sigjmp_buf g_jmp;
 void OnSigbus(int) {
   siglongjmp(g_jmp, 1);
