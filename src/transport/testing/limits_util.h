@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/dist_sink.h>
 #include <spdlog/spdlog.h>
 
 namespace farmem::testing {
@@ -80,16 +81,18 @@ inline double ProcessCpuSecondsOf(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-// Counts log lines containing `needle` while it lives (attached to spdlog's default logger).
+// Counts log lines containing `needle` while it lives. spdlog's logger.sinks() vector must not
+// change while other threads log (these tests' transport threads log throughout: a counter
+// removed mid-log was once called after its destruction, caught by clang's UBSan vptr check), so
+// counters attach to one dist_sink, whose own mutex makes adding and removing safe; the dist_sink
+// joins the default logger once, at the first counter (a test's threads start after it).
 class LogCounter {
  public:
   explicit LogCounter(std::string needle) : sink_(std::make_shared<Sink>(std::move(needle))) {
-    spdlog::default_logger()->sinks().push_back(sink_);
+    Hub().add_sink(sink_);
   }
-  ~LogCounter() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
+  // After remove_sink returns no thread is inside sink_ (dist_sink logs under its mutex).
+  ~LogCounter() { Hub().remove_sink(sink_); }
   LogCounter(const LogCounter&) = delete;
   LogCounter& operator=(const LogCounter&) = delete;
   uint64_t count() const { return sink_->count.load(); }
@@ -106,6 +109,14 @@ class LogCounter {
     const std::string needle;
     std::atomic<uint64_t> count{0};
   };
+  static spdlog::sinks::dist_sink_mt& Hub() {
+    static const std::shared_ptr<spdlog::sinks::dist_sink_mt> hub = [] {
+      auto h = std::make_shared<spdlog::sinks::dist_sink_mt>();
+      spdlog::default_logger()->sinks().push_back(h);
+      return h;
+    }();
+    return *hub;
+  }
   std::shared_ptr<Sink> sink_;
 };
 
