@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -548,6 +549,119 @@ Status KvWrite(Participant& p, nlohmann::json& out) {
   return Status::OK();
 }
 
+// A kvstore history for the linearizability checker (tests/channels_netns_test.sh, one process
+// per network namespace): kKvLinThreads client threads on this node, each with its own
+// ChannelThread, run --ops operations over kKvLinKeys hot keys (the mix of kvstore_test.cc's
+// LinearizableHistoryPorcupineConcurrent: 40 % get, 25 % insert, 25 % update, 10 % erase), every
+// written value unique across processes. Each completed operation is one line of --history in
+// tests/porcupine's format; call and return times are CLOCK_MONOTONIC (steady_clock), one clock
+// for every process on the machine, so the three files merge into one history. As in that test,
+// each update's value write is held back (test hook) until a wait or fence needs it: a transport
+// may place a write late, and only the update fence covers that.
+constexpr int kKvLinThreads = 2;
+constexpr uint64_t kKvLinKeys = 8;
+
+struct KvLinOp {
+  int client;
+  const char* op;
+  uint64_t key, value;
+  int64_t call, ret;
+  const char* status;
+  uint64_t out;
+};
+
+int64_t MonotonicNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+Status KvHistory(Participant& p, nlohmann::json& out) {
+  if (p.o.history.empty()) return Status::InvalidArgument("kvlin needs --history FILE");
+  std::FILE* file = std::fopen(p.o.history.c_str(), "w");
+  if (file == nullptr) return Status::InvalidArgument("cannot write --history " + p.o.history);
+  channels::KvConfig c;
+  c.locks = 64;
+  c.slots_per_node = 256;
+  c.timeout = kOpTimeout;
+  auto kv = channels::KvStore::Open(*p.thr, "kv/lin", p.members, c);
+  const Status ready = kv.ok() ? (*kv)->wait_ready(kReadyTimeout) : kv.status();
+  // Every node's store is open: start together (also after a failure here, so that every node
+  // passes the same barrier episodes).
+  Status st = p.Sync();
+  if (!ready.ok()) st = ready;
+  std::vector<std::vector<KvLinOp>> hist(kKvLinThreads);
+  std::vector<Status> errors(kKvLinThreads);
+  if (st.ok()) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kKvLinThreads; t++) {
+      threads.emplace_back([&, t] {
+        const int client = static_cast<int>(p.self - 1) * kKvLinThreads + t;
+        auto thr = p.mgr->make_thread();
+        if (!thr.ok()) {
+          errors[t] = thr.status();
+          return;
+        }
+        std::mt19937_64 rng(static_cast<uint64_t>(client) + 1);
+        for (long i = 0; i < p.o.ops; i++) {
+          KvLinOp h{client, "get", 1 + rng() % kKvLinKeys, 0, 0, 0, "ok", 0};
+          const unsigned r = rng() % 100;
+          Status s;
+          h.call = MonotonicNs();
+          if (r < 40) {
+            auto v = (*kv)->get(**thr, h.key);
+            s = v.status();
+            if (v.ok()) h.out = *v;
+          } else {
+            h.value = (uint64_t(client + 1) << 40) | uint64_t(i + 1);
+            if (r < 65) {
+              h.op = "insert";
+              s = (*kv)->insert(**thr, h.key, h.value);
+            } else if (r < 90) {
+              h.op = "update";
+              (*thr)->testing_hold_next_write();
+              s = (*kv)->update(**thr, h.key, h.value);
+            } else {
+              h.op = "delete";
+              h.value = 0;
+              s = (*kv)->erase(**thr, h.key);
+            }
+          }
+          h.ret = MonotonicNs();
+          if (s.code() == Code::kNotFound) {
+            h.status = "notfound";
+          } else if (s.code() == Code::kFailedPrecondition) {
+            h.status = "exists";
+          } else if (!s.ok()) {
+            // An operation with an unknown outcome cannot be checked: this client stops.
+            errors[t] = s.WithContext(fmt::format("client {} op {}", client, i));
+            return;
+          }
+          hist[t].push_back(h);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& e : errors) {
+      if (st.ok() && !e.ok()) st = e;
+    }
+  }
+  // Everyone finished before any store closes: a peer's insert/erase waits for our tracker.
+  if (Status s = p.Sync(); st.ok() && !s.ok()) st = s;
+  long ops = 0;
+  for (const auto& thread_ops : hist) {
+    for (const KvLinOp& h : thread_ops) {
+      std::fprintf(file, "%d %s %llu %llu %lld %lld %s %llu\n", h.client, h.op,
+                   static_cast<unsigned long long>(h.key), static_cast<unsigned long long>(h.value),
+                   static_cast<long long>(h.call), static_cast<long long>(h.ret), h.status,
+                   static_cast<unsigned long long>(h.out));
+      ops++;
+    }
+  }
+  if (std::fclose(file) != 0 && st.ok()) st = Status::Internal("writing --history failed");
+  out["ops"] = ops;
+  return st;
+}
+
 }  // namespace
 
 int RunChannelsNode(const ChannelsNodeOptions& o) {
@@ -556,9 +670,14 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     return 2;
   }
   // The benchmark's fail-without-protection check (docs/channels.md): ticket locks that do not
-  // wait for their turn must show up as violations.
-  if (const char* f = std::getenv("FARMEM_CHANNELS_FAULT"); f && std::string(f) == "lock_wait")
-    channels::testing::SetLockWaitDisabled(true);
+  // wait for their turn must show up as violations; the kvstore history (kvlin) must fail the
+  // linearizability check without the acknowledgements or the update fence.
+  if (const char* f = std::getenv("FARMEM_CHANNELS_FAULT"); f != nullptr) {
+    const std::string fault = f;
+    if (fault == "lock_wait") channels::testing::SetLockWaitDisabled(true);
+    if (fault == "kv_acks") channels::testing::SetKvAcksDisabled(true);
+    if (fault == "kv_update_fence") channels::testing::SetKvUpdateFenceDisabled(true);
+  }
   Participant p{o, static_cast<NodeId>(o.id), {}, nullptr, nullptr, nullptr, nullptr};
   nlohmann::json out = {{"node", o.id}, {"workload", o.workload}};
   Status st = Start(p);
@@ -569,6 +688,7 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     if (o.workload == "fence") st = Fence(p, out);
     if (o.workload == "kvget") st = KvGet(p, out);
     if (o.workload == "kvwrite") st = KvWrite(p, out);
+    if (o.workload == "kvlin") st = KvHistory(p, out);
   }
   // A last barrier: nobody stops its node while a peer still reads from it.
   if (st.ok()) st = p.Sync();
