@@ -21,6 +21,7 @@
 #include "bench_stats.h"
 #include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
+#include "channels/kv_history.h"
 #include "channels_bench.h"
 #include "farmem/channels.h"
 #include "farmem/node.h"
@@ -551,34 +552,13 @@ Status KvWrite(Participant& p, nlohmann::json& out) {
 
 // A kvstore history for the linearizability checker (tests/channels_netns_test.sh, one process
 // per network namespace): kKvLinThreads client threads on this node, each with its own
-// ChannelThread, run --ops operations over kKvLinKeys hot keys (the mix of kvstore_test.cc's
-// LinearizableHistoryPorcupineConcurrent: 40 % get, 25 % insert, 25 % update, 10 % erase), every
-// written value unique across processes. Each completed operation is one line of --history in
-// tests/porcupine's format; call and return times are CLOCK_MONOTONIC (steady_clock), one clock
-// for every process on the machine, so the three files merge into one history. As in that test,
-// each update's value write is held back (test hook) until a wait or fence needs it: a transport
-// may place a write late, and only the update fence covers that.
+// ChannelThread, run --ops operations of kv_history.h's mix (the one kvstore_test.cc checks in
+// one process) and write them to --history; the times are CLOCK_MONOTONIC, one clock for every
+// process on the machine, so the three files merge into one history.
 constexpr int kKvLinThreads = 2;
-constexpr uint64_t kKvLinKeys = 8;
-
-struct KvLinOp {
-  int client;
-  const char* op;
-  uint64_t key, value;
-  int64_t call, ret;
-  const char* status;
-  uint64_t out;
-};
-
-int64_t MonotonicNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
 
 Status KvHistory(Participant& p, nlohmann::json& out) {
   if (p.o.history.empty()) return Status::InvalidArgument("kvlin needs --history FILE");
-  std::FILE* file = std::fopen(p.o.history.c_str(), "w");
-  if (file == nullptr) return Status::InvalidArgument("cannot write --history " + p.o.history);
   channels::KvConfig c;
   c.locks = 64;
   c.slots_per_node = 256;
@@ -589,7 +569,7 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
   // passes the same barrier episodes).
   Status st = p.Sync();
   if (!ready.ok()) st = ready;
-  std::vector<std::vector<KvLinOp>> hist(kKvLinThreads);
+  std::vector<std::vector<channels::KvHistoryOp>> hist(kKvLinThreads);
   std::vector<Status> errors(kKvLinThreads);
   if (st.ok()) {
     std::vector<std::thread> threads;
@@ -603,37 +583,11 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
         }
         std::mt19937_64 rng(static_cast<uint64_t>(client) + 1);
         for (long i = 0; i < p.o.ops; i++) {
-          KvLinOp h{client, "get", 1 + rng() % kKvLinKeys, 0, 0, 0, "ok", 0};
-          const unsigned r = rng() % 100;
-          Status s;
-          h.call = MonotonicNs();
-          if (r < 40) {
-            auto v = (*kv)->get(**thr, h.key);
-            s = v.status();
-            if (v.ok()) h.out = *v;
-          } else {
-            h.value = (uint64_t(client + 1) << 40) | uint64_t(i + 1);
-            if (r < 65) {
-              h.op = "insert";
-              s = (*kv)->insert(**thr, h.key, h.value);
-            } else if (r < 90) {
-              h.op = "update";
-              (*thr)->testing_hold_next_write();
-              s = (*kv)->update(**thr, h.key, h.value);
-            } else {
-              h.op = "delete";
-              h.value = 0;
-              s = (*kv)->erase(**thr, h.key);
-            }
-          }
-          h.ret = MonotonicNs();
-          if (s.code() == Code::kNotFound) {
-            h.status = "notfound";
-          } else if (s.code() == Code::kFailedPrecondition) {
-            h.status = "exists";
-          } else if (!s.ok()) {
+          Status e;
+          const channels::KvHistoryOp h = channels::KvHistoryStep(**kv, **thr, client, i, rng, &e);
+          if (!e.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops.
-            errors[t] = s.WithContext(fmt::format("client {} op {}", client, i));
+            errors[t] = e.WithContext(fmt::format("client {} op {}", client, i));
             return;
           }
           hist[t].push_back(h);
@@ -647,17 +601,10 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
   }
   // Everyone finished before any store closes: a peer's insert/erase waits for our tracker.
   if (Status s = p.Sync(); st.ok() && !s.ok()) st = s;
+  if (!channels::WriteKvHistory(p.o.history, hist) && st.ok())
+    st = Status::InvalidArgument("cannot write --history " + p.o.history);
   long ops = 0;
-  for (const auto& thread_ops : hist) {
-    for (const KvLinOp& h : thread_ops) {
-      std::fprintf(file, "%d %s %llu %llu %lld %lld %s %llu\n", h.client, h.op,
-                   static_cast<unsigned long long>(h.key), static_cast<unsigned long long>(h.value),
-                   static_cast<long long>(h.call), static_cast<long long>(h.ret), h.status,
-                   static_cast<unsigned long long>(h.out));
-      ops++;
-    }
-  }
-  if (std::fclose(file) != 0 && st.ok()) st = Status::Internal("writing --history failed");
+  for (const auto& h : hist) ops += static_cast<long>(h.size());
   out["ops"] = ops;
   return st;
 }

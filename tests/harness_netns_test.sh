@@ -7,23 +7,18 @@ set -euo pipefail
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
-HARNESS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/netns_cluster"
+TEST_NAME=harness_netns
+WORK="" # nothing of its own: the harness keeps the daemons' logs
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Our own set of names: a cluster someone started with `netns_cluster up` is not disturbed.
 export NETNS_PREFIX=fm-test-ns
 
-skip() {
-  echo "SKIP: $*"
-  exit 0
-}
-((EUID == 0)) || skip "network namespaces need root (running as uid $EUID)"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) not installed"
-ip netns list >/dev/null 2>&1 || skip "'ip netns' is not available"
+netns_require
 command -v etcd >/dev/null 2>&1 || [[ -x "${FARMEM_ETCD:-/usr/bin/etcd}" ]] ||
   skip "etcd not found (apt install etcd-server)"
-
 # Whatever the selftest leaves (it fails then), `down` removes.
-trap '"$HARNESS" down >/dev/null 2>&1 || true' EXIT
+trap '"$NETNS_HARNESS" down >/dev/null 2>&1 || true' EXIT
 
 start=$(date +%s%N)
-"$HARNESS" selftest --farmem "$FARMEM" --farmemd "$FARMEMD"
-echo "harness_netns: PASS in $((($(date +%s%N) - start) / 1000000)) ms"
+"$NETNS_HARNESS" selftest --farmem "$FARMEM" --farmemd "$FARMEMD" || fail "selftest failed"
+log "PASS in $((($(date +%s%N) - start) / 1000000)) ms"

@@ -7,7 +7,6 @@
 # SKIP). FARMEM_TX_FAULT=validation (audits skip validation) must make it fail.
 set -euo pipefail
 
-HARNESS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/netns_cluster"
 ACCOUNTS=60
 SECONDS_PER_RUN=4
 
@@ -16,10 +15,9 @@ if [[ "${1:-}" == __inside ]]; then
   FARMEM=$2
   LABEL=$3
   read -r -a CLIENT <<<"$4"
-  fail() {
-    echo "tx_netns: $LABEL: FAIL: $*" >&2
-    exit 1
-  }
+  TEST_NAME="tx_netns: $LABEL"
+  WORK="$NETNS_DIR" # fail shows the tails of the clients' *.out and *.err there
+  source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
   bank() { # bank <ns index> <mode> [flags...]
     local i=$1 ns ip
     shift
@@ -36,21 +34,11 @@ if [[ "${1:-}" == __inside ]]; then
       2>"$NETNS_DIR/run$i.err" &
     pids+=($!)
   done
-  bad=0
-  for i in 1 2 3; do
-    rc=0
-    wait "${pids[$((i - 1))]}" || rc=$?
-    line="$(grep '^tx-bank run:' "$NETNS_DIR/run$i.out" || true)"
-    echo "tx_netns: $LABEL: client in ns$i: ${line:-no result line}"
-    if ((rc != 0)); then
-      bad=1
-      echo "tx_netns: $LABEL: client in ns$i exited $rc: $(grep -v '\[info\]' "$NETNS_DIR/run$i.err" | tail -n 5)" >&2
-    fi
-  done
-  ((bad == 0)) || fail "a client saw a broken invariant or an error"
+  netns_wait_all "client in ns" "$NETNS_DIR/run" '^tx-bank run:' "${pids[@]}" ||
+    fail "a client saw a broken invariant or an error"
   bank 2 check >"$NETNS_DIR/check.out" 2>"$NETNS_DIR/check.err" ||
     fail "check: $(cat "$NETNS_DIR/check.out") $(tail -n 5 "$NETNS_DIR/check.err")"
-  echo "tx_netns: $LABEL: $(cat "$NETNS_DIR/check.out")"
+  log "$(cat "$NETNS_DIR/check.out")"
   # Every server took part in two-phase commits (multi-participant transactions): its tx
   # statistics show commits, and prepares or decides.
   for i in 1 2 3; do
@@ -59,7 +47,7 @@ if [[ "${1:-}" == __inside ]]; then
       --data-host "$NETNS_IP1" "${CLIENT[@]}" >"$NETNS_DIR/stat$i.out" 2>/dev/null ||
       fail "farmem stat of server $i"
     line="$(grep -E '^ +[0-9]+ commit\(s\) of' "$NETNS_DIR/stat$i.out" || true)"
-    echo "tx_netns: $LABEL: server $i:$line"
+    log "server $i:$line"
     [[ "$line" =~ ^\ +([0-9]+)\ commit.*2PC:\ ([0-9]+)\ prepare.*\ ([0-9]+)\ decide ]] ||
       fail "server $i: no tx statistics"
     # (The participant a multi-participant commit decides at first gets no prepare; docs/tx.md.)
@@ -71,28 +59,18 @@ fi
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
+TEST_NAME=tx_netns
+WORK=""
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export NETNS_PREFIX=fm-test-ns # not the names of a cluster someone started with `up`
+netns_require
+trap '"$NETNS_HARNESS" down >/dev/null 2>&1 || true' EXIT
 
-skip() {
-  echo "SKIP: $*"
-  exit 0
-}
-((EUID == 0)) || skip "network namespaces need root (running as uid $EUID)"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) not installed"
-ip netns list >/dev/null 2>&1 || skip "'ip netns' is not available"
-trap '"$HARNESS" down >/dev/null 2>&1 || true' EXIT
-
-# run_case <label> <netns_cluster backend> <client backend flags>
-run_case() {
-  local label=$1 backend=$2 client=$3 start
-  start=$(date +%s%N)
-  "$HARNESS" run --farmemd "$FARMEMD" --backend "$backend" --farmemd-arg=--services=tx \
-    --farmemd-arg=--tx-table=bank:8:8:32:2 --farmemd-arg=--tx-partition={p} \
-    --farmemd-arg=--tx-partitions=3 -- "${BASH_SOURCE[0]}" __inside "$FARMEM" "$label" "$client" ||
-    { echo "tx_netns: FAIL: $label" >&2; exit 1; }
-  echo "tx_netns: $label: OK in $((($(date +%s%N) - start) / 1000000)) ms"
-}
-
-run_case tcp tcp "--backend tcp"
-run_case fabric-tcp "fabric:tcp;ofi_rxm" "--backend fabric --provider tcp;ofi_rxm"
-echo "tx_netns: PASS"
+# Partition {p} (0..2) of table bank on the farmemd of namespace p + 1.
+TX_FLAGS=(--farmemd "$FARMEMD" --farmemd-arg=--services=tx --farmemd-arg=--tx-table=bank:8:8:32:2
+  --farmemd-arg=--tx-partition={p} --farmemd-arg=--tx-partitions=3)
+netns_case tcp "${TX_FLAGS[@]}" --backend tcp -- "${BASH_SOURCE[0]}" __inside "$FARMEM" tcp \
+  "--backend tcp"
+netns_case fabric-tcp "${TX_FLAGS[@]}" --backend "fabric:tcp;ofi_rxm" -- "${BASH_SOURCE[0]}" \
+  __inside "$FARMEM" fabric-tcp "--backend fabric --provider tcp;ofi_rxm"
+log "PASS"
