@@ -48,9 +48,7 @@ FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 TEST_NAME=channels_netns
 WORK="$(mktemp -d -t farmem-chnetns.XXXXXX)"
 source "$HERE/lib.sh"
-export NETNS_PREFIX=fm-test-ns # not the names of a cluster someone started with `up`
-trap '"$NETNS_HARNESS" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
-netns_require
+netns_test_start
 # Go as the in-process Porcupine test finds it: $GO, /usr/local/go/bin/go, or go on PATH.
 GO="${GO:-}"
 [[ -n "$GO" && -x "$GO" ]] || GO=/usr/local/go/bin/go

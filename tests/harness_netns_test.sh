@@ -10,14 +10,9 @@ FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
 TEST_NAME=harness_netns
 WORK="" # nothing of its own: the harness keeps the daemons' logs
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-# Our own set of names: a cluster someone started with `netns_cluster up` is not disturbed.
-export NETNS_PREFIX=fm-test-ns
-
-netns_require
+netns_test_start # whatever the selftest leaves (it fails then), `down` removes
 command -v etcd >/dev/null 2>&1 || [[ -x "${FARMEM_ETCD:-/usr/bin/etcd}" ]] ||
   skip "etcd not found (apt install etcd-server)"
-# Whatever the selftest leaves (it fails then), `down` removes.
-trap '"$NETNS_HARNESS" down >/dev/null 2>&1 || true' EXIT
 
 start=$(date +%s%N)
 "$NETNS_HARNESS" selftest --farmem "$FARMEM" --farmemd "$FARMEMD" || fail "selftest failed"

@@ -112,6 +112,35 @@ netns_probe() {
   grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
 }
 
+# Fails unless `farmem mount` (pid $3, stdout in file $1, stderr in $2) is refused as a second
+# mount of its namespace ("mounted already") within 10 s; it must never mount.
+expect_mount_refused() {
+  local out=$1 err=$2 pid=$3
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    if grep -q '^regions: mounted at' "$out"; then
+      kill -TERM "$pid"
+      wait "$pid" || true
+      fail "a second mount of the namespace was let in"
+    fi
+    sleep 0.1
+  done
+  kill -0 "$pid" 2>/dev/null && { stop_process "$pid"; fail "second mount neither mounted nor exited in 10 s"; }
+  wait "$pid" && fail "second mount exited 0"
+  grep -q "mounted already" "$err" ||
+    fail "second mount failed, but not as refused: $(grep -v '\[info\]' "$err")"
+}
+
+# netns_test_start: what every scripts/netns_cluster test does first (after sourcing this file):
+# its own set of namespace names (fm-test-ns1..3: a cluster someone started with `netns_cluster up`
+# is not disturbed), `down` and removing $WORK on exit, and the preconditions (else SKIP).
+netns_test_start() {
+  export NETNS_PREFIX=fm-test-ns
+  # shellcheck disable=SC2064 # WORK is fixed by now
+  trap "\"$NETNS_HARNESS\" down >/dev/null 2>&1 || true; [[ -z \"$WORK\" ]] || rm -rf \"$WORK\"" EXIT
+  netns_require
+}
+
 # Waits up to 10 s until `farmem mount` (pid $3, stdout in file $1) printed its mounted line and
 # $2 is in /proc/mounts; fails if the process exits first or the time runs out.
 wait_mounted() {

@@ -62,9 +62,7 @@ FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
 TEST_NAME=tx_netns
 WORK=""
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-export NETNS_PREFIX=fm-test-ns # not the names of a cluster someone started with `up`
-netns_require
-trap '"$NETNS_HARNESS" down >/dev/null 2>&1 || true' EXIT
+netns_test_start
 
 # Partition {p} (0..2) of table bank on the farmemd of namespace p + 1.
 TX_FLAGS=(--farmemd "$FARMEMD" --farmemd-arg=--services=tx --farmemd-arg=--tx-table=bank:8:8:32:2
