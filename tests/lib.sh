@@ -132,10 +132,11 @@ expect_mount_refused() {
 }
 
 # netns_test_start: what every scripts/netns_cluster test does first (after sourcing this file):
-# its own set of namespace names (fm-test-ns1..3: a cluster someone started with `netns_cluster up`
-# is not disturbed), `down` and removing $WORK on exit, and the preconditions (else SKIP).
+# its own set of namespace names (fm-test-ns1..3, or $NETNS_TEST_PREFIX: a cluster someone started
+# with `netns_cluster up` is not disturbed), `down` and removing $WORK on exit, and the
+# preconditions (else SKIP).
 netns_test_start() {
-  export NETNS_PREFIX=fm-test-ns
+  export NETNS_PREFIX="${NETNS_TEST_PREFIX:-fm-test-ns}"
   # shellcheck disable=SC2064 # WORK is fixed by now
   trap "\"$NETNS_HARNESS\" down >/dev/null 2>&1 || true; [[ -z \"$WORK\" ]] || rm -rf \"$WORK\"" EXIT
   netns_require

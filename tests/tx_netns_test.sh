@@ -8,7 +8,7 @@
 set -euo pipefail
 
 ACCOUNTS=60
-SECONDS_PER_RUN=4
+SECONDS_PER_RUN=2
 
 # Inside the cluster (netns_cluster run): init from ns1, three concurrent run clients, check.
 if [[ "${1:-}" == __inside ]]; then
