@@ -3,8 +3,12 @@
 # holds one partition of the tx table "bank"; one `farmem bench tx-bank` client per namespace runs
 # transfers and read-only audits over all three servers at the same time (multi-participant
 # commits). Every committed audit must see the exact total and no negative balance, and the final
-# total is conserved; over native TCP and libfabric "tcp;ofi_rxm". Needs root and 'ip netns' (else
-# SKIP). FARMEM_TX_FAULT=validation (audits skip validation) must make it fail.
+# total is conserved; over native TCP and libfabric "tcp;ofi_rxm". Then a network partition (tcp):
+# ns3 is cut off (its link down) under clients in ns1 and ns2, which must end with errors (TimedOut)
+# (1 s operation timeout) instead of hanging, no committed audit wrong; after the link is back the
+# total is conserved.
+# Needs root and 'ip netns' (else SKIP). FARMEM_TX_FAULT=validation (audits skip validation) must
+# make it fail.
 set -euo pipefail
 
 ACCOUNTS=60
@@ -15,6 +19,7 @@ if [[ "${1:-}" == __inside ]]; then
   FARMEM=$2
   LABEL=$3
   read -r -a CLIENT <<<"$4"
+  MODE=${5:-all}
   TEST_NAME="tx_netns: $LABEL"
   WORK="$NETNS_DIR" # fail shows the tails of the clients' *.out and *.err there
   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -28,13 +33,49 @@ if [[ "${1:-}" == __inside ]]; then
       --accounts "$ACCOUNTS"
   }
   bank 1 init >"$NETNS_DIR/init.out" 2>"$NETNS_DIR/init.err" || fail "init: $(tail -n 5 "$NETNS_DIR/init.err")"
+  if [[ "$MODE" == partition ]]; then
+    pids=()
+    for i in 1 2; do
+      bank "$i" run --seed "$i" --seconds 3 --min-audits 0 --op-timeout-ms 1000 \
+        >"$NETNS_DIR/run$i.out" \
+        2>"$NETNS_DIR/run$i.err" &
+      pids+=($!)
+    done
+    # Both clients connected to all three servers, then ns3 drops off the network.
+    for i in 1 2; do
+      for _ in $(seq 300); do
+        grep -q '^tx-bank run: started' "$NETNS_DIR/run$i.out" && break
+        kill -0 "${pids[$((i - 1))]}" 2>/dev/null || fail "client in ns$i exited before it started"
+        sleep 0.1
+      done
+      grep -q '^tx-bank run: started' "$NETNS_DIR/run$i.out" || fail "client in ns$i not started in 30 s"
+    done
+    sleep 0.5
+    ip -n "$NETNS_NS3" link set eth0 down || fail "link down in $NETNS_NS3"
+    log "$NETNS_NS3 cut off (eth0 down) under the running clients"
+    for i in 1 2; do
+      rc=0
+      wait "${pids[$((i - 1))]}" || rc=$?
+      line="$(grep '^tx-bank run: transfers' "$NETNS_DIR/run$i.out" || true)"
+      log "client in ns$i (exit $rc): ${line:-no result line}"
+      ((rc != 124 && rc != 137)) || fail "client in ns$i hung (ended by its 60 s timeout)"
+      [[ "$line" =~ bad_audits\ 0\ negative\ 0 ]] || fail "client in ns$i: a committed audit was wrong"
+      [[ "$line" =~ errors\ ([1-9][0-9]*) ]] || fail "client in ns$i got no error from the partition"
+    done
+    log "$(grep -h -m1 -o 'TimedOut: .*' "$NETNS_DIR"/run[12].err | head -n 1)"
+    ip -n "$NETNS_NS3" link set eth0 up || fail "link up in $NETNS_NS3"
+    bank 2 check >"$NETNS_DIR/check.out" 2>"$NETNS_DIR/check.err" ||
+      fail "check after the partition: $(cat "$NETNS_DIR/check.out")"
+    log "after the partition: $(cat "$NETNS_DIR/check.out")"
+    exit 0
+  fi
   pids=()
   for i in 1 2 3; do
     bank "$i" run --seed "$i" --seconds "$SECONDS_PER_RUN" >"$NETNS_DIR/run$i.out" \
       2>"$NETNS_DIR/run$i.err" &
     pids+=($!)
   done
-  netns_wait_all "client in ns" "$NETNS_DIR/run" '^tx-bank run:' "${pids[@]}" ||
+  netns_wait_all "client in ns" "$NETNS_DIR/run" '^tx-bank run: transfers' "${pids[@]}" ||
     fail "a client saw a broken invariant or an error"
   bank 2 check >"$NETNS_DIR/check.out" 2>"$NETNS_DIR/check.err" ||
     fail "check: $(cat "$NETNS_DIR/check.out") $(tail -n 5 "$NETNS_DIR/check.err")"
@@ -67,8 +108,14 @@ netns_test_start
 # Partition {p} (0..2) of table bank on the farmemd of namespace p + 1.
 TX_FLAGS=(--farmemd "$FARMEMD" --farmemd-arg=--services=tx --farmemd-arg=--tx-table=bank:8:8:32:2
   --farmemd-arg=--tx-partition={p} --farmemd-arg=--tx-partitions=3)
-netns_case tcp "${TX_FLAGS[@]}" --backend tcp -- "${BASH_SOURCE[0]}" __inside "$FARMEM" tcp \
-  "--backend tcp"
-netns_case fabric-tcp "${TX_FLAGS[@]}" --backend "fabric:tcp;ofi_rxm" -- "${BASH_SOURCE[0]}" \
-  __inside "$FARMEM" fabric-tcp "--backend fabric --provider tcp;ofi_rxm"
+# tx_case <label> <backend> <client flags> [partition]; TX_NETNS_CASE=<label> runs only that one
+# (to show a fault failing a given case).
+tx_case() {
+  [[ -z "${TX_NETNS_CASE:-}" || "$TX_NETNS_CASE" == "$1" ]] || return 0
+  netns_case "$1" "${TX_FLAGS[@]}" --backend "$2" -- "${BASH_SOURCE[0]}" __inside "$FARMEM" "$1" \
+    "$3" "${4:-all}"
+}
+tx_case tcp tcp "--backend tcp"
+tx_case fabric-tcp "fabric:tcp;ofi_rxm" "--backend fabric --provider tcp;ofi_rxm"
+tx_case tcp-partition tcp "--backend tcp" partition
 log "PASS"

@@ -189,6 +189,9 @@ int Run(TxClient& client, Node& node, uint16_t table, const TxBankOptions& o) {
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(o.seconds));
   const auto limit = end + std::chrono::seconds(o.max_extra_seconds);
+  // Connected to every server: a test may now break the network under the running clients.
+  std::printf("tx-bank run: started\n");
+  std::fflush(stdout);
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < o.threads; ++t) {

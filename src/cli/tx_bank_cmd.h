@@ -47,6 +47,7 @@ inline CLI::App* AddTxBankCommand(CLI::App& bench, TxBankOptions& o) {
   cmd->add_option("--threads", o.threads)->check(CLI::Range(1, 64));
   cmd->add_option("--coroutines", o.coroutines)->check(CLI::Range(1, 256));
   cmd->add_option("--seed", o.seed);
+  cmd->add_option("--op-timeout-ms", o.client.op_timeout_ms)->check(CLI::Range(1u, 600000u));
   return cmd;
 }
 
