@@ -41,12 +41,14 @@ struct ChannelsNodeOptions {
   // a broken lock loses updates visibly (with 1 M accounts two transfers almost never meet).
   long safety_accounts = 3000;
   std::string backend = "tcp";
-  std::string workload;  // transfer | lock | barrier | fence
+  std::string workload;  // transfer | lock | barrier | fence | kvget | kvwrite | kvlin
   double seconds = 1;
   long accounts = 1000000;
   int locks_per_node = 341;
   long episodes = 500;
-  int rounds = 5;  // fence: fenced/unfenced block pairs
+  int rounds = 5;       // fence: fenced/unfenced block pairs
+  long ops = 300;       // kvlin: operations per client thread
+  std::string history;  // kvlin: the history file written (tests/porcupine format)
 };
 
 // Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.

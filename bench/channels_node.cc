@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "bench_stats.h"
 #include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
+#include "channels/kv_history.h"
 #include "channels_bench.h"
 #include "farmem/channels.h"
 #include "farmem/node.h"
@@ -548,6 +550,65 @@ Status KvWrite(Participant& p, nlohmann::json& out) {
   return Status::OK();
 }
 
+// A kvstore history for the linearizability checker (tests/channels_netns_test.sh, one process
+// per network namespace): kKvLinThreads client threads on this node, each with its own
+// ChannelThread, run --ops operations of kv_history.h's mix (the one kvstore_test.cc checks in
+// one process) and write them to --history; the times are CLOCK_MONOTONIC, one clock for every
+// process on the machine, so the three files merge into one history.
+constexpr int kKvLinThreads = 2;
+
+Status KvHistory(Participant& p, nlohmann::json& out) {
+  if (p.o.history.empty()) return Status::InvalidArgument("kvlin needs --history FILE");
+  channels::KvConfig c;
+  c.locks = 64;
+  c.slots_per_node = 256;
+  c.timeout = kOpTimeout;
+  auto kv = channels::KvStore::Open(*p.thr, "kv/lin", p.members, c);
+  const Status ready = kv.ok() ? (*kv)->wait_ready(kReadyTimeout) : kv.status();
+  // Every node's store is open: start together (also after a failure here, so that every node
+  // passes the same barrier episodes).
+  Status st = p.Sync();
+  if (!ready.ok()) st = ready;
+  std::vector<std::vector<channels::KvHistoryOp>> hist(kKvLinThreads);
+  std::vector<Status> errors(kKvLinThreads);
+  if (st.ok()) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kKvLinThreads; t++) {
+      threads.emplace_back([&, t] {
+        const int client = static_cast<int>(p.self - 1) * kKvLinThreads + t;
+        auto thr = p.mgr->make_thread();
+        if (!thr.ok()) {
+          errors[t] = thr.status();
+          return;
+        }
+        std::mt19937_64 rng(static_cast<uint64_t>(client) + 1);
+        for (long i = 0; i < p.o.ops; i++) {
+          Status e;
+          const channels::KvHistoryOp h = channels::KvHistoryStep(**kv, **thr, client, i, rng, &e);
+          if (!e.ok()) {
+            // An operation with an unknown outcome cannot be checked: this client stops.
+            errors[t] = e.WithContext(fmt::format("client {} op {}", client, i));
+            return;
+          }
+          hist[t].push_back(h);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& e : errors) {
+      if (st.ok() && !e.ok()) st = e;
+    }
+  }
+  // Everyone finished before any store closes: a peer's insert/erase waits for our tracker.
+  if (Status s = p.Sync(); st.ok() && !s.ok()) st = s;
+  if (!channels::WriteKvHistory(p.o.history, hist) && st.ok())
+    st = Status::InvalidArgument("cannot write --history " + p.o.history);
+  long ops = 0;
+  for (const auto& h : hist) ops += static_cast<long>(h.size());
+  out["ops"] = ops;
+  return st;
+}
+
 }  // namespace
 
 int RunChannelsNode(const ChannelsNodeOptions& o) {
@@ -556,9 +617,14 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     return 2;
   }
   // The benchmark's fail-without-protection check (docs/channels.md): ticket locks that do not
-  // wait for their turn must show up as violations.
-  if (const char* f = std::getenv("FARMEM_CHANNELS_FAULT"); f && std::string(f) == "lock_wait")
-    channels::testing::SetLockWaitDisabled(true);
+  // wait for their turn must show up as violations; the kvstore history (kvlin) must fail the
+  // linearizability check without the acknowledgements or the update fence.
+  if (const char* f = std::getenv("FARMEM_CHANNELS_FAULT"); f != nullptr) {
+    const std::string fault = f;
+    if (fault == "lock_wait") channels::testing::SetLockWaitDisabled(true);
+    if (fault == "kv_acks") channels::testing::SetKvAcksDisabled(true);
+    if (fault == "kv_update_fence") channels::testing::SetKvUpdateFenceDisabled(true);
+  }
   Participant p{o, static_cast<NodeId>(o.id), {}, nullptr, nullptr, nullptr, nullptr};
   nlohmann::json out = {{"node", o.id}, {"workload", o.workload}};
   Status st = Start(p);
@@ -569,6 +635,7 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     if (o.workload == "fence") st = Fence(p, out);
     if (o.workload == "kvget") st = KvGet(p, out);
     if (o.workload == "kvwrite") st = KvWrite(p, out);
+    if (o.workload == "kvlin") st = KvHistory(p, out);
   }
   // A last barrier: nobody stops its node while a peer still reads from it.
   if (st.ok()) st = p.Sync();

@@ -21,10 +21,6 @@ PIDS=() # every process of the cluster, for the final check and the cleanup
 TEST_NAME=cluster_cli
 LOG_GLOBS="$DIR/*.log"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-skip() {
-  echo "SKIP: $*"
-  exit 0
-}
 
 # A process is gone when it no longer exists or is a zombie (a detached daemon's parent may be
 # an init that does not reap).

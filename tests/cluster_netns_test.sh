@@ -32,10 +32,6 @@ PIDS=()
 TEST_NAME=cluster_netns
 LOG_GLOBS="$WORK/*.log"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-skip() {
-  echo "SKIP: $*"
-  exit 0
-}
 
 cleanup() {
   local rc=$? ns pid
@@ -58,10 +54,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- preconditions: the only reasons to skip ------------------------------------------------------
-((EUID == 0)) || skip "network namespaces need root (running as uid $EUID)"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) not installed"
+netns_require
 [[ -x "$ETCD" ]] || skip "etcd not found ($ETCD; apt install etcd-server)"
-ip netns list >/dev/null 2>&1 || skip "'ip netns' is not available"
 # Namespaces of earlier runs killed before their trap ran: ours by name, creator gone.
 for stale in $(ip netns list 2>/dev/null | sed -n 's/^\(fmc[ce12]_\([0-9]*\)\).*/\1 \2/p' | tr ' ' ':'); do
   if ! kill -0 "${stale#*:}" 2>/dev/null; then ip netns del "${stale%%:*}" 2>/dev/null || true; fi

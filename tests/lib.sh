@@ -1,6 +1,6 @@
-# Shell helpers shared by the integration tests in this folder (sourced, not run): log and fail,
-# waiting for farmemd's ready line or a `farmem mount`, and the veth links and reachability probe
-# of the network-namespace tests. Callers run under `set -euo pipefail` and set, before sourcing,
+# Shell helpers shared by the integration tests in this folder (sourced, not run): log, fail and
+# skip, waiting for farmemd's ready line or a `farmem mount`, and for the network-namespace tests
+# their preconditions, veth links, reachability probe and scripts/netns_cluster runs. Callers run under `set -euo pipefail` and set, before sourcing,
 # TEST_NAME (the prefix of every line) and WORK (their scratch folder); LOG_GLOBS, when set at
 # failure time, names more files for fail to show (unquoted: it is globbed then).
 
@@ -21,6 +21,50 @@ fail() {
   echo "$TEST_NAME: FAIL: $*" >&2
   dump_logs
   exit 1
+}
+
+skip() {
+  echo "SKIP: $*"
+  exit 0
+}
+
+# Skips the test (with the reason) unless network namespaces can be made: root, iproute2, `ip netns`.
+netns_require() {
+  ((EUID == 0)) || skip "network namespaces need root (running as uid $EUID)"
+  command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) not installed"
+  ip netns list >/dev/null 2>&1 || skip "'ip netns' is not available"
+}
+
+NETNS_HARNESS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/netns_cluster"
+
+# netns_case <label> <scripts/netns_cluster run arguments...>: one timed run of the three-namespace
+# cluster (its options, --, the command); fails the test when the run fails.
+netns_case() {
+  local label=$1 start
+  shift
+  start=$(date +%s%N)
+  "$NETNS_HARNESS" run "$@" || fail "$label failed"
+  log "$label: OK in $((($(date +%s%N) - start) / 1000000)) ms"
+}
+
+# netns_wait_all <what> <out prefix> <result regex> <pid>...: waits for the clients started one per
+# namespace (i = 1, 2, ...), logs each one's result line (the first line of <prefix>i.out that
+# matches the regex) and its exit code when not 0; returns 1 when any exited non-zero.
+netns_wait_all() {
+  local what=$1 prefix=$2 re=$3 i=0 rc bad=0 pid line
+  shift 3
+  for pid in "$@"; do
+    i=$((i + 1))
+    rc=0
+    wait "$pid" || rc=$?
+    line="$(grep -m1 -E "$re" "$prefix$i.out" 2>/dev/null || true)"
+    log "$what $i: ${line:-no result line}"
+    if ((rc != 0)); then
+      log "$what $i exited $rc" >&2
+      bad=1
+    fi
+  done
+  return "$bad"
 }
 
 # Stops process $1 if it still runs: SIGTERM, up to 5 s to exit, then SIGKILL. For cleanup traps.
@@ -66,6 +110,36 @@ netns_probe() {
   local ns=$1 ip=$2 out
   out="$(ip netns exec "$ns" timeout 5 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1 || true)"
   grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
+}
+
+# Fails unless `farmem mount` (pid $3, stdout in file $1, stderr in $2) is refused as a second
+# mount of its namespace ("mounted already") within 10 s; it must never mount.
+expect_mount_refused() {
+  local out=$1 err=$2 pid=$3
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    if grep -q '^regions: mounted at' "$out"; then
+      kill -TERM "$pid"
+      wait "$pid" || true
+      fail "a second mount of the namespace was let in"
+    fi
+    sleep 0.1
+  done
+  kill -0 "$pid" 2>/dev/null && { stop_process "$pid"; fail "second mount neither mounted nor exited in 10 s"; }
+  wait "$pid" && fail "second mount exited 0"
+  grep -q "mounted already" "$err" ||
+    fail "second mount failed, but not as refused: $(grep -v '\[info\]' "$err")"
+}
+
+# netns_test_start: what every scripts/netns_cluster test does first (after sourcing this file):
+# its own set of namespace names (fm-test-ns1..3, or $NETNS_TEST_PREFIX: a cluster someone started
+# with `netns_cluster up` is not disturbed), `down` and removing $WORK on exit, and the
+# preconditions (else SKIP).
+netns_test_start() {
+  export NETNS_PREFIX="${NETNS_TEST_PREFIX:-fm-test-ns}"
+  # shellcheck disable=SC2064 # WORK is fixed by now
+  trap "\"$NETNS_HARNESS\" down >/dev/null 2>&1 || true; [[ -z \"$WORK\" ]] || rm -rf \"$WORK\"" EXIT
+  netns_require
 }
 
 # Waits up to 10 s until `farmem mount` (pid $3, stdout in file $1) printed its mounted line and

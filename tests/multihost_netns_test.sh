@@ -60,15 +60,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-skip() {
-  echo "SKIP: $*"
-  exit 0
-}
-
 # --- preconditions: the only reasons to skip ------------------------------------------------------
-((EUID == 0)) || skip "network namespaces need root (running as uid $EUID)"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) not installed"
-ip netns list >/dev/null 2>&1 || skip "'ip netns' is not available"
+netns_require
 # Namespaces of earlier runs that were killed before their trap ran (e.g. by a ctest timeout):
 # ours by name, and their creator is gone.
 for stale in $(ip netns list 2>/dev/null | sed -n 's/^\(fmem[012]_\([0-9]*\)\).*/\1 \2/p' | tr ' ' ':'); do

@@ -66,19 +66,7 @@ mkdir -p "$WORK/b"
 "$FARMEM" mount "$WORK/b" --cluster "$URL" --server "$SERVER" >"$WORK/second.out" \
   2>"$WORK/second.err" &
 second=$!
-for _ in $(seq 100); do
-  kill -0 "$second" 2>/dev/null || break
-  if grep -q '^regions: mounted at' "$WORK/second.out"; then
-    kill -TERM "$second"
-    wait "$second" || true
-    fail "a second mount of the namespace was let in"
-  fi
-  sleep 0.1
-done
-kill -0 "$second" 2>/dev/null && { stop_process "$second"; fail "second mount neither mounted nor exited in 10 s"; }
-wait "$second" && fail "second mount exited 0"
-grep -q "mounted already" "$WORK/second.err" ||
-  fail "second mount failed, but not as refused: $(grep -v '\[info\]' "$WORK/second.err")"
+expect_mount_refused "$WORK/second.out" "$WORK/second.err" "$second"
 log "a second mount is refused while the first lives"
 
 unmount

@@ -21,6 +21,7 @@
 
 #include "channels/channels_faults.h"
 #include "channels/channels_test_util.h"
+#include "channels/kv_history.h"
 
 namespace farmem::channels {
 namespace {
@@ -102,24 +103,9 @@ std::string FindGo() {
   return "";
 }
 
-struct HistoryOp {
-  int client;
-  const char* op;
-  uint64_t key, value;
-  int64_t call, ret;
-  const char* status;
-  uint64_t out;
-};
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-
-// 3 nodes x 2 client threads (in one process), 8 hot keys, 400 operations per client (100 in
-// sanitizer builds) (40 % get, 25 % insert, 25 % update, 10 % erase), every written value unique;
-// invoke and return times from CLOCK_MONOTONIC (steady_clock). Porcupine checks the history,
-// partitioned by key.
+// 3 nodes x 2 client threads (in one process), 400 operations per client (100 in sanitizer
+// builds) of kv_history.h's mix on its 8 hot keys, every written value unique; invoke and return
+// times from CLOCK_MONOTONIC (steady_clock). Porcupine checks the history, partitioned by key.
 TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   START_ALL_OR_SKIP();
   const std::string go = FindGo();
@@ -147,8 +133,7 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   config.timeout = 10s;  // generous: TSan on shm holds locks for long
   ASSERT_TRUE(OpenStores("kv/lin", config));
   constexpr int kThreadsPerNode = 2, kOps = testing_util::kSanitizerBuild ? 100 : 400;
-  constexpr uint64_t kKeys = 8;
-  std::vector<std::vector<HistoryOp>> hist(3 * kThreadsPerNode);
+  std::vector<std::vector<KvHistoryOp>> hist(3 * kThreadsPerNode);
   std::atomic<int> errors{0};
   std::vector<std::thread> ts;
   for (NodeId n = 1; n <= 3; n++) {
@@ -158,39 +143,10 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
         auto thr = M(n).mgr->make_thread();
         ASSERT_TRUE(thr.ok());
         std::mt19937_64 rng(client + 1);
-        KvStore& kv = K(n);
         for (int i = 0; i < kOps; i++) {
-          HistoryOp h{client, "get", 1 + rng() % kKeys, 0, 0, 0, "ok", 0};
-          const unsigned r = rng() % 100;
           Status st;
-          h.call = NowNs();
-          if (r < 40) {
-            auto v = kv.get(**thr, h.key);
-            st = v.status();
-            if (v.ok()) h.out = *v;
-          } else {
-            h.value = (uint64_t(client + 1) << 40) | uint64_t(i + 1);
-            if (r < 65) {
-              h.op = "insert";
-              st = kv.insert(**thr, h.key, h.value);
-            } else if (r < 90) {
-              h.op = "update";
-              // The value write is held back (test hook) until a wait or fence needs it: a
-              // transport may place a write late, and only the update fence covers that.
-              (*thr)->testing_hold_next_write();
-              st = kv.update(**thr, h.key, h.value);
-            } else {
-              h.op = "delete";
-              h.value = 0;
-              st = kv.erase(**thr, h.key);
-            }
-          }
-          h.ret = NowNs();
-          if (st.code() == Code::kNotFound) {
-            h.status = "notfound";
-          } else if (st.code() == Code::kFailedPrecondition) {
-            h.status = "exists";
-          } else if (!st.ok()) {
+          const KvHistoryOp h = KvHistoryStep(K(n), **thr, client, i, rng, &st);
+          if (!st.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops, the
             // test fails, and the others' operations are still checked (a get has no effect; a
             // failed modification may make the check report an illegal history as well).
@@ -206,15 +162,7 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   testing::SetKvAcksDisabled(false);
   testing::SetKvUpdateFenceDisabled(false);
   const std::string file = dir + "/history-" + GetParam().substr(0, 3) + ".txt";
-  {
-    std::ofstream out(file);
-    for (const auto& c : hist) {
-      for (const auto& h : c) {
-        out << h.client << ' ' << h.op << ' ' << h.key << ' ' << h.value << ' ' << h.call << ' '
-            << h.ret << ' ' << h.status << ' ' << h.out << '\n';
-      }
-    }
-  }
+  ASSERT_TRUE(WriteKvHistory(file, hist)) << "cannot write " << file;
   const std::string check_log = dir + "/check.log";
   const int rc = std::system((checker + " " + file + " >" + check_log + " 2>&1").c_str());
   std::ifstream log(check_log);

@@ -23,6 +23,7 @@ struct ClientOptions {
   std::string backend = "tcp";
   std::string provider = "shm";
   std::string data_host = "127.0.0.1";  // where this node's transport and bootstrap listen
+  uint32_t op_timeout_ms = 0;           // deadline of each remote operation (0: the transport's)
 };
 
 // A loopback port nobody listens on right now (bound to 127.0.0.1:0, then closed; -1 on error):

@@ -12,6 +12,7 @@
 
 #include "channels_cli.h"
 #include "cli/commands.h"
+#include "cli/tx_bank_cmd.h"
 #include "cluster_cli.h"
 #include "objects_memory_cli.h"
 #include "objects_throughput_cli.h"
@@ -270,6 +271,9 @@ int main(int argc, char** argv) {
   CLI::App* soak_child = farmem::AddSoakChildCommand(*bench, soak_child_opts);
   farmem::TxBenchOptions tx_bench_opts;
   CLI::App* tx_bench = farmem::AddTxBenchCommand(*bench, tx_bench_opts);
+  farmem::cli::TxBankOptions tx_bank_opts;
+  CLI::App* tx_bank = farmem::cli::AddTxBankCommand(*bench, tx_bank_opts);
+  AddClientFlags(*tx_bank, tx_bank_opts.client);
   farmem::ChannelsBenchOptions channels_opts;
   CLI::App* channels_bench = farmem::AddChannelsBenchCommand(*bench, channels_opts);
   farmem::ChannelsNodeOptions channels_node_opts;
@@ -380,6 +384,10 @@ int main(int argc, char** argv) {
   if (soak->parsed()) return farmem::RunSoakBench(soak_opts);
   if (soak_child->parsed()) return farmem::RunSoakChild(soak_child_opts);
   if (tx_bench->parsed()) return farmem::RunTxBench(tx_bench_opts);
+  if (tx_bank->parsed()) {
+    ApplyTokenEnv(*tx_bank, tx_bank_opts.client);
+    return farmem::cli::RunTxBank(tx_bank_opts);
+  }
   if (channels_bench->parsed()) return farmem::RunChannelsBench(channels_opts);
   if (channels_node->parsed()) return farmem::RunChannelsNode(channels_node_opts);
   if (tiered->parsed()) return farmem::RunTieredBench(tiered_opts);

@@ -1,8 +1,10 @@
 // The regions sync primitives across three processes (issue 14's correctness list): one farmemd
 // (an in-process MemoryServer of the test), names in a real etcd, and three children (this binary
 // re-run with FARMEM_REGIONS_SYNC_CHILD set, running the disabled test SyncChild.DISABLED_Run),
-// each with its own Node, Scheduler and RegionSync. Checked: no one passes barrier round k before
-// all reached it; a mutex-protected non-atomic remote counter is exact; bell values are monotonic.
+// each with its own Node, Scheduler and RegionSync; DISABLED_AcrossThreeNetworkNamespaces runs
+// them in three network namespaces against a farmemd and etcd there (regions_sync_netns_test.sh).
+// Checked: no one passes barrier round k before all reached it; a mutex-protected non-atomic remote
+// counter is exact; bell values are monotonic.
 // FARMEM_REGIONS_SYNC_FAULT=barrier_early|mutex_skip|bell_nowait makes the matching check fail.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -114,24 +116,18 @@ TEST(SyncChild, DISABLED_Run) {
   ASSERT_TRUE(s.rbarrier_wait("stress/barrier", kWait).ok());
 }
 
-TEST(SyncProcessStress, BarrierMutexAndBellAcrossThreeProcesses) {
-  testing::ApplyFaultFromEnv();
-  cluster::testing::EtcdProcess etcd;
-  Status est = etcd.Start();
-  if (est.code() == Code::kNotFound) GTEST_SKIP() << est.ToString();
-  ASSERT_TRUE(est.ok()) << est.ToString();
-  auto server = testing::StartSyncServer();
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  const std::string farmemd = (*server)->node().bootstrap_address();
-  ClusterOptions co;
-  co.url = etcd.url();
-  co.cluster_name = "regions-sync-stress";
-  co.create_if_missing = true;
+// The parent: allocates the two shared words on `farmemd`, starts the three children (child i in
+// network namespace netns[i] through `ip netns exec` when `netns` is given), waits for them and
+// checks the counter. Names live in the etcd at `co.url`.
+void RunThreeProcesses(const std::string& farmemd, const ClusterOptions& co,
+                       const std::vector<std::string>& netns) {
   auto parent = SyncUser::Open(farmemd, co, "sync-parent");
   ASSERT_TRUE(parent.ok()) << parent.status().ToString();
   // Two shared words for the checks: [0] barrier arrivals, [1] the mutex-protected counter.
   auto words = (*parent)->raw->alloc_raw(64);
   ASSERT_TRUE(words.ok()) << words.status().ToString();
+  char self[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", self, sizeof self - 1), 0) << "readlink /proc/self/exe";
 
   std::vector<pid_t> pids;
   struct Reap {
@@ -156,14 +152,21 @@ TEST(SyncProcessStress, BarrierMutexAndBellAcrossThreeProcesses) {
     for (char** e = environ; *e != nullptr; e++) envp.push_back(*e);
     envp.push_back(child_env.data());
     envp.push_back(nullptr);
+    std::string ns = netns.empty() ? "" : netns[i];
+    char ip[] = "/usr/sbin/ip", a_netns[] = "netns", a_exec[] = "exec";
     char arg0[] = "regions_sync_tests";
     char arg1[] = "--gtest_filter=SyncChild.DISABLED_Run";
     char arg2[] = "--gtest_also_run_disabled_tests";
     char* argv[] = {arg0, arg1, arg2, nullptr};
+    char* ns_argv[] = {ip, a_netns, a_exec, ns.data(), self, arg1, arg2, nullptr};
     const pid_t pid = fork();
     ASSERT_GE(pid, 0) << "fork";
     if (pid == 0) {
-      execve("/proc/self/exe", argv, envp.data());
+      if (ns.empty()) {
+        execve("/proc/self/exe", argv, envp.data());
+      } else {
+        execve(ip, ns_argv, envp.data());
+      }
       _exit(127);
     }
     pids.push_back(pid);
@@ -187,6 +190,38 @@ TEST(SyncProcessStress, BarrierMutexAndBellAcrossThreeProcesses) {
   uint64_t count = 0;
   ASSERT_TRUE((*sched)->block_on((*sched)->read(counter, &count, 8)).ok());
   EXPECT_EQ(count, uint64_t{kProcs * kLocks}) << "increments were lost: the mutex let two in";
+}
+
+TEST(SyncProcessStress, BarrierMutexAndBellAcrossThreeProcesses) {
+  testing::ApplyFaultFromEnv();
+  cluster::testing::EtcdProcess etcd;
+  Status est = etcd.Start();
+  if (est.code() == Code::kNotFound) GTEST_SKIP() << est.ToString();
+  ASSERT_TRUE(est.ok()) << est.ToString();
+  auto server = testing::StartSyncServer();
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ClusterOptions co;
+  co.url = etcd.url();
+  co.cluster_name = "regions-sync-stress";
+  co.create_if_missing = true;
+  RunThreeProcesses((*server)->node().bootstrap_address(), co, {});
+}
+
+// The same across three network namespaces (tests/regions_sync_netns_test.sh runs it in the first
+// of scripts/netns_cluster's, with FARMEM_REGIONS_SYNC_NETNS="ETCD-URL FARMEMD NS1 NS2 NS3": etcd
+// and the farmemd there, child i in namespace i + 1). Skipped without that variable.
+TEST(SyncProcessStress, DISABLED_AcrossThreeNetworkNamespaces) {
+  const char* env = std::getenv("FARMEM_REGIONS_SYNC_NETNS");
+  if (env == nullptr) GTEST_SKIP() << "run by tests/regions_sync_netns_test.sh only";
+  testing::ApplyFaultFromEnv();
+  char url[256] = {}, farmemd[128] = {}, ns[3][64] = {};
+  ASSERT_EQ(std::sscanf(env, "%255s %127s %63s %63s %63s", url, farmemd, ns[0], ns[1], ns[2]), 5)
+      << "FARMEM_REGIONS_SYNC_NETNS: " << env;
+  ClusterOptions co;
+  co.url = url;
+  co.cluster_name = "regions-sync-netns";
+  co.create_if_missing = true;
+  RunThreeProcesses(farmemd, co, {ns[0], ns[1], ns[2]});
 }
 
 }  // namespace

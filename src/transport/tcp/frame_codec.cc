@@ -77,7 +77,9 @@ DecodeResult CheckHeader(const FrameHeader& h, const DecodeLimits& lim) {
   if (h.body_len > max || h.body_len > kMaxFrameBody)
     return Error("frame body length exceeds the maximum for its opcode");
   if (op == Opcode::kError) {
-    if (h.code == 0 || h.code > static_cast<uint16_t>(Code::kInternal))
+    // Every code of farmem/status.h (kFailedPrecondition is the last; it stopped at kInternal,
+    // so a TX_DECIDE's FailedPrecondition closed the connection as a malformed frame).
+    if (h.code == 0 || h.code > static_cast<uint16_t>(Code::kFailedPrecondition))
       return Error("error frame carries an invalid status code");
   } else if (h.code != 0) {
     return Error("non-error frame carries a status code");

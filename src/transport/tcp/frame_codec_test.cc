@@ -151,6 +151,25 @@ TEST(FrameCodec, ErrorMessageIsTruncatedToTheWireLimit) {
   EXPECT_EQ(f.data.size(), kMaxErrorMessageBytes);
 }
 
+// Every code of farmem/status.h crosses the wire: a TX_DECIDE's FailedPrecondition (the last
+// code) was refused as a malformed frame, which closed the connection and failed every other
+// operation on it (found by tests/tx_netns_test.sh: "TX_LOCK: malformed frame ... invalid status
+// code"). 0 and codes past the last stay refused.
+TEST(FrameCodec, ErrorFramesCarryEveryStatusCode) {
+  for (uint16_t c = 1; c <= static_cast<uint16_t>(Code::kFailedPrecondition); ++c) {
+    ByteQueue q;
+    EncodeError(q, 9, c, "why");
+    Decoded d = DecodeOne(q);
+    EXPECT_EQ(d.f.opcode, Opcode::kError) << c;
+    EXPECT_EQ(d.f.header.code, c);
+  }
+  const auto last = static_cast<uint16_t>(Code::kFailedPrecondition);
+  EXPECT_EQ(Decode(RawHeader(static_cast<uint8_t>(Opcode::kError), 0, 0)).state,
+            DecodeState::kError);
+  EXPECT_EQ(Decode(RawHeader(static_cast<uint8_t>(Opcode::kError), 0, last + 1)).state,
+            DecodeState::kError);
+}
+
 TEST(FrameCodec, EveryPrefixNeedsMore) {
   ByteQueue q;
   EncodeWrite(q, 3, 1, 0, "0123456789", 10, false);
