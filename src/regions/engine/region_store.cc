@@ -1,6 +1,8 @@
-// RegionStore implementation. Lock order: an inode's `io` lock before mu_. Reads hold `io`
-// shared and writes/truncates/reclaims hold it exclusive while their one-sided operations run, so
-// no chunk is freed (and possibly handed to another region) while an operation may touch it.
+// RegionStore implementation. Lock order: an inode's `io` lock before mu_. Reads and writes hold
+// `io` shared and truncates/fallocates/reclaims hold it exclusive while their one-sided operations
+// run, so no chunk is freed (and possibly handed to another region) while an operation may touch
+// it. Writes to one inode overlap: each claims a span of bytes (under mu_) and waits only for
+// claimed spans it overlaps, so disjoint writes run together and overlapping ones one at a time.
 // Invariant: every byte of an allocated chunk at or past the inode's size is zero (fresh chunks
 // are zeroed where a write does not cover them; a shrink zeroes the tail of its last chunk).
 #include "regions/engine/region_store.h"
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -38,7 +41,10 @@ namespace {
 //   no_revoke: they are deleted, but handles still open keep reading and writing them;
 //   reap_persistent: PERSISTENT regions are deleted with their owner too;
 //   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers);
-//   no_rewatch: owners recorded in loaded metadata are not watched again.
+//   no_rewatch: owners recorded in loaded metadata are not watched again;
+//   no_range_lock: a write does not wait for in-flight writes whose span it overlaps;
+//   serial_writes: writes to one inode go one at a time (io exclusive), as before they
+//     overlapped (a switch that must not break anything: the stress test passes with it).
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -239,7 +245,25 @@ struct RegionStore::Inode {
   std::vector<MapEntry> deferred;  // cut off by a shrink while open: freed at the last release
   bool reclaimed = false;
   bool revoked = false;  // its owner exited (not PERSISTENT): IO through open handles is EIO
+  // Writes in flight: the bytes each claimed (its own, widened to whole chunks where it allocated:
+  // its zeroing covers them) and the chunks it allocated, which read as holes until it is done
+  // (their bytes are not zeroed yet). A write waits until no claimed span overlaps its own.
+  struct Claim {
+    uint64_t from = 0, to = 0;
+    std::vector<uint64_t> fresh;
+  };
+  std::list<Claim> claims;
   std::shared_mutex io;
+  bool Overlaps(uint64_t from, uint64_t to) const {
+    for (const Claim& c : claims)
+      if (c.from < to && from < c.to) return true;
+    return false;
+  }
+  bool Fresh(uint64_t chunk) const {
+    for (const Claim& c : claims)
+      if (std::find(c.fresh.begin(), c.fresh.end(), chunk) != c.fresh.end()) return true;
+    return false;
+  }
   bool is_dir() const { return (rec.h.mode & S_IFMT) == S_IFDIR; }
   bool is_reg() const { return (rec.h.mode & S_IFMT) == S_IFREG; }
 };
@@ -925,7 +949,9 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
       uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, offset + n) - pos;
       std::byte* dst = out.data() + (pos - offset);
       MapEntry e = c < in->rec.map.size() ? in->rec.map[c] : kHole;
-      if (e == kHole) {
+      // A chunk a write in flight allocated is still a hole for readers: its bytes may be a freed
+      // region's until that write's zeroing is done.
+      if (e == kHole || in->Fresh(c)) {
         std::memset(dst, 0, len);  // a hole: zeros, no remote read
       } else {
         FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(e));
@@ -949,15 +975,36 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
     std::lock_guard lk(mu_);
     FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
   }
-  std::unique_lock io(in->io);  // writers one at a time: fresh-chunk zeroing must not race
+  // Reads and other writes run alongside (their spans decide); truncate, fallocate and reclaim
+  // wait for io exclusively.
+  std::shared_lock io_shared(in->io, std::defer_lock);
+  std::unique_lock io_excl(in->io, std::defer_lock);
+  if (Fault("serial_writes"))
+    io_excl.lock();
+  else
+    io_shared.lock();
   std::vector<Piece> pieces;
   std::vector<uint64_t> fresh;  // chunk indexes allocated by this write
   uint64_t end = offset + data.size();
+  std::list<Inode::Claim>::iterator claim;
   {
-    std::lock_guard lk(mu_);
-    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
-    if (in->reclaimed) return Err(ENOENT, "inode was deleted");
-    if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
+    std::unique_lock lk(mu_);
+    uint64_t from = offset, to = end;
+    for (;;) {
+      if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
+      if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+      if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
+      // The span: this write's bytes, widened to every chunk it will allocate (it zeroes them).
+      from = offset;
+      to = end;
+      for (uint64_t c = ChunkOf(offset); c <= ChunkOf(end - 1); ++c)
+        if (c >= in->rec.map.size() || in->rec.map[c] == kHole) {
+          from = std::min(from, c * kChunkBytes);
+          to = std::max(to, (c + 1) * kChunkBytes);
+        }
+      if (!in->Overlaps(from, to) || Fault("no_range_lock")) break;
+      claims_cv_.wait(lk);
+    }
     FARMEM_RETURN_IF_ERROR(AllocRange(*in, ChunkOf(offset), ChunkOf(end - 1), fresh));
     for (uint64_t pos = offset; pos < end;) {
       uint64_t c = ChunkOf(pos);
@@ -982,10 +1029,13 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
         }
       }
     }
+    claim = in->claims.insert(in->claims.end(), Inode::Claim{from, to, fresh});
   }
   remote_writes_ += pieces.size();
   Status w = RunPieces(Sched(), pieces, true);
   std::lock_guard lk(mu_);
+  in->claims.erase(claim);
+  claims_cv_.notify_all();
   if (!w.ok()) {
     Unalloc(*in, fresh);
     return w;

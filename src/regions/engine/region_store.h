@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -243,7 +244,8 @@ class RegionStore {
   RegionStoreOptions options_;
   std::vector<std::unique_ptr<Server>> servers_;
 
-  mutable std::mutex mu_;  // the namespace, inodes' metadata, units, handles
+  mutable std::mutex mu_;  // the namespace, inodes' metadata, units, handles, write claims
+  std::condition_variable claims_cv_;  // with mu_: some write's claimed span was released
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> inodes_;
   std::map<uint64_t, std::unique_ptr<Unit>> units_;  // by gid
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> handles_;
