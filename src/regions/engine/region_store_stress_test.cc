@@ -96,8 +96,9 @@ TEST(RegionStoreStress, ConcurrentWritersTruncatersAndReadersNeverSeeForeignByte
   EXPECT_EQ(store.stats().chunks_in_use, 0u);
 }
 
-// Threads write disjoint slices of the same fresh chunks at once (each chunk is allocated by one
-// of them, which zeroes the rest of it: the slices the others write must not be zeroed over), a
+// Threads write disjoint slices of the same fresh (reused) chunks at once (each chunk is allocated
+// by one of them, which zeroes the rest of it: the slices the others write must not be zeroed
+// over), a
 // reader meanwhile sees only the model's bytes or zeros, and then threads write one unaligned
 // range spanning three chunks over and over with a byte of their own: that range must end up
 // holding one write's byte throughout (overlapping writes one at a time), the rest untouched.
@@ -111,10 +112,17 @@ TEST(RegionStoreStress, ConcurrentWritesToOneRegionMatchTheModel) {
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   RegionStore& store = **opened;
   constexpr int kThreads = 4;
-  constexpr uint64_t kChunks = 6;
+  constexpr uint64_t kChunks = 12;  // within the keeper unit's 15 used chunks
   constexpr uint64_t kSlice = kChunkBytes / kThreads;
-  constexpr int kRounds = 12;
+  constexpr int kRounds = 20;
   Caller who{0, 0, 1};
+  // A keeper file that filled a whole unit and was cut to one byte: the unit stays, and its other
+  // 15 chunks were used, so the rounds' files get reused chunks, which their writes must zero
+  // (never-used ones are zero from ALLOC_RAW and need no zeroing, so no race).
+  auto keeper = store.create(kRootIno, "keeper", 0644, who);
+  ASSERT_TRUE(keeper.ok());
+  ASSERT_TRUE(store.write(keeper->ino, 0, std::vector<std::byte>(kStepBytes, std::byte{1})).ok());
+  ASSERT_TRUE(store.setattr(keeper->ino, SetAttrRequest{.size = 1}).ok());
   int mismatched_rounds = 0;
   std::atomic<int> errors{0}, foreign{0};
   for (int r = 0; r < kRounds; ++r) {
@@ -189,6 +197,7 @@ TEST(RegionStoreStress, ConcurrentWritesToOneRegionMatchTheModel) {
   EXPECT_EQ(torn, 0u) << "bytes of the overlapped range that are not the last write's";
   EXPECT_TRUE(values.contains(static_cast<int>(v)));
   ASSERT_TRUE(store.unlink(kRootIno, "overlap").ok());
+  ASSERT_TRUE(store.unlink(kRootIno, "keeper").ok());
   EXPECT_EQ(store.stats().chunks_in_use, 0u);
 }
 
