@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "common/log.h"
 
@@ -163,13 +165,27 @@ void PoolSet::release_pages(RegionKey key, uint64_t offset, uint64_t len) {
   }
   if (!pool || offset >= pool->length) return;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t first = (offset + page - 1) / page * page;
-  const uint64_t end = std::min(offset + len, pool->length) / page * page;
+  const uint64_t stop = std::min(offset + len, pool->length);
+  const uint64_t first = std::min((offset + page - 1) / page * page, stop);
+  const uint64_t end = std::max(stop / page * page, first);
+  // The bytes in pages shared with neighbours are zeroed in place (at most two partial pages), so
+  // every free byte of a pool reads zero and ALLOC_RAW hands out zeroed memory (docs/server.md).
+  // TEST ONLY: FARMEM_POOLS_FAULT=no_edge_zero leaves them as they were.
+  static const bool no_edge_zero = [] {
+    const char* f = std::getenv("FARMEM_POOLS_FAULT");
+    return f != nullptr && std::string_view(f) == "no_edge_zero";
+  }();
+  if (!no_edge_zero) {
+    std::memset(pool->addr + offset, 0, first - offset);
+    std::memset(pool->addr + end, 0, stop - end);
+  }
   if (first >= end) return;  // no whole page: neighbours share them
   if (fallocate(pool->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
                 static_cast<off_t>(end - first)) != 0) {
+    // The pages keep their bytes: zero them by hand, the promise above holds either way.
     FARMEM_LOG_WARN("{}: punching freed pages [{}, {}): {}", pool->name, first, end,
                     std::strerror(errno));
+    std::memset(pool->addr + first, 0, end - first);
   }
 }
 

@@ -66,9 +66,11 @@ class PoolSet {
 
   // Gives the whole pages inside the free range [offset, offset + len) of pool `key` back to the
   // kernel (FALLOC_FL_PUNCH_HOLE on the memfd; they read as zeros afterwards), so freed raw memory
-  // stops counting in the process's RSS. The caller guarantees the range is free and is not
-  // allocated again before this returns (RawOwners holds its lock across both). Best effort:
-  // failures are logged.
+  // stops counting in the process's RSS, and zeroes the bytes of the range in pages it shares with
+  // neighbours. Invariant: every free byte of a pool reads zero (a new memfd does), so an
+  // allocation is zeroed memory — unless a client wrote one-sidedly into a range after freeing it.
+  // The caller guarantees the range is free and is not allocated again before this returns
+  // (RawOwners holds its lock across both). A failed punch is logged and the pages are zeroed.
   void release_pages(RegionKey key, uint64_t offset, uint64_t len);
 
   uint64_t pool_bytes() const { return pool_bytes_; }

@@ -1,11 +1,13 @@
 // PoolSet tests: lazy memfd pools inside one reservation, registration, allocation across pools,
-// budget exhaustion and frees with wrong keys.
+// budget exhaustion, frees with wrong keys, and freed memory handed out again zeroed.
 #include "pools/pool_set.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -177,6 +179,34 @@ TEST(PoolSetTest, ConcurrentAllocateFreeAndGrowth) {
   EXPECT_LE(ps.pool_count(), 4u);
   EXPECT_LE(granted.load(), 4);
   EXPECT_EQ(ps.allocate(kPool).status().code(), Code::kResourceExhausted);
+}
+
+// A freed range whose ends share pages with live neighbours is handed out again zeroed: its whole
+// pages are punched and its partial pages zeroed in place (ALLOC_RAW's promise, docs/server.md),
+// while the neighbours keep their bytes. FARMEM_POOLS_FAULT=no_edge_zero fails it.
+TEST(PoolSetTest, FreedRangesAreAllocatedAgainZeroed) {
+  if (const char* f = std::getenv("FARMEM_POOLS_FAULT"))
+    std::printf("[ fault    ] FARMEM_POOLS_FAULT=%s\n", f);
+  Registry reg;
+  auto set = PoolSet::Create(kPool, kPool, reg.fn());
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  PoolSet& ps = **set;
+  auto a = ps.allocate(100), b = ps.allocate(3 * 4096 + 1000), c = ps.allocate(100);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  const Pool* p = ps.pool(0);
+  for (auto* r : {&*a, &*b, &*c}) std::memset(p->addr + r->offset, 0xee, r->length);
+  ASSERT_TRUE(ps.free(b->key, b->offset).ok());
+  ps.release_pages(b->key, b->offset, b->length);
+  auto again = ps.allocate(3 * 4096 + 1000);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->offset, b->offset);  // first fit: the same range
+  size_t nonzero = 0;
+  for (uint64_t i = 0; i < again->length; ++i)
+    nonzero += p->addr[again->offset + i] != std::byte{0};
+  EXPECT_EQ(nonzero, 0u) << "bytes of the freed range survived into the new allocation";
+  for (auto* r : {&*a, &*c})
+    for (uint64_t i = 0; i < r->length; ++i)
+      ASSERT_EQ(p->addr[r->offset + i], std::byte{0xee}) << "a neighbour lost byte " << i;
 }
 
 }  // namespace

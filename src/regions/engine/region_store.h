@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -225,10 +226,13 @@ class RegionStore {
   Status PersistDirent(uint64_t parent, std::string_view name, uint64_t ino);
   Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
   void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
-  Result<MapEntry> AllocChunk(uint32_t server);         // mu_ held
+  // `known_zero`: the chunk was never used since its unit was granted (it reads zero). mu_ held.
+  Result<MapEntry> AllocChunk(uint32_t server, bool& known_zero);
   // Allocates every hole among chunks [first, last] of `in` (growing its map), appending their
-  // indexes to `fresh`; on failure frees what it got (Unalloc) and returns the error. mu_ held.
-  Status AllocRange(Inode& in, uint64_t first, uint64_t last, std::vector<uint64_t>& fresh);
+  // indexes to `fresh` and those that may hold a freed region's bytes (not known zero) to `dirty`;
+  // on failure frees what it got (Unalloc) and returns the error. mu_ held.
+  Status AllocRange(Inode& in, uint64_t first, uint64_t last, std::vector<uint64_t>& fresh,
+                    std::vector<uint64_t>& dirty);
   void Unalloc(Inode& in, const std::vector<uint64_t>& fresh);  // mu_ held
   void FreeChunk(MapEntry e);                                   // mu_ held
   Result<RemoteRef> RefOf(MapEntry e) const;                    // mu_ held
@@ -243,7 +247,8 @@ class RegionStore {
   RegionStoreOptions options_;
   std::vector<std::unique_ptr<Server>> servers_;
 
-  mutable std::mutex mu_;  // the namespace, inodes' metadata, units, handles
+  mutable std::mutex mu_;  // the namespace, inodes' metadata, units, handles, write claims
+  std::condition_variable claims_cv_;  // with mu_: some write's claimed span was released
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> inodes_;
   std::map<uint64_t, std::unique_ptr<Unit>> units_;  // by gid
   std::unordered_map<uint64_t, std::shared_ptr<Inode>> handles_;

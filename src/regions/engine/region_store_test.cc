@@ -143,6 +143,21 @@ TEST_F(RegionStoreTest, ReusedChunkReadsZeroOutsideWhatWasWritten) {
   EXPECT_EQ(CountNonZero(got), 1u) << "bytes of the deleted region are readable";
 }
 
+// A chunk never used since its unit was granted is zero already (ALLOC_RAW's promise): a small
+// write into a new file sends only its own bytes, and the rest of the chunk still reads zero.
+// (A reused chunk is zeroed: ReusedChunkReadsZeroOutsideWhatWasWritten, which no_touched fails.)
+TEST_F(RegionStoreTest, NeverUsedChunksAreNotZeroedOverTheWire) {
+  Open();
+  uint64_t f = Create("small");
+  const uint64_t before = store_->stats().remote_writes;
+  std::vector<std::byte> some(3000, std::byte{0x5a});
+  ASSERT_TRUE(store_->write(f, 100, some).ok());
+  EXPECT_EQ(store_->stats().remote_writes - before, 1u) << "a fresh chunk was zeroed over the wire";
+  ASSERT_TRUE(store_->setattr(f, SetAttrRequest{.size = kChunkBytes}).ok());
+  auto got = Read(f, 0, kChunkBytes);
+  EXPECT_EQ(CountNonZero(got), some.size());
+}
+
 TEST_F(RegionStoreTest, TruncateShrinkThenGrowReadsZeroAndFreesChunks) {
   Open();
   uint64_t f = Create("t");
