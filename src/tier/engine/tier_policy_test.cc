@@ -288,8 +288,7 @@ class ZipfStream {
 // The policy as TierStore runs it: heat, decision, residency applied.
 struct PolicySim {
   static constexpr size_t kUnits = 512;
-  static constexpr uint64_t kBudget = 256;    // 50 % DRAM
-  static constexpr size_t kAccesses = 20000;  // per period: ~14 at the cut of the ranking
+  static constexpr uint64_t kBudget = 256;  // 50 % DRAM
 
   PolicySim() {
     // FARMEM_TIER_FAULT=churn: the artifact's memoryless rule, no hysteresis.
