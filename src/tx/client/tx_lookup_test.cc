@@ -24,9 +24,8 @@ namespace {
 
 // Record i of the array, 32 bytes at offset 32 * i: {seq, key, value, tail}. The owner changes a
 // record by seq := odd, stores, seq := tail := even (tests only change it before reading). key
-// kForward: the record moved; `value` is the index to continue at. kEmptyKey: free.
+// kForward: the record moved; `value` is the index to continue at.
 constexpr uint64_t kForward = ~uint64_t{0};
-constexpr uint64_t kEmptyKey = ~uint64_t{0} - 1;
 constexpr uint64_t kRecords = 8;
 constexpr uint16_t kArrayLookup = 9000;  // request: u64 key; reply: u64 address, version, value
 constexpr uint64_t kSpillAddress = ~uint64_t{0};
