@@ -132,7 +132,8 @@ struct ClassStats {
 struct MetadataStats {
   // Block struct chunks (spare and pooled structs too: never freed) + the pool's vectors.
   uint64_t block_structs = 0;
-  uint64_t per_slot = 0;     // occupied, slot_id, slot_gen, slot_owner and vblocks arrays
+  // occupied, slot_id, slot_gen, slot_owner and vblocks arrays, and merges' rename entries
+  uint64_t per_slot = 0;
   uint64_t id_tables = 0;    // IdTable entries and used bits
   uint64_t owner_lists = 0;  // per worker and class `blocks` / `avail` lists, dead lists
   // Fixed at Create, sized by reserve_bytes / block_size: table_, next_gen_ and the block
@@ -228,6 +229,20 @@ class IdTable {
 
 inline constexpr uint32_t kNoPos = UINT32_MAX;
 
+// An ID a merge re-drew (docs/objects.md, "Merges that re-draw IDs"): pointers made before the
+// re-draw carry (home, old_id, gen); the object now has ID `id` (kept current when it is re-drawn
+// again). Kept in the block that holds the object, moved with it by merges, dropped when the
+// object is freed or re-homed. Invariant: no live object homed at `home` has ID `old_id`, so an
+// old pointer never passes a one-sided tag + home check on another object (and the RPC paths
+// resolve it here to the renamed object).
+struct Rename {
+  uint32_t home;
+  uint16_t old_id;
+  uint16_t gen;
+  uint16_t id;
+};
+static_assert(sizeof(Rename) == 12, "Rename entries are counted as per-slot metadata");
+
 // A logical block: one physical block plus every virtual block currently showing it.
 struct Block {
   RwLock mu;
@@ -253,6 +268,8 @@ struct Block {
   // the object in a merge, and release_ptr (same slot) keeps it.
   std::vector<uint16_t> slot_owner;
   IdTable ids;  // kIds only
+  // IDs re-drawn by merges whose objects still live here (kIds only; usually empty).
+  std::vector<Rename> renames;
   // Changed under mu (exclusive) AND the owner's lists_mu; read under either.
   bool in_avail = false;  // in the owner's free-slot list
   // Guarded by the owner's lists_mu: positions in the owner's lists (kNoPos: not listed).
@@ -270,8 +287,12 @@ struct Block {
   // the caller's business).
   void AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner);
 
-  // Forgets the object in an occupied slot (exclusive lock held).
+  // Forgets the object in an occupied slot (exclusive lock held), and its renames.
   void RemoveObject(uint32_t slot);
+  // Current ID of the object that pointers (home, old_id, gen) name after a re-draw, or -1.
+  int32_t FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const;
+  // Drops the renames of the object whose current ID is `id` (freed or re-homed).
+  void DropRenames(uint16_t id);
 
   // Heap bytes of the per-slot arrays (vblocks included) and of the ID table (lock held).
   uint64_t SlotArrayBytes() const;
@@ -384,9 +405,20 @@ class Store {
   // Validates p's shape and returns its block locked (shared or exclusive) and re-validated
   // against table_. The caller unlocks.
   Result<detail::Block*> LockBlockOf(const ObjectPtr& p, bool exclusive);
-  // Slot of p's object inside locked block b (ID map or offset), checking home and class.
+  // Slot of p's object inside locked block b (ID map or offset; then the block's renames, for
+  // an ID a merge re-drew), checking home and generation.
   Result<uint32_t> ResolveSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
   Result<uint32_t> ScanSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
+  // The slot of p's object after a merge re-drew its ID (b's renames), else `missing`.
+  Result<uint32_t> RenamedSlotLocked(const detail::Block& b, const ObjectPtr& p,
+                                     const Status& missing) const;
+  // The ID the object in occupied `slot` of b has now (p.id unless a merge re-drew it; 0 in
+  // offset-only classes, as in pointers).
+  uint16_t CurrentIdLocked(const detail::Block& b, uint32_t slot) const {
+    return b.mode == ClassMode::kIds ? b.slot_id[slot] : 0;
+  }
+  // Frees an emptied rename list's memory (exclusive lock held).
+  void ShrinkRenamesLocked(detail::Block& b);
   // NotFound unless `slot` of locked block b holds p's allocation: homed at p.block, with p's
   // generation.
   Result<uint32_t> CheckIdentityLocked(const detail::Block& b, const ObjectPtr& p,
