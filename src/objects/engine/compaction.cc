@@ -506,7 +506,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
       }
     }
   }
-  dst.renames.insert(dst.renames.end(), src.renames.begin(), src.renames.end());
+  dst.renames.Append(src.renames);
   store_.CountMetadataLocked(dst);  // dst.vblocks and dst.renames may have grown
   for (const Move& m : plan) {
     // The object keeps its generation (its pointers carry it) and its owner (FreeOwned must

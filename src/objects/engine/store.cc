@@ -202,7 +202,7 @@ void Block::RemoveObject(uint32_t slot) {
 uint64_t Block::SlotArrayBytes() const {
   return occupied.capacity() * sizeof(uint8_t) + slot_id.capacity() * sizeof(uint16_t) +
          slot_gen.capacity() * sizeof(uint16_t) + slot_owner.capacity() * sizeof(uint16_t) +
-         vblocks.capacity() * sizeof(uint32_t) + renames.capacity() * sizeof(Rename);
+         vblocks.capacity() * sizeof(uint32_t) + renames.MemoryBytes();
 }
 
 int32_t Block::FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const {
@@ -215,7 +215,7 @@ int32_t Block::FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const {
 }
 
 void Block::DropRenames(uint16_t id) {
-  std::erase_if(renames, [id](const Rename& r) { return r.id == id; });
+  renames.EraseId(id);
 }
 
 }  // namespace detail
@@ -373,7 +373,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->slot_gen.assign(b->slots, 0);
   b->slot_owner.assign(b->slots, kPersistentOwner);
   b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
-  b->renames.clear();  // (already freed when the struct's last block died)
+  b->renames.Release();  // (already freed when the struct's last block died)
   CountMetadataLocked(*b);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
@@ -783,7 +783,7 @@ void Store::DropSlotMetadataLocked(detail::Block& b) {
   std::vector<uint16_t>().swap(b.slot_gen);
   std::vector<uint16_t>().swap(b.slot_owner);
   std::vector<uint32_t>().swap(b.vblocks);
-  std::vector<detail::Rename>().swap(b.renames);
+  b.renames.Release();
   b.ids.Reset(0, 0);
   CountMetadataLocked(b);
 }
@@ -858,8 +858,8 @@ void Store::RecycleDeadLocked(ThreadAllocator& w) {
 }
 
 void Store::ShrinkRenamesLocked(detail::Block& b) {
-  if (!b.renames.empty() || b.renames.capacity() == 0) return;
-  std::vector<detail::Rename>().swap(b.renames);
+  if (!b.renames.empty() || b.renames.MemoryBytes() == 0) return;
+  b.renames.Release();
   CountMetadataLocked(b);
 }
 
