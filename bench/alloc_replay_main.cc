@@ -388,6 +388,8 @@ int main(int argc, char** argv) {
       }
     }
     const auto cs = compactor.stats();
+    uint64_t attempts = 0;  // source/partner pairs tried, over every class
+    for (const auto& c : cs.classes) attempts += c.attempts;
     out["compaction"] = {{"rounds", rounds},
                          {"merges", merges},
                          {"converged", converged},
@@ -395,6 +397,8 @@ int main(int argc, char** argv) {
                          {"objects_copied", cs.objects_copied},
                          {"objects_relocated", cs.objects_relocated},
                          {"collisions", cs.collisions},
+                         {"merge_attempts", attempts},
+                         {"ids_redrawn", cs.ids_redrawn},
                          {"skipped_busy", cs.skipped_busy}};
     out["after_compaction"] = Delta(base, *alloc);
     alloc->Release();

@@ -533,10 +533,11 @@ std::string Describe(const SeriesFigures& f, const SeriesDef& d) {
     const json& c = f.raw.contains("compaction") ? f.raw["compaction"] : json::object();
     return fmt::format(
         "{:>8} MiB (rss {:>8}, trimmed {:>8}, metadata {:>6})  before compaction {:>8} MiB, {} "
-        "merges in {} rounds",
+        "merges of {} attempts in {} rounds ({} collisions, {} IDs re-drawn)",
         bench::MiB(f.accounted), bench::MiB(f.rss), bench::MiB(f.rss_released),
         bench::MiB(f.metadata), bench::MiB(f.accounted_before), c.value("merges", 0),
-        c.value("rounds", 0));
+        c.value("merge_attempts", 0), c.value("rounds", 0), c.value("collisions", 0),
+        c.value("ids_redrawn", 0));
   }
   return fmt::format("{:>8} MiB (rss {:>8})  after first phase {:>8} MiB (rss {})",
                      bench::MiB(f.accounted), bench::MiB(f.rss), bench::MiB(f.accounted_before),

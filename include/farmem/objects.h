@@ -32,7 +32,7 @@ namespace farmem {
 // the size class (classes fit in 7 bits).
 struct Ptr {
   uint64_t offset = 0;     // slot offset inside the server's object region
-  uint16_t id = 0;         // object ID (0 in offset-only size classes)
+  uint16_t id = 0;         // object ID (0 in offset-only size classes; a merge may re-draw it)
   uint16_t gen = 0;        // generation: which allocation of the slot this pointer names
   uint16_t server = 0;     // index into ObjectClient's server table
   uint8_t size_class = 0;  // server's size class index
@@ -179,9 +179,12 @@ class ObjectClient {
   // another object or none (p is left unchanged: correct it with scan_read or read_any).
   Task<Result<size_t>> direct_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
   // Reads the whole home block one-sidedly, finds the object by ID, corrects p, returns its bytes.
+  // A scan that misses the object asks the server (LOCATE) before NotFound is returned: the
+  // object may have a new ID that a merge re-drew (p.id is then corrected too).
   Task<Result<size_t>> scan_read(Scheduler& sched, Ptr& p, std::span<std::byte> out);
   // direct_read, then on kMoved correct the pointer (options().correction) and read again. A scan
-  // that misses the object is confirmed by asking the server before NotFound is returned.
+  // that misses the object is confirmed by asking the server before NotFound is returned. The
+  // correction may change p.id (an ID re-drawn by a merge), never p.gen or the home block.
   Task<Result<size_t>> read_any(Scheduler& sched, Ptr& p, std::span<std::byte> out);
   // Declares p's old address dead so the server can reuse its virtual block; p is re-homed.
   Task<Status> release_ptr(Scheduler& sched, Ptr& p);

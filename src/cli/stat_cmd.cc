@@ -65,8 +65,8 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
                      id_bits != cfg.end() && id_bits->is_number() ? id_bits->dump() : "?",
                      U(o, "num_classes"), FormatBytes(U(o, "max_object_size")));
   if (o.contains("classes") && o["classes"].is_array() && !o["classes"].empty()) {
-    out += fmt::format("\n{:<6} {:>9} {:>8} {:>10} {:>10} {:>6} {:>18}\n", "CLASS", "SLOT",
-                       "BLOCKS", "LIVE", "CAPACITY", "FRAG", "MERGED/TRIED");
+    out += fmt::format("\n{:<6} {:>9} {:>8} {:>10} {:>10} {:>6} {:>18} {:>16}\n", "CLASS", "SLOT",
+                       "BLOCKS", "LIVE", "CAPACITY", "FRAG", "MERGED/TRIED", "REDRAWN");
     for (const auto& c : o["classes"]) {
       if (!c.is_object()) continue;
       // Merge success rate per class: collisions keep half-empty blocks apart (issue 15).
@@ -75,18 +75,23 @@ std::string FormatObjectsSection(const nlohmann::json& s) {
               ? std::string("-")
               : fmt::format("{}/{} {:.0f}%", U(c, "merges"), U(c, "merge_attempts"),
                             100.0 * D(c, "merge_success_rate"));
-      out += fmt::format("{:<6} {:>9} {:>8} {:>10} {:>10} {:>5.1f}% {:>18}\n", U(c, "class"),
+      // Merges that re-drew colliding IDs, and how many objects got a new ID.
+      const std::string redraws =
+          U(c, "merge_redraws") == 0
+              ? std::string("-")
+              : fmt::format("{} ({} IDs)", U(c, "merge_redraws"), U(c, "ids_redrawn"));
+      out += fmt::format("{:<6} {:>9} {:>8} {:>10} {:>10} {:>5.1f}% {:>18} {:>16}\n", U(c, "class"),
                          FormatBytes(U(c, "slot_size")), U(c, "blocks"), U(c, "live"),
-                         U(c, "capacity_slots"), 100.0 * D(c, "fragmentation"), merges);
+                         U(c, "capacity_slots"), 100.0 * D(c, "fragmentation"), merges, redraws);
     }
   }
   if (o.contains("compaction") && o["compaction"].is_object()) {
     const nlohmann::json& k = o["compaction"];
     out += fmt::format(
         "\ncompaction: {} round(s), {} merge(s), {} block(s) freed, {} moved, {} object(s) "
-        "copied, {} relocated, {} collision(s), {} busy skip(s)\n",
+        "copied, {} relocated, {} collision(s), {} ID(s) re-drawn, {} busy skip(s)\n",
         U(k, "rounds"), U(k, "compactions"), U(k, "blocks_freed"), FormatBytes(U(k, "bytes_moved")),
-        U(k, "objects_copied"), U(k, "objects_relocated"), U(k, "collisions"),
+        U(k, "objects_copied"), U(k, "objects_relocated"), U(k, "collisions"), U(k, "ids_redrawn"),
         U(k, "skipped_busy"));
     if (k.contains("grace_wait_ns")) {
       out += fmt::format(

@@ -60,12 +60,16 @@ TEST(StatFormat, ObjectsSectionShowsMetadataAndMergeSuccessPerClass) {
   s["objects"]["classes"][0]["merge_attempts"] = 8u;
   s["objects"]["classes"][0]["merges"] = 2u;
   s["objects"]["classes"][0]["merge_success_rate"] = 0.25;
+  s["objects"]["classes"][0]["merge_redraws"] = 2u;  // both merges re-drew IDs
+  s["objects"]["classes"][0]["ids_redrawn"] = 17u;
   out = FormatStatTable(s, "a:1");
   EXPECT_NE(out.find("metadata 3.0 MiB outside the blocks: 1.0 MiB growing with the objects"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("2.0 MiB fixed tables"), std::string::npos) << out;
   EXPECT_NE(out.find("2/8 25%"), std::string::npos) << out;
+  EXPECT_NE(out.find("REDRAWN"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 (17 IDs)"), std::string::npos) << out;
 }
 
 TEST(StatFormat, TxSectionShowsCountersRecoveryAbortsAndTables) {

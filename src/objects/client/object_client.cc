@@ -488,12 +488,16 @@ Status ApplyReplyPtr(const ObjectServerInfo& info, const wire::WirePtr& w, Ptr& 
                      std::string_view op, std::atomic<uint64_t>& corrections) {
   Result<Ptr> q = FromWire(info, w, p.server, op);
   if (!q.ok()) return q.status();
-  if (q->id != p.id || q->gen != p.gen || q->size_class != p.size_class) {
+  // The ID may differ: a merge re-drew it (docs/objects.md, "Merges that re-draw IDs"); the
+  // server found the object through the rename that the pointer's home and generation name.
+  if (q->gen != p.gen || q->size_class != p.size_class) {
     return Status::Protocol(std::string(op) + ": server replied for another object (id " +
                             Hex(q->id) + " generation " + std::to_string(q->gen) + " class " +
                             std::to_string(q->size_class) + ") than " + Describe(p));
   }
-  if (q->offset != p.offset) corrections.fetch_add(1, std::memory_order_relaxed);
+  if (q->offset != p.offset || q->id != p.id) {
+    corrections.fetch_add(1, std::memory_order_relaxed);
+  }
   q->flags |= p.flags & Ptr::kPtrPersistent;  // the same object: its lifetime is unchanged
   p = *q;
   return Status::OK();
@@ -643,7 +647,7 @@ Task<Status> ObjectClient::release_ptr(Scheduler& sched, Ptr& p) {
   if (!w.ok()) co_return w.status();
   Result<Ptr> q = FromWire(info, *w, p.server, "release_ptr");
   if (!q.ok()) co_return q.status();
-  if (q->id != p.id || q->size_class != p.size_class) {
+  if (q->size_class != p.size_class) {  // (the ID may have been re-drawn by a merge)
     co_return Status::Protocol("release_ptr: server re-homed another object (id " + Hex(q->id) +
                                " class " + std::to_string(q->size_class) + ") than " + Describe(p));
   }
@@ -809,7 +813,9 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
   auto& c = impl_->counters;
   const uint32_t slot = info.classes[p.size_class].slot_size;
   const uint16_t mask = IdMaskOf(info, p.size_class);
-  const uint16_t tag = TagOf(p, mask);
+  uint16_t tag = TagOf(p, mask);  // changes if the server reports a re-drawn ID
+  bool asked = false;             // a scan miss was corrected by the server already
+  Backoff locate_backoff(options_.retry_budget, options_.max_backoff);
   const uint64_t block_off = p.offset - p.offset % info.block_size;
   const auto home = static_cast<uint32_t>(block_off / info.block_size);
   const bool recheck = impl_->servers[p.server].header_recheck;
@@ -825,10 +831,25 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
     // Offset-only classes have no IDs to search by, and their objects never move.
     const int64_t found =
         mask == 0 ? static_cast<int64_t>(p.offset - block_off)
-                  : corm::ScanBlockImage(image, slot, tag, corm::hdr::kTagMask, p.size_class);
+                  : corm::ScanBlockImage(image, slot, tag, corm::hdr::kTagMask, p.size_class, home);
     if (found < 0) {
-      co_return Status::NotFound("scan_read " + Describe(p) +
-                                 ": no slot of its home block holds the ID: the object was freed");
+      // Freed, or a merge re-drew the object's ID (docs/objects.md, "Merges that re-draw IDs"),
+      // or a block copy that overlapped the remap of a multi-page block missed it. Only the
+      // server can tell: LOCATE answers NotFound if the object is gone, else its current ID and
+      // slot, which the next scan finds. A miss right after a LOCATE (the object moved again
+      // meanwhile) backs off like a torn copy, within the retry budget.
+      if (asked) {
+        const auto wait = locate_backoff.Next();
+        if (!wait) {
+          co_return Status::TimedOut("scan_read " + Describe(p) +
+                                     ": the object kept moving for the whole retry budget");
+        }
+        co_await sched.sleep_for(*wait);
+      }
+      asked = true;
+      FARMEM_CO_RETURN_IF_ERROR(co_await locate(sched, p));
+      tag = TagOf(p, mask);
+      continue;
     }
     const uint64_t addr = block_off + static_cast<uint64_t>(found);
     std::span<uint8_t> copy(image.data() + found, slot);
@@ -900,10 +921,8 @@ Task<Result<size_t>> ObjectClient::read_any(Scheduler& sched, Ptr& p, std::span<
   Result<size_t> r = co_await direct_read(sched, p, out);
   if (r.ok() || r.status().code() != Code::kMoved) co_return r;
   if (options_.correction == Correction::kScan) {
-    r = co_await scan_read(sched, p, out);
-    // A block copy that overlaps the remap of a multi-page block can mix old and new pages and
-    // miss the object; only the server's answer (LOCATE below) is authoritative for "freed".
-    if (r.ok() || r.status().code() != Code::kNotFound) co_return r;
+    // scan_read confirms a miss with the server (LOCATE) itself: its NotFound is the server's.
+    co_return co_await scan_read(sched, p, out);
   }
   // Ask the owner, then read at the corrected address. The object may move again between the
   // two (another compaction round): repeat within the retry budget.

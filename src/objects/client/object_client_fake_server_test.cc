@@ -340,6 +340,15 @@ TEST_F(FakeServerTest, AskOwnerUsesLocateAndChecksItsReply) {
   EXPECT_EQ(c.stats().scans, 0u);
   EXPECT_EQ(c.stats().corrections, 1u);
 
+  // A reply with another ID and the same generation: a merge re-drew the object's ID (the
+  // server found it through the rename its home and generation name). Accepted, p.id corrected.
+  fake_->CannedStruct(wire::kOpLocate, wire::PtrReply{{new_off, 0x3333, kC64, 0, 0}});
+  Ptr renamed = P(old_off, kC64, 0x2222);
+  ASSERT_TRUE(c.locate(renamed).ok());
+  EXPECT_EQ(renamed.id, 0x3333);
+  EXPECT_EQ(renamed.offset, new_off);
+  EXPECT_EQ(c.stats().corrections, 2u);
+
   struct Bad {
     const char* what;
     std::vector<std::byte> reply;
@@ -350,7 +359,8 @@ TEST_F(FakeServerTest, AskOwnerUsesLocateAndChecksItsReply) {
     return b;
   };
   std::vector<Bad> bad = {
-      {"another object", bytes({{new_off, 0x3333, kC64, 0, 0}})},
+      {"another generation", bytes({{new_off, 0x2222, kC64, 1, 0}})},
+      {"another class", bytes({{new_off, 0x2222, kC72, 0, 0}})},
       {"another block", bytes({{2 * kBlock, 0x2222, kC64, 0, 0}})},
       {"off the slot grid", bytes({{kBlock + 8, 0x2222, kC64, 0, 0}})},
       {"short", std::vector<std::byte>(8)},
@@ -371,9 +381,11 @@ TEST_F(FakeServerTest, SlotHomedElsewhereIsNotOurObject) {
   Ptr p = P(off, kC64, 0x4444);
   std::vector<std::byte> out(20);
   EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
+  // The scan skips a slot of another home, misses, and asks the server, which (no canned
+  // reply: NotFound) says the object is gone.
   Result<size_t> s = c.scan_read(p, out);
   EXPECT_EQ(s.status().code(), Code::kNotFound) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("homed elsewhere"), std::string_view::npos);
+  EXPECT_EQ(fake_->calls(wire::kOpLocate), 1);
 }
 
 TEST_F(FakeServerTest, OffsetOnlyClassNeverMoves) {
@@ -653,9 +665,8 @@ TEST_F(FakeServerTest, HeaderRecheckKeepsEveryOtherOutcome) {
   EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
   fake_->Put(off, kC72, 7, Payload(60, 5), 20, false, /*home=*/6);
   EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
-  Result<size_t> s = c.scan_read(p, out);
+  Result<size_t> s = c.scan_read(p, out);  // skips the slot of another home; LOCATE: NotFound
   EXPECT_EQ(s.status().code(), Code::kNotFound) << s.status().ToString();
-  EXPECT_NE(s.status().message().find("homed elsewhere"), std::string_view::npos);
   fake_->Clear(off, kC72);
   EXPECT_EQ(c.direct_read(p, out).status().code(), Code::kMoved);
   EXPECT_EQ(copies.reached(), before_moved) << "decided by the first header read";

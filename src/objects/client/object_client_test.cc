@@ -479,8 +479,10 @@ TEST_P(ObjectClientE2E, CoroutineCallsInFlightOnOneScheduler) {
 }
 
 // Fills many blocks of one class, frees 75 % at random, compacts, and checks every survivor
-// through read_any with the given correction mode: intact, pointers corrected in place.
-void CompactAndVerify(ObjectClient& client, Correction mode) {
+// through read_any with the given correction mode: intact, pointers corrected in place. With
+// `redraws`, merges must have re-drawn IDs (the server's id_bits make them collide) and read_any
+// must have followed them (the new ID comes from the server's LOCATE answer).
+void CompactAndVerify(ObjectClient& client, Correction mode, bool redraws = false) {
   constexpr int kObjects = 512;
   constexpr size_t kSize = 48;
   std::vector<Ptr> ptrs;
@@ -513,7 +515,7 @@ void CompactAndVerify(ObjectClient& client, Correction mode) {
 
   const ObjectClientStats s0 = client.stats();
   std::vector<std::byte> out(kSize);
-  int moved = 0;
+  int moved = 0, renamed = 0, corrected = 0;
   for (int i = 0; i < kObjects; ++i) {
     if (!live[i]) continue;
     Result<size_t> r = client.read_any(ptrs[i], out);
@@ -522,18 +524,24 @@ void CompactAndVerify(ObjectClient& client, Correction mode) {
     ASSERT_TRUE(v.checksum_ok) << i;
     ASSERT_EQ(v.index, static_cast<uint64_t>(i));
     ASSERT_EQ(v.seq, 9u);
-    EXPECT_EQ(ptrs[i].id, before[i].id);
     EXPECT_EQ(ptrs[i].offset / 4096, before[i].offset / 4096) << "pointers stay in their block";
+    EXPECT_EQ(ptrs[i].gen, before[i].gen);
     if (ptrs[i].offset != before[i].offset) ++moved;
+    if (ptrs[i].id != before[i].id) ++renamed;
+    if (ptrs[i].offset != before[i].offset || ptrs[i].id != before[i].id) ++corrected;
     // The corrected pointer now reads directly.
     Result<size_t> again = client.direct_read(ptrs[i], out);
     ASSERT_TRUE(again.ok()) << again.status().ToString();
   }
   const ObjectClientStats s1 = client.stats();
   EXPECT_GT(moved, 0) << "some objects must have been relocated by the merges";
-  EXPECT_EQ(s1.corrections - s0.corrections, static_cast<uint64_t>(moved));
+  if (redraws) {
+    EXPECT_GT(renamed, 0) << "merges must have re-drawn IDs";
+  }
+  EXPECT_EQ(s1.corrections - s0.corrections, static_cast<uint64_t>(corrected));
   EXPECT_GE(s1.moved - s0.moved, static_cast<uint64_t>(moved));
   if (mode == Correction::kScan) {
+    // (A re-drawn ID is not in the scan: read_any then asks the server.)
     EXPECT_GE(s1.scans - s0.scans, static_cast<uint64_t>(moved));
   } else {
     EXPECT_EQ(s1.scans, s0.scans) << "ask-owner mode never scans";
@@ -541,7 +549,22 @@ void CompactAndVerify(ObjectClient& client, Correction mode) {
   // The server reports the work in its STAT "objects" section.
   Result<std::string> st = client.stats_json(0);
   ASSERT_TRUE(st.ok());
-  EXPECT_TRUE(nlohmann::json::parse(*st).contains("objects")) << *st;
+  const nlohmann::json j = nlohmann::json::parse(*st);
+  ASSERT_TRUE(j.contains("objects")) << *st;
+  if (redraws) {
+    uint64_t redrawn = 0;
+    for (const auto& c : j["objects"]["classes"]) redrawn += c.value("ids_redrawn", uint64_t{0});
+    EXPECT_GE(redrawn, static_cast<uint64_t>(renamed)) << *st;
+    EXPECT_EQ(j["objects"]["compaction"].value("ids_redrawn", uint64_t{0}), redrawn) << *st;
+  }
+}
+
+// 8-bit IDs: blocks of this class have ~64 slots and 256 IDs, so most merges collide and
+// re-draw the colliding objects' IDs.
+ObjectsConfig CollidingIds() {
+  ObjectsConfig o = ObjectEnv::DefaultObjects();
+  o.id_bits = 8;
+  return o;
 }
 
 TEST_P(ObjectClientE2E, CompactionMovesObjectsScanCorrection) {
@@ -556,6 +579,20 @@ TEST_P(ObjectClientE2E, CompactionMovesObjectsAskOwnerCorrection) {
   o.correction = Correction::kAskOwner;
   Boot(ObjectEnv::DefaultObjects(), o);
   CompactAndVerify(*client_, Correction::kAskOwner);
+}
+
+TEST_P(ObjectClientE2E, CompactionRedrawsIdsScanCorrection) {
+  ObjectClientOptions o;
+  o.correction = Correction::kScan;
+  Boot(CollidingIds(), o);
+  CompactAndVerify(*client_, Correction::kScan, /*redraws=*/true);
+}
+
+TEST_P(ObjectClientE2E, CompactionRedrawsIdsAskOwnerCorrection) {
+  ObjectClientOptions o;
+  o.correction = Correction::kAskOwner;
+  Boot(CollidingIds(), o);
+  CompactAndVerify(*client_, Correction::kAskOwner, /*redraws=*/true);
 }
 
 TEST_P(ObjectClientE2E, OffsetOnlyObjectsNeverMove) {

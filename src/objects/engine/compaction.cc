@@ -4,6 +4,7 @@
 #include "objects/engine/compaction.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "common/log.h"
@@ -52,7 +53,11 @@ bool Compactor::CanMerge(const BlockSnapshot& src, const BlockSnapshot& dst) {
 }
 
 Compactor::Compactor(Store& store, CompactionOptions options)
-    : store_(store), options_(std::move(options)) {
+    : store_(store),
+      options_(std::move(options)),
+      rng_(store.options().seed != 0
+               ? store.options().seed ^ 0x6A09E667F3BCC909ull
+               : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {
   stats_.classes.resize(store_.classes().count());
   if (options_.compact_on_alloc_failure) {
     store_.SetAllocFailureHook([this](uint32_t size_class) {
@@ -296,15 +301,87 @@ Result<bool> Compactor::TryMerge(const Candidate& src, const Candidate& dst) {
   return r;
 }
 
+bool Compactor::PlanRedraws(const detail::Block& src, const detail::Block& dst,
+                            std::vector<uint16_t>& ids, uint32_t& redrawn) {
+  const uint32_t space = 1u << store_.options().id_bits;
+  std::vector<uint64_t> used((space + 63) / 64, 0);
+  auto is_used = [&](uint32_t id) { return (used[id >> 6] >> (id & 63)) & 1; };
+  auto use = [&](uint32_t id) { used[id >> 6] |= uint64_t{1} << (id & 63); };
+  for (uint32_t s = 0; s < dst.slots; ++s) {
+    if (dst.occupied[s]) use(dst.slot_id[s]);
+  }
+  // IDs of source objects the destination has too: those objects get new IDs. Source IDs are
+  // unique among themselves, so a source ID already marked is a collision.
+  std::vector<uint32_t> colliding;
+  ids.assign(src.slots, 0);
+  for (uint32_t s = 0; s < src.slots; ++s) {
+    if (!src.occupied[s]) continue;
+    ids[s] = src.slot_id[s];
+    if (is_used(src.slot_id[s])) {
+      colliding.push_back(s);
+    } else {
+      use(src.slot_id[s]);
+    }
+  }
+  // Old IDs that pointers still carry (renames of either block) are never handed out again
+  // while their objects live: an old pointer must not pass a one-sided check on another object.
+  // (Only entries of the same home could match, but the space is large and entries are few.)
+  const bool fault = options_.fault_redraw_reuses_old_ids;
+  for (const detail::Block* b : {&src, &dst}) {
+    for (const detail::Rename& r : b->renames) {
+      if (!fault || b != &src) use(r.old_id);
+    }
+  }
+  // The ID table of the merged block holds at most `capacity` IDs, which callers checked.
+  for (uint32_t s : colliding) {
+    uint32_t id = space;
+    if (fault) {
+      // TEST ONLY: an old ID of the object's own home, the one choice the rule above forbids.
+      const uint32_t home =
+          Header::Unpack(LoadHeader(store_.SlotAddr(src.primary(), s, src.slot_size))).home_block;
+      for (const detail::Rename& r : src.renames) {
+        if (r.home == home && !is_used(r.old_id)) {
+          id = r.old_id;
+          break;
+        }
+      }
+    }
+    for (int i = 0; i < 16 && id == space; ++i) {
+      const auto c = static_cast<uint32_t>(rng_() % space);
+      if (!is_used(c)) id = c;
+    }
+    if (id == space) {  // nearly full ID space: a linear probe from a random start
+      const auto start = static_cast<uint32_t>(rng_() % space);
+      for (uint32_t i = 0; i < space && id == space; ++i) {
+        if (!is_used((start + i) % space)) id = (start + i) % space;
+      }
+    }
+    if (id == space) return false;
+    use(id);
+    ids[s] = static_cast<uint16_t>(id);
+  }
+  redrawn = static_cast<uint32_t>(colliding.size());
+  return true;
+}
+
 Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
+  // new_ids[s]: the ID source slot s's object has after the merge (empty: every object keeps its
+  // ID). Re-drawn only on a collision, and only for the colliding objects.
+  std::vector<uint16_t> new_ids;
+  uint32_t redrawn = 0;
   if (!CanMerge(SnapshotLocked(src), SnapshotLocked(dst))) {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.collisions;
-    ++stats_.classes[src.size_class].collisions;
-    return false;
+    const bool fits = src.mode == ClassMode::kIds && dst.mode == ClassMode::kIds &&
+                      src.live.load() + dst.live.load() <= dst.capacity;
+    if (!options_.redraw_ids || !fits || !PlanRedraws(src, dst, new_ids, redrawn)) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.collisions;
+      ++stats_.classes[src.size_class].collisions;
+      return false;
+    }
   }
   BlockAllocator& ba = *store_.ba_;
   const uint32_t size = src.slot_size;
+  const uint16_t id_mask = store_.IdMask(src.size_class);
   // Plan: keep the offset when the destination slot is free; otherwise (IDs only) take the next
   // free destination slot — the object keeps its ID, readers find it by scan or by asking.
   struct Move {
@@ -335,9 +412,11 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   //    whole critical section, so no lock bit can be set here.
   uint8_t* src_base = ba.VAddr(src.primary());
   uint8_t* dst_base = ba.VAddr(dst.primary());
+  std::vector<uint32_t> homes(plan.size());  // each moving object's home virtual block
   for (size_t k = 0; k < plan.size(); ++k) {
     uint8_t* slot = src_base + size_t{plan[k].from} * size;
     uint64_t h = LoadHeader(slot);
+    homes[k] = Header::Unpack(h).home_block;
     if ((h & (hdr::kLockBit | hdr::kCompactionBit)) != 0 || (h & hdr::kAllocatedBit) == 0 ||
         !CasHeader(slot, h, h | hdr::kCompactionBit)) {
       for (size_t u = 0; u < k; ++u) {
@@ -357,6 +436,16 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     uint8_t* to = dst_base + size_t{plan[k].to} * size;
     ReadSlotWords(from, in.data(), size);
     ReLaySlot(in, reinterpret_cast<uint64_t>(from), out, reinterpret_cast<uint64_t>(to));
+    if (!new_ids.empty() && new_ids[plan[k].from] != src.slot_id[plan[k].from]) {
+      // A re-drawn ID: the copy carries the new tag, so a pointer with the old ID fails the
+      // one-sided tag check everywhere (and is corrected by the server's rename entry).
+      uint64_t word;
+      std::memcpy(&word, out.data(), sizeof(word));
+      Header h = Header::Unpack(word);
+      h.tag = TagOf(new_ids[plan[k].from], src.slot_gen[plan[k].from], id_mask);
+      word = h.Pack();
+      std::memcpy(out.data(), &word, sizeof(word));
+    }
     dst_old_headers[k] = LoadHeader(to);
     PublishSlot(to, out);
     if (plan[k].from != plan[k].to) ++relocated;
@@ -403,11 +492,27 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     store_.table_[v].store(&dst, std::memory_order_release);
     dst.vblocks.push_back(v);
   }
-  store_.CountMetadataLocked(dst);  // dst.vblocks may have grown
+  if (!new_ids.empty()) {
+    // Renames: the source's entries follow their objects' new IDs, and every re-drawn object
+    // gets one, so pointers made before (home, old ID, generation) still name it.
+    for (detail::Rename& r : src.renames) {
+      const uint32_t s = src.FindSlot(r.id);
+      if (s != detail::IdTable::kNotFound) r.id = new_ids[s];
+    }
+    for (size_t k = 0; k < plan.size(); ++k) {
+      const uint32_t s = plan[k].from;
+      if (new_ids[s] != src.slot_id[s]) {
+        src.renames.push_back({homes[k], src.slot_id[s], src.slot_gen[s], new_ids[s]});
+      }
+    }
+  }
+  dst.renames.Append(src.renames);
+  store_.CountMetadataLocked(dst);  // dst.vblocks and dst.renames may have grown
   for (const Move& m : plan) {
     // The object keeps its generation (its pointers carry it) and its owner (FreeOwned must
-    // still find it; the per-owner counts do not change).
-    dst.AddObject(m.to, src.slot_id[m.from], src.slot_gen[m.from], src.slot_owner[m.from]);
+    // still find it; the per-owner counts do not change); its ID unless re-drawn.
+    const uint16_t id = new_ids.empty() ? src.slot_id[m.from] : new_ids[m.from];
+    dst.AddObject(m.to, id, src.slot_gen[m.from], src.slot_owner[m.from]);
   }
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
   store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list
@@ -430,6 +535,11 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     stats_.objects_copied += plan.size();
     stats_.objects_relocated += relocated;
     stats_.bytes_moved += uint64_t{plan.size()} * size;
+    stats_.ids_redrawn += redrawn;
+    if (redrawn > 0) {
+      ++stats_.classes[dst.size_class].redraw_merges;
+      stats_.classes[dst.size_class].redraws += redrawn;
+    }
   }
   return true;
 }

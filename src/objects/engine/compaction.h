@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -44,6 +45,14 @@ struct CompactionOptions {
   // (common/copy_epoch.h); farmemd waits for its TCP NIC thread (Transport::wait_for_read_copies).
   // Unset: no one copies store memory one-sidedly except under the block locks.
   std::function<bool(std::chrono::steady_clock::time_point deadline)> wait_for_readers;
+  // Merges of blocks with IDs whose ID sets collide re-draw the IDs of the colliding source
+  // objects (docs/objects.md, "Merges that re-draw IDs"). Without it such merges are rejected:
+  // with 16-bit IDs two half-full blocks of ~1,500 slots (issue 15's t3) always collide.
+  bool redraw_ids = true;
+  // TEST ONLY (FARMEM_OBJECTS_FAULT=reuse_old_ids in the tests): a re-draw prefers an ID that an
+  // old pointer of the same home still carries, i.e. the rename invariant's protection removed
+  // in its worst case. Old pointers then read another object's bytes. Never set outside tests.
+  bool fault_redraw_reuses_old_ids = false;
 };
 
 // Merge attempts of one size class (issue 15: merges that fail on ID collisions leave
@@ -53,6 +62,8 @@ struct ClassMergeStats {
   uint64_t merges = 0;      // of which merged
   uint64_t collisions = 0;  // of which rejected: ID or offset collision
   // The rest (attempts - merges - collisions) were skipped busy, changed meanwhile or failed.
+  uint64_t redraw_merges = 0;  // merges that re-drew IDs (their ID sets collided)
+  uint64_t redraws = 0;        // objects whose ID those merges re-drew
   double success_rate() const { return attempts == 0 ? 0.0 : double(merges) / double(attempts); }
 };
 
@@ -64,6 +75,7 @@ struct CompactionStats {
   uint64_t objects_copied = 0;
   uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
   uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
+  uint64_t ids_redrawn = 0;        // objects whose ID a merge re-drew (redraw_ids)
   // Merge attempts skipped: a block lock not taken (or Store::FreeOwned's sweep excluding merges),
   // or a one-sided copy still running (grace period), within lock_timeout.
   uint64_t skipped_busy = 0;
@@ -113,8 +125,9 @@ class Compactor {
 
   CompactionStats stats() const;
 
-  // The merge predicate: b1 + b2 <= capacity, and no ID collision (kIds) or no occupied-offset
-  // overlap (kOffsetOnly).
+  // The merge predicate without re-draws: b1 + b2 <= capacity, and no ID collision (kIds) or no
+  // occupied-offset overlap (kOffsetOnly). With redraw_ids, blocks with IDs merge whenever
+  // b1 + b2 <= capacity and the ID space has room for the re-drawn IDs.
   static bool CanMerge(const BlockSnapshot& src, const BlockSnapshot& dst);
   // Snapshot of the block that virtual block `vblock` maps to (tests, diagnostics).
   Result<BlockSnapshot> Snapshot(uint32_t vblock);
@@ -129,6 +142,11 @@ class Compactor {
   // Merges src into dst. false when the blocks changed, collide or are busy.
   Result<bool> TryMerge(const Candidate& src, const Candidate& dst);
   Result<bool> MergeLocked(detail::Block& src, detail::Block& dst);
+  // New IDs for the source objects whose IDs the destination has (both blocks locked): entry s
+  // is src.slot_id[s], or a re-drawn ID unique in the merged block and not the old ID of any
+  // rename entry of either block. False if the ID space has no room.
+  bool PlanRedraws(const detail::Block& src, const detail::Block& dst, std::vector<uint16_t>& ids,
+                   uint32_t& redrawn);
   Result<uint32_t> CompactClassLocked(uint32_t size_class, bool paced,
                                       Deadline deadline = std::nullopt);
   // Waits until the next merge may start under max_merges_per_second. Does not wait while an
@@ -140,6 +158,7 @@ class Compactor {
   Store& store_;
   const CompactionOptions options_;
   std::mutex round_mu_;  // one round at a time
+  std::mt19937_64 rng_;  // re-drawn IDs; used under round_mu_ (merges run only inside rounds)
 
   mutable std::mutex stats_mu_;
   CompactionStats stats_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/copy_epoch.h"
+#include "objects/engine/engine_test_util.h"
 
 namespace farmem::corm {
 namespace {
@@ -46,25 +47,33 @@ std::vector<uint8_t> Content(uint64_t key, size_t n) {
   return v;
 }
 
-// One-sided read with pointer correction by a one-sided scan of the home block.
+// One-sided read with pointer correction by a one-sided scan of the home block, then (an ID a
+// merge re-drew is not in the scan) by asking the store, as a client's read_any does.
 bool OneSidedReadCorrecting(Store& st, ObjectPtr& p, std::vector<uint8_t>& out) {
   std::vector<uint8_t> slot(st.SlotSize(p.size_class));
   const uint16_t mask = st.IdMask(p.size_class);
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const SlotCheck c = OneSidedReadSlot(p.addr, p.id, mask, p.size_class, slot);
-    if (c == SlotCheck::kOk) {
+    // What ObjectClient checks: the whole tag (ID and generation bits), the class, the home.
+    const uint16_t tag = TagOf(p.id, p.gen, mask);
+    const SlotCheck c = OneSidedReadSlot(p.addr, tag, hdr::kTagMask, p.size_class, slot);
+    if (c == SlotCheck::kOk && Header::Unpack(LoadHeader(slot.data())).home_block == p.block) {
       DecodePayload(slot, p.addr, out);
       return true;
     }
-    if (c == SlotCheck::kMoved || c == SlotCheck::kFreed) {
+    if (c == SlotCheck::kOk || c == SlotCheck::kMoved || c == SlotCheck::kFreed) {
       const size_t bs = st.blocks().block_size();
       std::vector<uint8_t> block(bs);
       uint8_t* base = st.blocks().VAddr(p.block);
       ReadSlotWords(base, block.data(), bs);
-      const int64_t off =
-          ScanBlockImage(block, st.SlotSize(p.size_class), p.id, mask, p.size_class);
-      if (off < 0) return false;
-      p.addr = reinterpret_cast<uint64_t>(base) + off;
+      const int64_t off = ScanBlockImage(block, st.SlotSize(p.size_class), tag, hdr::kTagMask,
+                                         p.size_class, p.block);
+      if (off >= 0) {
+        p.addr = reinterpret_cast<uint64_t>(base) + off;
+        continue;
+      }
+      auto q = st.Locate(p, CorrectionMode::kAskOwner);
+      if (!q.ok()) return false;
+      p = *q;
     }
   }
   return false;
@@ -124,7 +133,7 @@ TEST_P(CompactionContent, EveryLiveObjectSurvives) {
   }
   EXPECT_EQ(st.Stats().live_objects, objs.size());
 
-  uint64_t corrected = 0;
+  uint64_t corrected = 0, redrawn = 0;
   for (Live& o : objs) {
     // Old pointer, one-sided, through the (possibly remapped) home virtual block.
     ObjectPtr p = o.ptr;
@@ -132,11 +141,13 @@ TEST_P(CompactionContent, EveryLiveObjectSurvives) {
     ASSERT_TRUE(OneSidedReadCorrecting(st, p, got)) << "object " << o.key << " lost";
     ASSERT_EQ(got, Content(o.key, o.size)) << "object " << o.key << " corrupted";
     if (p.addr != o.ptr.addr) ++corrected;
+    if (p.id != o.ptr.id) ++redrawn;
     // Both server-side correction strategies agree with the scan.
     for (CorrectionMode m : {CorrectionMode::kAskOwner, CorrectionMode::kScan}) {
       auto q = st.Locate(o.ptr, m);
       ASSERT_TRUE(q.ok()) << q.status().ToString();
       EXPECT_EQ(q->addr, p.addr);
+      EXPECT_EQ(q->id, p.id);
     }
     // RPC-path read.
     ObjectPtr r = o.ptr;
@@ -144,10 +155,18 @@ TEST_P(CompactionContent, EveryLiveObjectSurvives) {
     ASSERT_TRUE(st.Read(r, got2).ok());
     EXPECT_EQ(got2, got);
     EXPECT_EQ(r.addr, p.addr);
+    EXPECT_EQ(r.id, p.id);
     o.ptr = p;
   }
   if (id_bits >= 12) {
     EXPECT_GT(corrected, 0u);
+  }
+  // (An object may be re-drawn in more than one round.)
+  EXPECT_LE(redrawn, cs.ids_redrawn);
+  EXPECT_EQ(redrawn > 0, cs.ids_redrawn > 0) << redrawn << " vs " << cs.ids_redrawn;
+  if (id_bits == 8) {
+    // 256 IDs for blocks of up to 256 slots: merges collide, and re-draw to succeed.
+    EXPECT_GT(cs.ids_redrawn, 0u);
   }
   // Writes land where reads find them after compaction.
   for (Live& o : objs) {
@@ -169,6 +188,160 @@ INSTANTIATE_TEST_SUITE_P(Modes, CompactionContent,
                          ::testing::Values(std::make_tuple(0, true), std::make_tuple(8, true),
                                            std::make_tuple(8, false), std::make_tuple(12, true),
                                            std::make_tuple(16, true)));
+
+// Issue 15's t3 geometry: 150 B objects in 256 KiB blocks (1,489 slots), 16-bit IDs. Four
+// blocks keep a quarter of their objects each; every pair of them has IDs in common (~8.5
+// expected), so without re-drawing IDs no merge happens at all. With it, round 1 merges them
+// into two blocks, re-drawing the colliding IDs. Then the objects that were in the destinations
+// are freed, so the old IDs of the renamed objects are free in their blocks, and round 2 merges
+// the two blocks: it moves renamed objects again (old pointers follow renames of renames), and
+// its re-draws must not hand a free old ID to another object of the same home. Every object is
+// then read through the pointer it was allocated with, the way a client does (one-sided with the
+// whole tag and the home, scan, ask the store): it must get its own bytes, never another's.
+TEST(Compaction, CollidingMergesRedrawIdsAndOldPointersNeverReadAnotherObject) {
+  StoreOptions o;
+  o.block_size = 256 << 10;
+  o.id_bits = 16;
+  o.workers = 1;
+  o.reserve_bytes = 64 << 20;
+  o.pool_bytes = 16 << 20;
+  o.seed = 15;
+  auto s = Store::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Store& st = **s;
+  CompactionOptions co;
+  // One merge per round, and a merged block (half full) is no candidate: round 1 (two calls)
+  // merges the four blocks pairwise.
+  co.max_candidate_occupancy = 0.4;
+  co.max_attempts_per_source = 64;
+  co.max_merges_per_round = 1;
+  engine_testing::ApplyObjectsFault(co);
+  Compactor comp(st, co);
+
+  constexpr size_t kSize = 150;
+  auto cls = st.classes().ClassFor(kSize);
+  ASSERT_TRUE(cls.ok());
+  const uint32_t slots = st.classes().at(*cls).slots_per_block;
+  ASSERT_EQ(slots, 1489u);
+  ASSERT_EQ(st.ModeOf(*cls), ClassMode::kIds);
+  std::map<uint32_t, std::vector<Live>> by_block;
+  for (uint64_t k = 0; k < 4 * slots; ++k) {
+    auto p = st.Alloc(kSize, 0);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    ObjectPtr q = *p;
+    ASSERT_TRUE(st.Write(q, Content(k, kSize)).ok());
+    by_block[q.block].push_back({q, k, kSize});
+  }
+  ASSERT_EQ(by_block.size(), 4u);
+  std::mt19937_64 rng(15);
+  std::vector<Live> kept;
+  std::vector<uint32_t> blocks;
+  for (auto& [v, objs] : by_block) {
+    std::shuffle(objs.begin(), objs.end(), rng);
+    for (size_t i = 0; i < objs.size(); ++i) {
+      if (i < slots / 4) {
+        kept.push_back(objs[i]);
+      } else {
+        ASSERT_TRUE(st.Free(objs[i].ptr).ok());
+      }
+    }
+    blocks.push_back(v);
+  }
+  // Collision-only: no pair could merge keeping its IDs.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t j = i + 1; j < blocks.size(); ++j) {
+      auto a = comp.Snapshot(blocks[i]);
+      auto b = comp.Snapshot(blocks[j]);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_FALSE(Compactor::CanMerge(*a, *b)) << "blocks " << i << " and " << j;
+    }
+  }
+
+  uint32_t merges = 0;
+  for (int call = 0; call < 2; ++call) {
+    auto r = comp.CompactClass(*cls);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    merges += *r;
+  }
+  ASSERT_EQ(merges, 2u) << "round 1, collisions " << comp.stats().classes[*cls].collisions;
+  // Keep only the objects of homes with renamed objects (the round's sources).
+  std::map<uint32_t, size_t> renamed_per_home;
+  for (const Live& l : kept) {
+    auto q = st.Locate(l.ptr, CorrectionMode::kAskOwner);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    if (q->id != l.ptr.id) ++renamed_per_home[l.ptr.block];
+  }
+  ASSERT_EQ(renamed_per_home.size(), 2u);
+  std::vector<Live> sources;
+  for (const Live& l : kept) {
+    if (renamed_per_home.count(l.ptr.block) != 0) {
+      sources.push_back(l);
+    } else {
+      ASSERT_TRUE(st.Free(l.ptr).ok());
+    }
+  }
+  kept = sources;
+  {
+    auto a = comp.Snapshot(renamed_per_home.begin()->first);
+    auto b = comp.Snapshot(renamed_per_home.rbegin()->first);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_FALSE(Compactor::CanMerge(*a, *b)) << "round 2 would not need a re-draw";
+  }
+  for (int round = 0; round < 3; ++round) {
+    auto r = comp.CompactClass(*cls);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    merges += *r;
+    if (*r == 0) break;
+  }
+  const CompactionStats cs = comp.stats();
+  const ClassMergeStats& cm = cs.classes[*cls];
+  EXPECT_EQ(merges, 3u) << "collisions " << cm.collisions << " of " << cm.attempts << " attempts";
+  EXPECT_EQ(cm.merges, 3u);
+  EXPECT_EQ(cm.redraw_merges, 3u);  // every merge collided, and re-drew
+  EXPECT_GT(cm.redraws, 0u);
+  EXPECT_EQ(st.blocks().Stats().physical_bytes_held, o.block_size);
+
+  // Reads through the pointers as allocated.
+  uint64_t renamed = 0;
+  for (const Live& l : kept) {
+    ObjectPtr p = l.ptr;
+    std::vector<uint8_t> got(kSize);
+    ASSERT_TRUE(OneSidedReadCorrecting(st, p, got)) << "object " << l.key << " lost";
+    ASSERT_EQ(got, Content(l.key, kSize))
+        << "object " << l.key << ": its old pointer read another object's bytes";
+    if (p.id != l.ptr.id) ++renamed;
+    for (CorrectionMode m : {CorrectionMode::kAskOwner, CorrectionMode::kScan}) {
+      auto q = st.Locate(l.ptr, m);
+      ASSERT_TRUE(q.ok()) << q.status().ToString();
+      EXPECT_EQ(q->id, p.id);
+      EXPECT_EQ(q->addr, p.addr);
+    }
+    ObjectPtr r = l.ptr;
+    ASSERT_TRUE(st.Read(r, got).ok());
+    ASSERT_EQ(got, Content(l.key, kSize));
+    EXPECT_EQ(r.id, p.id);
+  }
+  EXPECT_GT(renamed, 0u);
+  EXPECT_LE(renamed, cs.ids_redrawn);
+  // Writes and frees through old pointers reach their objects; freeing drops the renames.
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ObjectPtr p = kept[i].ptr;
+    ASSERT_TRUE(st.Write(p, Content(kept[i].key + 7, kSize)).ok());
+  }
+  auto recount = st.RecountMetadata();
+  ASSERT_TRUE(recount.ok());
+  EXPECT_EQ(*recount, st.Metadata());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ObjectPtr p = kept[i].ptr;
+    std::vector<uint8_t> got(kSize);
+    ASSERT_TRUE(st.Read(p, got).ok());
+    ASSERT_EQ(got, Content(kept[i].key + 7, kSize));
+    ASSERT_TRUE(st.Free(kept[i].ptr).ok());
+    EXPECT_EQ(st.Free(kept[i].ptr).code(), Code::kNotFound);
+  }
+  EXPECT_EQ(st.blocks().Stats().physical_bytes_held, 0u);
+  EXPECT_EQ(st.blocks().Stats().virtual_blocks_in_use, 0u);
+}
 
 TEST(Compaction, ReleasePtrFreesAliasVirtualBlocks) {
   auto s = Store::Create(Opts(16));

@@ -193,6 +193,7 @@ void Block::AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner) 
 
 void Block::RemoveObject(uint32_t slot) {
   if (mode == ClassMode::kIds) (void)ids.Erase(slot, slot_id);
+  if (!renames.empty()) DropRenames(slot_id[slot]);
   occupied[slot] = 0;
   slot_owner[slot] = kPersistentOwner;
   if (slot < first_free) first_free = slot;
@@ -201,7 +202,20 @@ void Block::RemoveObject(uint32_t slot) {
 uint64_t Block::SlotArrayBytes() const {
   return occupied.capacity() * sizeof(uint8_t) + slot_id.capacity() * sizeof(uint16_t) +
          slot_gen.capacity() * sizeof(uint16_t) + slot_owner.capacity() * sizeof(uint16_t) +
-         vblocks.capacity() * sizeof(uint32_t);
+         vblocks.capacity() * sizeof(uint32_t) + renames.MemoryBytes();
+}
+
+int32_t Block::FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const {
+  // Linear: entries exist only for objects whose ID collided in a merge (a few per merge), and
+  // only pointers that missed by ID get here.
+  for (const Rename& r : renames) {
+    if (r.home == home && r.old_id == old_id && r.gen == gen) return r.id;
+  }
+  return -1;
+}
+
+void Block::DropRenames(uint16_t id) {
+  renames.EraseId(id);
 }
 
 }  // namespace detail
@@ -359,6 +373,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->slot_gen.assign(b->slots, 0);
   b->slot_owner.assign(b->slots, kPersistentOwner);
   b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
+  b->renames.Release();  // (already freed when the struct's last block died)
   CountMetadataLocked(*b);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
@@ -538,10 +553,14 @@ Result<uint32_t> Store::ResolveSlotLocked(const detail::Block& b, const ObjectPt
   uint32_t slot;
   if (b.mode == ClassMode::kIds) {
     slot = b.FindSlot(p.id);
-    if (slot == detail::IdTable::kNotFound) {
-      return Status::NotFound("object " + std::to_string(p.id) + " not found at " + Hex(p.addr) +
-                              " (freed?)");
-    }
+    Result<uint32_t> r =
+        slot == detail::IdTable::kNotFound
+            ? Result<uint32_t>(Status::NotFound("object " + std::to_string(p.id) +
+                                                " not found at " + Hex(p.addr) + " (freed?)"))
+            : CheckIdentityLocked(b, p, slot);
+    if (r.ok() || b.renames.empty()) return r;
+    // A merge may have re-drawn the ID (the ID found, if any, is another object's).
+    return RenamedSlotLocked(b, p, r.status());
   } else {
     slot = static_cast<uint32_t>((p.addr - reinterpret_cast<uint64_t>(ba_->VAddr(p.block))) /
                                  b.slot_size);
@@ -576,20 +595,35 @@ Result<uint32_t> Store::ScanSlotLocked(const detail::Block& b, const ObjectPtr& 
   std::vector<uint8_t> image(bs);
   ReadSlotWords(ba_->VAddr(p.block), image.data(), bs);
   const int64_t off = ScanBlockImage(image, b.slot_size, TagOf(p.id, p.gen, IdMask(p.size_class)),
-                                     hdr::kTagMask, p.size_class);
+                                     hdr::kTagMask, p.size_class, p.block);
   if (off < 0) {
-    return Status::NotFound("object " + std::to_string(p.id) + " not found in block of " +
-                            Hex(p.addr) + " (freed?)");
+    const Status missing = Status::NotFound("object " + std::to_string(p.id) +
+                                            " not found in block of " + Hex(p.addr) + " (freed?)");
+    // The scan cannot follow an ID a merge re-drew; the block's renames can.
+    return b.renames.empty() ? Result<uint32_t>(missing) : RenamedSlotLocked(b, p, missing);
   }
   return CheckIdentityLocked(b, p, static_cast<uint32_t>(off / b.slot_size));
+}
+
+Result<uint32_t> Store::RenamedSlotLocked(const detail::Block& b, const ObjectPtr& p,
+                                          const Status& missing) const {
+  const int32_t id = b.FindRenamed(p.block, p.id, p.gen);
+  if (id < 0) return missing;
+  const uint32_t slot = b.FindSlot(static_cast<uint16_t>(id));
+  if (slot == detail::IdTable::kNotFound) {
+    return Status::Internal("CoRM rename entry names ID " + std::to_string(id) +
+                            ", which no object of the block has");
+  }
+  return CheckIdentityLocked(b, p, slot);
 }
 
 Result<ObjectPtr> Store::Locate(const ObjectPtr& p, CorrectionMode mode) {
   FARMEM_ASSIGN_OR_RETURN(detail::Block * b, LockBlockOf(p, /*exclusive=*/false));
   auto slot = mode == CorrectionMode::kScan ? ScanSlotLocked(*b, p) : ResolveSlotLocked(*b, p);
+  ObjectPtr q = p;
+  if (slot.ok()) q.id = CurrentIdLocked(*b, *slot);
   b->mu.UnlockShared();
   if (!slot.ok()) return slot.status();
-  ObjectPtr q = p;
   q.addr = reinterpret_cast<uint64_t>(SlotAddr(p.block, *slot, SlotSize(p.size_class)));
   return q;
 }
@@ -610,6 +644,7 @@ Status Store::FreeSlotLocked(detail::Block& b, uint32_t slot) {
   }
   CountOwner(b.slot_owner[slot], -1);
   b.RemoveObject(slot);
+  ShrinkRenamesLocked(b);
   b.live.fetch_sub(1, std::memory_order_relaxed);
   if (b.live.load(std::memory_order_relaxed) != 0) SyncAvailLocked(b);
   FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(h.home_block));
@@ -748,6 +783,7 @@ void Store::DropSlotMetadataLocked(detail::Block& b) {
   std::vector<uint16_t>().swap(b.slot_gen);
   std::vector<uint16_t>().swap(b.slot_owner);
   std::vector<uint32_t>().swap(b.vblocks);
+  b.renames.Release();
   b.ids.Reset(0, 0);
   CountMetadataLocked(b);
 }
@@ -821,6 +857,12 @@ void Store::RecycleDeadLocked(ThreadAllocator& w) {
   }
 }
 
+void Store::ShrinkRenamesLocked(detail::Block& b) {
+  if (!b.renames.empty() || b.renames.MemoryBytes() == 0) return;
+  b.renames.Release();
+  CountMetadataLocked(b);
+}
+
 void Store::CountMetadataLocked(detail::Block& b) {
   const uint64_t slot_bytes = b.SlotArrayBytes();
   const uint64_t id_bytes = b.IdTableBytes();
@@ -866,6 +908,7 @@ Status Store::Write(ObjectPtr& p, std::span<const uint8_t> data) {
       EncodeSlot(image, reinterpret_cast<uint64_t>(addr), h, data);
       PublishSlot(addr, image);
       p.addr = reinterpret_cast<uint64_t>(SlotAddr(p.block, *slot, b->slot_size));
+      p.id = CurrentIdLocked(*b, *slot);  // a merge may have re-drawn it
       b->mu.UnlockShared();
       return Status::OK();
     }
@@ -890,6 +933,7 @@ Result<size_t> Store::Read(ObjectPtr& p, std::span<uint8_t> out) {
       b->mu.UnlockShared();
       return slot.status();
     }
+    p.id = CurrentIdLocked(*b, *slot);  // a merge may have re-drawn it
     // Read through the home virtual block, as a client's one-sided read would.
     uint8_t* addr = SlotAddr(p.block, *slot, b->slot_size);
     copy.resize(b->slot_size);
@@ -920,6 +964,7 @@ Result<ObjectPtr> Store::ReleasePtr(const ObjectPtr& p) {
     FARMEM_ASSIGN_OR_RETURN(uint32_t slot, ResolveSlotLocked(*b, p));
     const uint32_t primary = b->primary();
     ObjectPtr q = p;
+    q.id = CurrentIdLocked(*b, slot);
     q.block = primary;
     q.addr = reinterpret_cast<uint64_t>(SlotAddr(primary, slot, b->slot_size));
     if (primary == p.block) return q;
@@ -943,6 +988,11 @@ Result<ObjectPtr> Store::ReleasePtr(const ObjectPtr& p) {
       b->slot_gen[slot] = old_gen;
       (void)ba_->DropHomeRef(primary);
       return Status::Internal("CoRM header changed under the exclusive block lock");
+    }
+    // The old names are dead (a new home and generation): so are the renames they had.
+    if (!b->renames.empty()) {
+      b->DropRenames(b->slot_id[slot]);
+      ShrinkRenamesLocked(*b);
     }
     FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(p.block));
     if (refs == 0) FARMEM_RETURN_IF_ERROR(MaybeReleaseAliasLocked(*b, p.block));

@@ -132,7 +132,8 @@ struct ClassStats {
 struct MetadataStats {
   // Block struct chunks (spare and pooled structs too: never freed) + the pool's vectors.
   uint64_t block_structs = 0;
-  uint64_t per_slot = 0;     // occupied, slot_id, slot_gen, slot_owner and vblocks arrays
+  // occupied, slot_id, slot_gen, slot_owner and vblocks arrays, and merges' rename entries
+  uint64_t per_slot = 0;
   uint64_t id_tables = 0;    // IdTable entries and used bits
   uint64_t owner_lists = 0;  // per worker and class `blocks` / `avail` lists, dead lists
   // Fixed at Create, sized by reserve_bytes / block_size: table_, next_gen_ and the block
@@ -228,6 +229,53 @@ class IdTable {
 
 inline constexpr uint32_t kNoPos = UINT32_MAX;
 
+// An ID a merge re-drew (docs/objects.md, "Merges that re-draw IDs"): pointers made before the
+// re-draw carry (home, old_id, gen); the object now has ID `id` (kept current when it is re-drawn
+// again). Kept in the block that holds the object, moved with it by merges, dropped when the
+// object is freed or re-homed. Invariant: no live object homed at `home` has ID `old_id`, so an
+// old pointer never passes a one-sided tag + home check on another object (and the RPC paths
+// resolve it here to the renamed object).
+struct Rename {
+  uint32_t home;
+  uint16_t old_id;
+  uint16_t gen;
+  uint16_t id;
+};
+static_assert(sizeof(Rename) == 12, "Rename entries are counted as per-slot metadata");
+
+// The renames of one block. Usually there are none, and block structs live as long as the
+// Store, so a block holds one pointer (8 B) rather than an empty vector (24 B: 12 KiB per chunk
+// of 512 structs, measurable on the objects-memory traces).
+class RenameList {
+ public:
+  bool empty() const { return v_ == nullptr || v_->empty(); }
+  const Rename* begin() const { return v_ ? v_->data() : nullptr; }
+  const Rename* end() const { return v_ ? v_->data() + v_->size() : nullptr; }
+  Rename* begin() { return v_ ? v_->data() : nullptr; }
+  Rename* end() { return v_ ? v_->data() + v_->size() : nullptr; }
+  void push_back(const Rename& r) {
+    if (!v_) v_ = std::make_unique<std::vector<Rename>>();
+    v_->push_back(r);
+  }
+  void Append(const RenameList& other) {
+    if (other.empty()) return;
+    if (!v_) v_ = std::make_unique<std::vector<Rename>>();
+    v_->insert(v_->end(), other.begin(), other.end());
+  }
+  // Drops the entries whose object has ID `id` (its renames).
+  void EraseId(uint16_t id) {
+    if (v_) std::erase_if(*v_, [id](const Rename& r) { return r.id == id; });
+  }
+  void Release() { v_.reset(); }  // drops every entry and frees the memory
+  // Heap bytes (the vector object and its capacity).
+  uint64_t MemoryBytes() const {
+    return v_ ? sizeof(std::vector<Rename>) + v_->capacity() * sizeof(Rename) : 0;
+  }
+
+ private:
+  std::unique_ptr<std::vector<Rename>> v_;
+};
+
 // A logical block: one physical block plus every virtual block currently showing it.
 struct Block {
   RwLock mu;
@@ -240,7 +288,10 @@ struct Block {
   uint32_t slots = 0;     // slots per block
   uint32_t capacity = 0;  // usable slots (== slots, or 2^id_bits in pure CoRM-k)
   ClassMode mode = ClassMode::kIds;
-  uint32_t owner = 0;  // worker index
+  // Changed under mu (exclusive) AND the owner's lists_mu; read under either. (Placed next to
+  // `mode` to fill its padding: block structs live as long as the Store.)
+  bool in_avail = false;  // in the owner's free-slot list
+  uint32_t owner = 0;     // worker index
   uint32_t pblock = 0;
   uint32_t first_free = 0;        // no free slot below this index (first-fit search start)
   std::vector<uint32_t> vblocks;  // [0] = primary (used for new allocations), then aliases
@@ -253,8 +304,8 @@ struct Block {
   // the object in a merge, and release_ptr (same slot) keeps it.
   std::vector<uint16_t> slot_owner;
   IdTable ids;  // kIds only
-  // Changed under mu (exclusive) AND the owner's lists_mu; read under either.
-  bool in_avail = false;  // in the owner's free-slot list
+  // IDs re-drawn by merges whose objects still live here (kIds only; usually empty).
+  RenameList renames;
   // Guarded by the owner's lists_mu: positions in the owner's lists (kNoPos: not listed).
   uint32_t list_pos = kNoPos;
   uint32_t avail_pos = kNoPos;
@@ -270,8 +321,12 @@ struct Block {
   // the caller's business).
   void AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner);
 
-  // Forgets the object in an occupied slot (exclusive lock held).
+  // Forgets the object in an occupied slot (exclusive lock held), and its renames.
   void RemoveObject(uint32_t slot);
+  // Current ID of the object that pointers (home, old_id, gen) name after a re-draw, or -1.
+  int32_t FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const;
+  // Drops the renames of the object whose current ID is `id` (freed or re-homed).
+  void DropRenames(uint16_t id);
 
   // Heap bytes of the per-slot arrays (vblocks included) and of the ID table (lock held).
   uint64_t SlotArrayBytes() const;
@@ -384,9 +439,20 @@ class Store {
   // Validates p's shape and returns its block locked (shared or exclusive) and re-validated
   // against table_. The caller unlocks.
   Result<detail::Block*> LockBlockOf(const ObjectPtr& p, bool exclusive);
-  // Slot of p's object inside locked block b (ID map or offset), checking home and class.
+  // Slot of p's object inside locked block b (ID map or offset; then the block's renames, for
+  // an ID a merge re-drew), checking home and generation.
   Result<uint32_t> ResolveSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
   Result<uint32_t> ScanSlotLocked(const detail::Block& b, const ObjectPtr& p) const;
+  // The slot of p's object after a merge re-drew its ID (b's renames), else `missing`.
+  Result<uint32_t> RenamedSlotLocked(const detail::Block& b, const ObjectPtr& p,
+                                     const Status& missing) const;
+  // The ID the object in occupied `slot` of b has now (p.id unless a merge re-drew it; 0 in
+  // offset-only classes, as in pointers).
+  uint16_t CurrentIdLocked(const detail::Block& b, uint32_t slot) const {
+    return b.mode == ClassMode::kIds ? b.slot_id[slot] : 0;
+  }
+  // Frees an emptied rename list's memory (exclusive lock held).
+  void ShrinkRenamesLocked(detail::Block& b);
   // NotFound unless `slot` of locked block b holds p's allocation: homed at p.block, with p's
   // generation.
   Result<uint32_t> CheckIdentityLocked(const detail::Block& b, const ObjectPtr& p,

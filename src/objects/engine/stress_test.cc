@@ -21,11 +21,13 @@
 
 #include "common/copy_epoch.h"
 #include "objects/engine/compaction.h"
+#include "objects/engine/engine_test_util.h"
 
 namespace farmem::corm {
 namespace {
 
 constexpr size_t kValueSize = 120;  // spans 2-3 cachelines: exercises the line versions
+
 constexpr auto kDuration = std::chrono::milliseconds(1500);
 
 uint64_t Mix(uint64_t x) {
@@ -61,16 +63,27 @@ struct Tracked {
   std::atomic<uint64_t> completed{0};  // last sequence whose Write() returned
 };
 
-class Stress : public ::testing::TestWithParam<CorrectionMode> {};
+struct StressCase {
+  CorrectionMode correction;
+  // 16: merges rarely collide (30 slots per block, 65536 IDs). 8: most merges collide and
+  // re-draw IDs (docs/objects.md, "Merges that re-draw IDs").
+  int id_bits;
+  // Readers start every read from the pointer as allocated, never from a corrected one, so
+  // reads of re-drawn objects go through their old IDs while merges run.
+  bool old_pointers;
+};
+
+class Stress : public ::testing::TestWithParam<StressCase> {};
 
 TEST_P(Stress, ReadersWritersAndCompaction) {
+  const StressCase sc = GetParam();
   StoreOptions o;
   o.block_size = 4096;
-  o.id_bits = 16;
+  o.id_bits = sc.id_bits;
   o.workers = 2;
   o.reserve_bytes = 256 << 20;
   o.pool_bytes = 4 << 20;
-  o.correction = GetParam();
+  o.correction = sc.correction;
   o.op_timeout = std::chrono::milliseconds(5000);
   auto s = Store::Create(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -87,6 +100,7 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
   co.wait_for_readers = [&](std::chrono::steady_clock::time_point deadline) {
     return WaitForCopies(readers, deadline);
   };
+  engine_testing::ApplyObjectsFault(co);
   Compactor comp(st, co);
 
   // Fragmented start: 4 of every 5 objects freed, the rest tracked.
@@ -113,8 +127,21 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
   const uint16_t mask = st.IdMask(cls);
 
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> accepted{0}, torn_accepted{0}, stale{0}, lost{0}, retries{0},
-      corrections{0}, writes{0}, errors{0};
+  std::atomic<uint64_t> accepted{0}, torn_accepted{0}, wrong_object{0}, stale{0}, lost{0},
+      retries{0}, corrections{0}, located{0}, writes{0}, errors{0};
+  // A copy with a valid checksum is torn-free; it must also be the object read.
+  auto check_value = [&](const std::vector<uint8_t>& value, size_t i, uint64_t floor) {
+    uint32_t index;
+    uint64_t seq;
+    if (!ValidValue(value, &index, &seq)) {
+      torn_accepted.fetch_add(1);
+    } else if (index != i) {
+      wrong_object.fetch_add(1);
+    } else if (seq < floor) {
+      stale.fetch_add(1);
+    }
+    accepted.fetch_add(1, std::memory_order_relaxed);
+  };
   std::vector<std::thread> threads;
 
   constexpr int kWriters = 2;
@@ -151,22 +178,25 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
     while (!stop.load(std::memory_order_relaxed)) {
       const size_t i = r() % n;
       ObjectPtr& p = ptrs[i];
+      if (sc.old_pointers) p = objs[i].ptr;
       const uint64_t floor = objs[i].completed.load(std::memory_order_acquire);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       bool done = false;
       while (!done) {
+        // The checks a client makes (ObjectClient::direct_read): the whole tag (ID and
+        // generation bits) and the home block.
+        const uint16_t tag = TagOf(p.id, p.gen, mask);
         SlotCheck c;
         {
           CopyEpoch::Scope copying(reader_epochs[id]);
-          c = OneSidedReadSlot(p.addr, p.id, mask, p.size_class, slot);
+          c = OneSidedReadSlot(p.addr, tag, hdr::kTagMask, p.size_class, slot);
+        }
+        if (c == SlotCheck::kOk && Header::Unpack(LoadHeader(slot.data())).home_block != p.block) {
+          c = SlotCheck::kMoved;
         }
         if (c == SlotCheck::kOk) {
           DecodePayload(slot, p.addr, value);
-          uint32_t index;
-          uint64_t seq;
-          if (!ValidValue(value, &index, &seq) || index != i) torn_accepted.fetch_add(1);
-          if (seq < floor) stale.fetch_add(1);
-          accepted.fetch_add(1, std::memory_order_relaxed);
+          check_value(value, i, floor);
           done = true;
         } else if (c == SlotCheck::kMoved || c == SlotCheck::kFreed) {
           // Scan the home block one-sidedly (it shows wherever the object lives now).
@@ -175,10 +205,21 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
             CopyEpoch::Scope copying(reader_epochs[id]);
             ReadSlotWords(base, block.data(), block.size());
           }
-          const int64_t off = ScanBlockImage(block, slot_size, p.id, mask, p.size_class);
+          const int64_t off =
+              ScanBlockImage(block, slot_size, tag, hdr::kTagMask, p.size_class, p.block);
           if (off >= 0) {
             p.addr = reinterpret_cast<uint64_t>(base) + off;
             corrections.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            // Not in the scan: a merge re-drew its ID. Ask the store, as read_any does.
+            auto q = st.Locate(p, CorrectionMode::kAskOwner);
+            if (q.ok()) {
+              p = *q;
+              located.fetch_add(1, std::memory_order_relaxed);
+            } else if (q.status().code() != Code::kTimedOut) {
+              lost.fetch_add(1);
+              done = true;
+            }
           }
           retries.fetch_add(1, std::memory_order_relaxed);
         } else {
@@ -203,16 +244,13 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
     while (!stop.load(std::memory_order_relaxed)) {
       const size_t i = r() % n;
       const uint64_t floor = objs[i].completed.load(std::memory_order_acquire);
+      if (sc.old_pointers) ptrs[i] = objs[i].ptr;
       auto got = st.Read(ptrs[i], value);
       if (!got.ok()) {
         lost.fetch_add(1);
         continue;
       }
-      uint32_t index;
-      uint64_t seq;
-      if (!ValidValue(value, &index, &seq) || index != i) torn_accepted.fetch_add(1);
-      if (seq < floor) stale.fetch_add(1);
-      accepted.fetch_add(1, std::memory_order_relaxed);
+      check_value(value, i, floor);
     }
   });
 
@@ -255,12 +293,16 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
 
   const CompactionStats cs = comp.stats();
   EXPECT_EQ(torn_accepted.load(), 0u);
+  EXPECT_EQ(wrong_object.load(), 0u) << "a read returned another object's bytes";
   EXPECT_EQ(stale.load(), 0u);
   EXPECT_EQ(lost.load(), 0u);
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_GT(accepted.load(), 0u);
   EXPECT_GT(writes.load(), 0u);
   EXPECT_GT(cs.compactions, 0u) << "compaction never ran: the test would prove nothing";
+  if (sc.id_bits == 8) {
+    EXPECT_GT(cs.ids_redrawn, 0u) << "no merge re-drew an ID: the test would prove nothing";
+  }
   // Final state: every object holds exactly its last completed write, through its old pointer.
   std::vector<uint8_t> value(kValueSize);
   for (size_t i = 0; i < n; ++i) {
@@ -277,14 +319,26 @@ TEST_P(Stress, ReadersWritersAndCompaction) {
   RecordProperty("accepted", std::to_string(accepted.load()));
   RecordProperty("compactions", std::to_string(cs.compactions));
   std::printf(
-      "accepted %llu writes %llu retries %llu corrections %llu compactions %llu moved %llu\n",
+      "accepted %llu writes %llu retries %llu corrections %llu located %llu compactions %llu "
+      "moved %llu IDs re-drawn %llu\n",
       (unsigned long long)accepted.load(), (unsigned long long)writes.load(),
       (unsigned long long)retries.load(), (unsigned long long)corrections.load(),
-      (unsigned long long)cs.compactions, (unsigned long long)cs.objects_relocated);
+      (unsigned long long)located.load(), (unsigned long long)cs.compactions,
+      (unsigned long long)cs.objects_relocated, (unsigned long long)cs.ids_redrawn);
 }
 
 INSTANTIATE_TEST_SUITE_P(Correction, Stress,
-                         ::testing::Values(CorrectionMode::kAskOwner, CorrectionMode::kScan));
+                         ::testing::Values(StressCase{CorrectionMode::kAskOwner, 16, false},
+                                           StressCase{CorrectionMode::kScan, 16, false},
+                                           StressCase{CorrectionMode::kAskOwner, 8, true},
+                                           StressCase{CorrectionMode::kScan, 8, true}),
+                         [](const ::testing::TestParamInfo<StressCase>& info) {
+                           return std::string(info.param.correction == CorrectionMode::kScan
+                                                  ? "Scan"
+                                                  : "AskOwner") +
+                                  "Ids" + std::to_string(info.param.id_bits) +
+                                  (info.param.old_pointers ? "OldPointers" : "");
+                         });
 
 // Deterministic bytes of object `key` (n of them).
 std::vector<uint8_t> KeyBytes(uint64_t key, size_t n) {

@@ -144,13 +144,14 @@ SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_tag, uint16_t tag_ma
 }
 
 int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t tag,
-                       uint16_t tag_mask, uint32_t size_class) {
+                       uint16_t tag_mask, uint32_t size_class, uint32_t home) {
   if (slot_size < kMinSlotSize) return -1;
   for (size_t off = 0; off + slot_size <= block.size(); off += slot_size) {
     uint64_t w;
     std::memcpy(&w, block.data() + off, 8);
     const Header h = Header::Unpack(w);
-    if (h.allocated && h.size_class == size_class && (h.tag & tag_mask) == (tag & tag_mask)) {
+    if (h.allocated && h.size_class == size_class && (h.tag & tag_mask) == (tag & tag_mask) &&
+        (home == kAnyHome || h.home_block == home)) {
       return static_cast<int64_t>(off);
     }
   }

@@ -238,10 +238,14 @@ void PublishSlot(void* slot, std::span<const uint8_t> image);
 // Copies the slot at `addr` (live memory, ascending atomic words) into `copy` and checks it.
 SlotCheck OneSidedReadSlot(uint64_t addr, uint16_t expected_tag, uint16_t tag_mask,
                            uint32_t size_class, std::span<uint8_t> copy);
-// Finds the slot carrying `tag` (allocated, tag bits in tag_mask equal, header of `size_class`)
-// in a copy of a whole block; returns its offset or -1. A forged class walks the wrong slot grid,
-// whose headers (where they are headers at all) name the block's real class: no match.
+// Finds the slot carrying `tag` (allocated, tag bits in tag_mask equal, header of `size_class`,
+// homed at `home` unless kAnyHome) in a copy of a whole block; returns its offset or -1. A forged
+// class walks the wrong slot grid, whose headers (where they are headers at all) name the block's
+// real class: no match. Why the home: a block shows objects of several homes after merges, and a
+// merge that re-draws an ID can leave an object of another home with the tag an old pointer
+// carries (docs/objects.md, "Merges that re-draw IDs"); that object is not the pointer's.
+inline constexpr uint32_t kAnyHome = UINT32_MAX;
 int64_t ScanBlockImage(std::span<const uint8_t> block, uint32_t slot_size, uint16_t tag,
-                       uint16_t tag_mask, uint32_t size_class);
+                       uint16_t tag_mask, uint32_t size_class, uint32_t home = kAnyHome);
 
 }  // namespace farmem::corm

@@ -13,12 +13,13 @@
 // wrong size, or a pointer with non-zero reserved bytes, is a Protocol error; every pointer in a
 // reply has zero reserved bytes, an existing size class, lies inside the region on a slot boundary
 // of its class, and has an ID inside the class's mask; READ / WRITE / LOCATE replies keep the
-// request's ID, class, generation and home block; OBJ_INFO is consistent with the slot layout
-// code; OBJ_ALLOC picks the smallest class that fits. A model of the live objects checks, while no
-// forged request has succeeded in changing something: reads through a live pointer return exactly
-// the bytes last written (zeros after ALLOC), writes/locates/releases/frees through live pointers
-// succeed and keep class, ID and (except a re-homing RELEASE) generation, and oversize writes are
-// refused.
+// request's class, generation and home block, and its ID unless a merge re-drew it (the model
+// learns re-draws after each compaction and keeps every old name); OBJ_INFO is consistent with the
+// slot layout code; OBJ_ALLOC picks the smallest class that fits. A model of the live objects
+// checks, while no forged request has succeeded in changing something: reads through a live pointer
+// return exactly the bytes last written (zeros after ALLOC), writes/locates/releases/frees through
+// live pointers succeed and keep class, ID and (except a re-homing RELEASE) generation, and
+// oversize writes are refused.
 //
 // Strict stale-pointer mode (on by default; FARMEM_FUZZ_STALE_POINTERS=0 turns it off) checks that
 // pointers are exact on the RPC paths (issue 16; docs/objects.md, "Pointer identity"): FREE /
@@ -96,6 +97,10 @@ std::vector<std::byte> Bytes(const T& v) {
 struct Object {
   wire::WirePtr ptr;
   std::vector<uint8_t> payload;  // the whole payload capacity, as last written
+  // Earlier names: the object's IDs before merges re-drew them (docs/objects.md, "Merges that
+  // re-draw IDs"). They name the object as long as it lives; once it is freed or re-homed they
+  // are dead pointers.
+  std::vector<wire::WirePtr> old_names;
 };
 
 class Harness {
@@ -226,9 +231,15 @@ class Harness {
     if (classes_[a.size_class].id_mask == 0) return a.offset == b.offset;
     return BlockOf(a) == BlockOf(b);
   }
-  bool NamesLive(const wire::WirePtr& p) const {
-    return std::any_of(live_.begin(), live_.end(),
-                       [&](const Object& o) { return SameObject(o.ptr, p); });
+  bool NamesLive(const wire::WirePtr& p) const { return LiveNamed(p) != nullptr; }
+  const Object* LiveNamed(const wire::WirePtr& p) const {
+    for (const Object& o : live_) {
+      if (SameObject(o.ptr, p)) return &o;
+      for (const wire::WirePtr& n : o.old_names) {
+        if (SameObject(n, p)) return &o;
+      }
+    }
+    return nullptr;
   }
   bool NamesDead(const wire::WirePtr& p) const {
     return std::any_of(dead_.begin(), dead_.end(),
@@ -236,10 +247,44 @@ class Harness {
   }
 
   // A reply to READ / WRITE / LOCATE through `req` names the same object: only the offset inside
-  // the home block may change (the object's current slot).
+  // the home block may change (the object's current slot), and the ID if a merge re-drew it:
+  // then `req` is an old name of a live object whose current ID the reply carries (the model
+  // learns every re-draw: Refresh after each compaction), unless the model lost track.
   void CheckSameName(const wire::WirePtr& req, const wire::WirePtr& reply) const {
-    FUZZ_CHECK(reply.size_class == req.size_class && reply.id == req.id && reply.gen == req.gen);
+    FUZZ_CHECK(reply.size_class == req.size_class && reply.gen == req.gen);
     FUZZ_CHECK(BlockOf(reply) == BlockOf(req));
+    if (reply.id != req.id && !tainted_) {
+      const Object* o = LiveNamed(req);
+      FUZZ_CHECK(o != nullptr && o->ptr.id == reply.id);
+    }
+  }
+
+  // A reply named o's object (CheckSameName passed): take its pointer, keeping an old ID.
+  static void Renamed(Object& o, const wire::WirePtr& p) {
+    if (p.id != o.ptr.id) o.old_names.push_back(o.ptr);
+    o.ptr = p;
+  }
+
+  // After a compaction: learn every re-drawn ID (LOCATE through each live pointer), so the
+  // model keeps knowing every name of every live object.
+  void Refresh() {
+    if (tainted_) return;
+    for (Object& o : live_) {
+      std::vector<std::byte> reply;
+      const Status st = Call(wire::kOpLocate, Bytes(wire::PtrRequest{o.ptr}), reply);
+      FUZZ_CHECK(st.ok());
+      const wire::WirePtr p = PtrOf(reply);
+      FUZZ_CHECK(p.size_class == o.ptr.size_class && p.gen == o.ptr.gen &&
+                 BlockOf(p) == BlockOf(o.ptr));
+      Renamed(o, p);
+    }
+  }
+
+  // o is gone (freed, or re-homed: RELEASE): all its names are dead pointers.
+  void Bury(Object& o) {
+    dead_.push_back(o.ptr);
+    dead_.insert(dead_.end(), o.old_names.begin(), o.old_names.end());
+    o.old_names.clear();
   }
 
   // A new object (ALLOC): never the identity of a live or (strict mode) a dead one.
@@ -306,7 +351,7 @@ class Harness {
     CheckSameName(o->ptr, p);
     FUZZ_CHECK(n == 0 ||
                std::memcmp(reply.data() + sizeof(wire::PtrReply), o->payload.data(), n) == 0);
-    o->ptr = p;
+    Renamed(*o, p);
   }
 
   void WriteLive(uint8_t index, uint16_t len, uint8_t fill) {
@@ -327,7 +372,7 @@ class Harness {
     FUZZ_CHECK(st.ok());
     const wire::WirePtr p = PtrOf(reply);
     CheckSameName(o->ptr, p);
-    o->ptr = p;
+    Renamed(*o, p);
     std::fill(o->payload.begin(), o->payload.end(), 0);
     std::copy(data.begin(), data.end(), o->payload.begin());
   }
@@ -338,7 +383,7 @@ class Harness {
     std::vector<std::byte> reply;
     const Status st = Call(wire::kOpFree, Bytes(wire::PtrRequest{live_[i].ptr}), reply);
     if (!tainted_) FUZZ_CHECK(st.ok() && reply.empty());
-    dead_.push_back(live_[i].ptr);
+    Bury(live_[i]);
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 
@@ -354,15 +399,16 @@ class Harness {
     if (!release || BlockOf(p) == BlockOf(o->ptr)) {
       // LOCATE, or RELEASE of an object already homed at its block's primary: the same name.
       CheckSameName(o->ptr, p);
+      Renamed(*o, p);
     } else {
-      // Re-homed: a new name (the new home's next generation); the old one is dead.
+      // Re-homed: a new name (the new home's next generation); the old ones are dead.
       FUZZ_CHECK(p.size_class == o->ptr.size_class && p.id == o->ptr.id);
       if (g_strict_stale && NamesDead(p)) {
         Report("RELEASE", p, "the new name is the identity of a freed or released pointer");
       }
-      dead_.push_back(o->ptr);
+      Bury(*o);
+      o->ptr = p;
     }
-    o->ptr = p;
   }
 
   void Compact(uint8_t which) {
@@ -376,6 +422,7 @@ class Harness {
     }
     FUZZ_CHECK(st.ok() && !reply.empty());
     FUZZ_CHECK(static_cast<char>(reply.front()) == '{' && static_cast<char>(reply.back()) == '}');
+    Refresh();
   }
 
   // Any request the model cannot predict: only the per-answer checks, and the size rules.
@@ -440,6 +487,7 @@ class Harness {
         break;
       case wire::kOpCompact:
         if (n != sizeof(wire::CompactRequest)) FUZZ_CHECK(st.code() == Code::kProtocol);
+        if (st.ok()) Refresh();
         break;
       default:
         FUZZ_CHECK(st.code() == Code::kNotFound);  // an opcode the service does not serve

@@ -77,6 +77,7 @@ nlohmann::json CompactionJson(const corm::CompactionStats& s) {
           {"objects_copied", s.objects_copied},
           {"objects_relocated", s.objects_relocated},
           {"collisions", s.collisions},
+          {"ids_redrawn", s.ids_redrawn},
           {"skipped_busy", s.skipped_busy},
           {"grace_wait_ns", s.grace_wait_ns},
           {"grace_wait_max_ns", s.grace_wait_max_ns}};
@@ -314,6 +315,8 @@ void ObjectService::metrics(MetricsWriter& w) const {
       {"merge_attempts", "farmem_objects_class_merge_attempts",
        "Compaction merge attempts in a size class."},
       {"merges", "farmem_objects_class_merges", "Compaction merges done in a size class."},
+      {"ids_redrawn", "farmem_objects_class_ids_redrawn",
+       "Objects whose ID a merge re-drew (the merge's ID sets collided) in a size class."},
   };
   for (const PerClass& m : kPerClass) {
     w.family(m.name, MetricsWriter::Kind::kGauge, m.help);
@@ -610,6 +613,8 @@ nlohmann::json ObjectService::Stats() const {
                     {"merge_attempts", cm.attempts},
                     {"merges", cm.merges},
                     {"merge_collisions", cm.collisions},
+                    {"merge_redraws", cm.redraw_merges},
+                    {"ids_redrawn", cm.redraws},
                     {"merge_success_rate", cm.success_rate()}});
   }
   const corm::BlockAllocatorStats bs = store.blocks().Stats();

@@ -1,0 +1,25 @@
+// Helpers shared by the CoRM engine tests (compaction_test.cc, stress_test.cc): the test-only
+// fault switch FARMEM_OBJECTS_FAULT (docs/testing.md, docs/objects.md "Merges that re-draw IDs").
+// Read on the test's main thread before the threads start.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "objects/engine/compaction.h"
+
+namespace farmem::corm::engine_testing {
+
+// FARMEM_OBJECTS_FAULT=no_redraw: merges whose IDs collide are rejected (no re-draw);
+// =reuse_old_ids: re-draws prefer an ID that an old pointer of the same home carries. Applied to
+// `co`; anything else (or unset) leaves it as is.
+inline void ApplyObjectsFault(CompactionOptions& co) {
+  const char* e = std::getenv("FARMEM_OBJECTS_FAULT");
+  const std::string v = e != nullptr ? e : "";
+  if (v == "no_redraw") co.redraw_ids = false;
+  if (v == "reuse_old_ids") co.fault_redraw_reuses_old_ids = true;
+  if (!v.empty()) std::printf("[ fault    ] FARMEM_OBJECTS_FAULT=%s\n", e);
+}
+
+}  // namespace farmem::corm::engine_testing
