@@ -79,14 +79,55 @@ struct PeerInfo {
   std::vector<RegionInfo> regions;  // exported at handshake time
 };
 
+struct RpcCall;
+
+// The answer of an RPC whose handler returned before the answer was ready (RpcCall::defer()):
+// sent later, from any thread, exactly once. Movable, not copyable. It owns the request (its
+// bytes stay valid through request()). A handle dropped unsent answers the caller with Aborted,
+// so no caller waits for its timeout because of a lost handle; one kept forever is bounded by the
+// caller's op_timeout. Sending after the caller timed out or its connection closed is safe: the
+// transport drops the answer (Unavailable when it knows the connection is gone). The owner must
+// send or drop every handle before its Node is destroyed (a service: in Service::stop()).
+class DeferredReply {
+ public:
+  DeferredReply() = default;
+  DeferredReply(DeferredReply&&) noexcept;
+  DeferredReply& operator=(DeferredReply&&) noexcept;
+  ~DeferredReply();
+
+  bool valid() const { return rpc_ != nullptr; }
+  std::span<const std::byte> request() const;
+  // OK status: replies with `payload` (ResourceExhausted to the caller when it exceeds
+  // max_rpc_bytes); otherwise replies with the error. FailedPrecondition when not valid() (sent
+  // already, moved from, or default-made); afterwards the handle is not valid.
+  Status send(const Status& status, std::span<const std::byte> payload = {});
+
+ private:
+  friend struct RpcCall;  // defer() makes handles
+  std::unique_ptr<IncomingRpc> rpc_;
+  uint16_t opcode_ = 0;
+  uint32_t max_reply_bytes_ = 0;
+};
+
 // An RPC as a handler sees it.
 struct RpcCall {
   uint16_t opcode = 0;
   std::span<const std::byte> request;
   std::string_view source;
+
+  // Takes the answer out of the handler's hands: the handler then returns (its status and reply
+  // are ignored) and the returned handle sends the answer later. `request` stays valid only
+  // while the handle lives (use DeferredReply::request() after the handler returned). An invalid
+  // handle when the call cannot be deferred (a second defer(), or a call not from a Node).
+  DeferredReply defer() const;
+
+  // Set by the node's dispatcher; defer() takes the RPC from here.
+  std::unique_ptr<IncomingRpc>* deferrable = nullptr;
+  uint32_t max_reply_bytes = 0;
 };
 
-// Fill `reply` (cleared before the call) and return OK, or return an error for the caller.
+// Fill `reply` (cleared before the call) and return OK, or return an error for the caller; or
+// call.defer() and answer through the handle later (the handler's return value is then ignored).
 using RpcFunction = std::function<Status(const RpcCall& call, std::vector<std::byte>& reply)>;
 
 // Where a handler runs. kWorker: an RPC worker thread (the progress thread enqueues the call and

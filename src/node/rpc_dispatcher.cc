@@ -90,7 +90,7 @@ bool RpcDispatcher::TryInline(std::unique_ptr<IncomingRpc>& rpc) {
   }
   // One reply buffer per progress thread, reused like a worker's.
   thread_local std::vector<std::byte> reply;
-  Handle(*rpc, reply);
+  Handle(rpc, reply);
   inline_served_++;
   rpc.reset();
   inline_running_.fetch_sub(1);
@@ -128,6 +128,7 @@ RpcDispatcher::Stats RpcDispatcher::stats() const {
   s.handler_errors = handler_errors_.load();
   s.exceptions = exceptions_.load();
   s.inline_served = inline_served_.load();
+  s.deferred = deferred_.load();
   return s;
 }
 
@@ -149,7 +150,7 @@ void RpcDispatcher::WorkerLoop() {
     }
     if (!batch.empty()) {
       for (auto& rpc : batch) {
-        Handle(*rpc, reply);
+        Handle(rpc, reply);
         rpc.reset();
       }
       batch.clear();
@@ -168,7 +169,8 @@ void RpcDispatcher::WorkerLoop() {
   }
 }
 
-void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
+void RpcDispatcher::Handle(std::unique_ptr<IncomingRpc>& owned, std::vector<std::byte>& reply) {
+  IncomingRpc& rpc = *owned;
   const uint16_t opcode = static_cast<uint16_t>(rpc.imm() & 0xffffu);
   auto it = handlers_.find(opcode);
   Status st;
@@ -181,9 +183,11 @@ void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
     call.opcode = opcode;
     call.request = rpc.payload();
     call.source = rpc.source();
+    call.deferrable = &owned;
+    call.max_reply_bytes = max_reply_bytes_;
     try {
       st = it->second.fn(call, reply);
-      if (!st.ok()) handler_errors_++;
+      if (!st.ok() && owned) handler_errors_++;
     } catch (const std::exception& e) {
       exceptions_++;
       st = Status::Internal("RPC handler for opcode " + std::to_string(opcode) +
@@ -192,6 +196,16 @@ void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
       exceptions_++;
       st = Status::Internal("RPC handler for opcode " + std::to_string(opcode) +
                             " threw a non-standard exception");
+    }
+    if (!owned) {
+      // Deferred: the handle owns the answer (and the RPC). Whatever the handler returned after
+      // deferring is not the caller's answer.
+      deferred_++;
+      if (!st.ok()) {
+        FARMEM_LOG_DEBUG("rpc: opcode {} deferred, then returned {} (ignored)", opcode,
+                         st.ToString());
+      }
+      return;
     }
     if (!st.ok() && st.code() == Code::kInternal) {
       FARMEM_LOG_WARN("rpc: opcode {} from {}: {}", opcode, rpc.source(), st.ToString());
@@ -217,3 +231,44 @@ void RpcDispatcher::Handle(IncomingRpc& rpc, std::vector<std::byte>& reply) {
 }
 
 }  // namespace farmem::node
+
+namespace farmem {
+
+DeferredReply RpcCall::defer() const {
+  DeferredReply d;
+  if (deferrable == nullptr || !*deferrable) return d;
+  d.rpc_ = std::move(*deferrable);
+  d.opcode_ = opcode;
+  d.max_reply_bytes_ = max_reply_bytes;
+  return d;
+}
+
+DeferredReply::DeferredReply(DeferredReply&&) noexcept = default;
+DeferredReply& DeferredReply::operator=(DeferredReply&& other) noexcept {
+  if (this != &other) {
+    // An unsent handle being overwritten is dropped: its caller gets Aborted (IncomingRpc's rule).
+    rpc_ = std::move(other.rpc_);
+    opcode_ = other.opcode_;
+    max_reply_bytes_ = other.max_reply_bytes_;
+  }
+  return *this;
+}
+// An unsent IncomingRpc answers Aborted when destroyed (transport.h).
+DeferredReply::~DeferredReply() = default;
+
+std::span<const std::byte> DeferredReply::request() const {
+  return rpc_ ? rpc_->payload() : std::span<const std::byte>();
+}
+
+Status DeferredReply::send(const Status& status, std::span<const std::byte> payload) {
+  if (!rpc_) return Status::FailedPrecondition("deferred RPC reply already sent or not deferred");
+  std::unique_ptr<IncomingRpc> rpc = std::move(rpc_);
+  if (status.ok() && max_reply_bytes_ != 0 && payload.size() > max_reply_bytes_) {
+    return rpc->reply_error(Status::ResourceExhausted("reply of " + std::to_string(payload.size()) +
+                                                      " bytes exceeds max_rpc_bytes " +
+                                                      std::to_string(max_reply_bytes_)));
+  }
+  return status.ok() ? rpc->reply(RpcImm(opcode_), payload) : rpc->reply_error(status);
+}
+
+}  // namespace farmem

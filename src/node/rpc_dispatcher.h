@@ -1,9 +1,10 @@
 // RPC dispatch of a Node: the transport's progress thread hands each arriving RPC to Submit()
 // (never blocks), a bounded queue buffers it, and worker threads take it in batches, run the
 // registered handler and answer; handlers registered RpcExecution::kInline run in Submit()
-// itself. A worker only sleeps (futex on wake_seq_) when the queue is empty, and Submit() only
-// wakes one when one sleeps. The handler table is frozen at Start(), so workers and Submit() read
-// it without locking.
+// itself. A handler may instead defer its answer (RpcCall::defer(): the DeferredReply handle takes
+// the IncomingRpc, which transports let be answered from any thread, later). A worker only sleeps
+// (futex on wake_seq_) when the queue is empty, and Submit() only wakes one when one sleeps. The
+// handler table is frozen at Start(), so workers and Submit() read it without locking.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,7 @@ class RpcDispatcher {
     uint64_t handler_errors = 0;  // handler returned a non-OK status
     uint64_t exceptions = 0;      // handler threw (answered with Internal)
     uint64_t inline_served = 0;   // of `served`, run on the progress thread (kInline)
+    uint64_t deferred = 0;        // handler called RpcCall::defer(): answered later by its handle
   };
 
   // `queue_capacity` RPCs may wait for a worker; `max_reply_bytes` is the transport's limit.
@@ -60,7 +62,8 @@ class RpcDispatcher {
   void WorkerLoop();
   // Runs an inline handler on the calling thread; false when it is not one (or not serving).
   bool TryInline(std::unique_ptr<IncomingRpc>& rpc);
-  void Handle(IncomingRpc& rpc, std::vector<std::byte>& reply);
+  // Runs the handler; answers unless the handler deferred (then `rpc` is empty on return).
+  void Handle(std::unique_ptr<IncomingRpc>& rpc, std::vector<std::byte>& reply);
 
   const size_t capacity_;
   const uint32_t max_reply_bytes_;
@@ -91,7 +94,7 @@ class RpcDispatcher {
   std::mutex stop_mu_;  // serializes Stop() callers
 
   std::atomic<uint64_t> served_{0}, queue_full_{0}, unknown_opcode_{0}, handler_errors_{0},
-      exceptions_{0}, inline_served_{0};
+      exceptions_{0}, inline_served_{0}, deferred_{0};
 };
 
 }  // namespace farmem::node

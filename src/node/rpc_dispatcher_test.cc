@@ -401,3 +401,85 @@ TEST(RpcDispatcher, ClosedLoopSubmitsNeverLoseAWakeup) {
 
 }  // namespace
 }  // namespace farmem::node
+
+namespace farmem::node {
+namespace {
+
+// A deferring handler returns at once; the answer comes from another thread, after Handle()
+// returned, and reaches that RPC's caller; the handler's return value is not the answer.
+TEST(RpcDispatcher, DeferredAnswerComesFromAnotherThreadAfterTheHandlerReturned) {
+  ScopedWatchdog wd("DeferredAnswerComesFromAnotherThreadAfterTheHandlerReturned", 30s);
+  RpcDispatcher d(16, 64);
+  std::mutex mu;
+  std::vector<DeferredReply> parked;
+  ASSERT_TRUE(d.Register(80, [&](const RpcCall& call, std::vector<std::byte>& reply) {
+                 DeferredReply h = call.defer();
+                 EXPECT_TRUE(h.valid());
+                 EXPECT_FALSE(call.defer().valid()) << "a call deferred twice";
+                 std::lock_guard lock(mu);
+                 parked.push_back(std::move(h));
+                 reply.push_back(std::byte{'x'});  // ignored: the handle answers
+                 return Status::Internal("ignored after defer()");
+               }).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+  auto a = Call(d, 80, "first");
+  auto b = Call(d, 80, "second");
+  auto c = Call(d, 80, std::string(8, 'y'));
+  for (;;) {  // both handlers ran and returned; nothing answered yet
+    {
+      std::lock_guard lock(mu);
+      if (parked.size() == 3) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_FALSE(a->Wait(0ms));
+  EXPECT_FALSE(b->Wait(0ms));
+  std::thread replier([&] {
+    std::lock_guard lock(mu);
+    // Reverse order: each answer is tied to its own RPC, not to arrival order.
+    const std::string r(parked[1].request().size(), 'B');
+    EXPECT_TRUE(parked[1]
+                    .send(Status::OK(), {reinterpret_cast<const std::byte*>(r.data()), r.size()})
+                    .ok());
+    EXPECT_TRUE(parked[0].send(Status::NotFound("key 7")).ok());
+    EXPECT_EQ(parked[0].send(Status::OK()).code(), Code::kFailedPrecondition);
+    const std::string big(65, 'z');  // over the dispatcher's 64-byte reply limit
+    EXPECT_TRUE(
+        parked[2]
+            .send(Status::OK(), {reinterpret_cast<const std::byte*>(big.data()), big.size()})
+            .ok());
+  });
+  replier.join();
+  ASSERT_TRUE(a->Wait(5s));
+  ASSERT_TRUE(b->Wait(5s));
+  ASSERT_TRUE(c->Wait(5s));
+  EXPECT_EQ(a->error.code(), Code::kNotFound);
+  EXPECT_EQ(a->answers, 1);
+  EXPECT_TRUE(b->error.ok()) << b->error.ToString();
+  EXPECT_EQ(b->payload, "BBBBBB");
+  EXPECT_EQ(b->imm, 80u);
+  EXPECT_EQ(c->error.code(), Code::kResourceExhausted) << c->error.ToString();
+  const RpcDispatcher::Stats s = d.stats();
+  EXPECT_EQ(s.deferred, 3u);
+  EXPECT_EQ(s.handler_errors, 0u) << "a deferred handler's return value was counted";
+}
+
+// A handle dropped unsent answers its caller (Aborted) instead of leaving it to time out.
+TEST(RpcDispatcher, DroppedDeferredHandleAnswersAborted) {
+  ScopedWatchdog wd("DroppedDeferredHandleAnswersAborted", 30s);
+  RpcDispatcher d(16, 1 << 20);
+  ASSERT_TRUE(d.Register(81, [](const RpcCall& call, std::vector<std::byte>&) {
+                 DeferredReply h = call.defer();
+                 return Status::OK();  // h goes out of scope unsent
+               }).ok());
+  ASSERT_TRUE(d.Start(1).ok());
+  auto out = Call(d, 81, "");
+  ASSERT_TRUE(out->Wait(5s));
+  EXPECT_EQ(out->error.code(), Code::kAborted) << out->error.ToString();
+  EXPECT_EQ(out->answers, 1);
+  DeferredReply none;
+  EXPECT_EQ(none.send(Status::OK()).code(), Code::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace farmem::node

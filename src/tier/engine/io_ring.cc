@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -19,14 +20,16 @@ struct IoRings::Ring {
   bool ready = false;
 };
 
-Result<std::unique_ptr<IoRings>> IoRings::Create(
-    unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno) {
+Result<std::unique_ptr<IoRings>> IoRings::Create(unsigned count, unsigned depth,
+                                                 std::shared_ptr<std::atomic<int>> simulated_errno,
+                                                 std::shared_ptr<std::atomic<bool>> hold) {
   if (count == 0 || depth == 0)
     return Status::InvalidArgument("io ring count and depth must be > 0");
   std::unique_ptr<IoRings> r(new IoRings());
   r->rings_ = std::make_unique<Ring[]>(count);
   r->count_ = count;
   r->simulated_errno_ = std::move(simulated_errno);
+  r->hold_ = std::move(hold);
   for (unsigned i = 0; i < count; ++i) {
     const int rc = io_uring_queue_init(depth, &r->rings_[i].ring, 0);
     if (rc < 0) {
@@ -88,6 +91,13 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
       rc = io_uring_wait_cqe(&ring->ring, &cqe);
     } while (rc == -EINTR);
     if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", -rc);
+    // Test-only simulated slow device (TierStoreFaults::hold_io): the completion is there, the
+    // caller does not see it until the test lets go.
+    if (hold_ != nullptr) {
+      while (hold_->load(std::memory_order_acquire)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
     int res = cqe->res;
     io_uring_cqe_seen(&ring->ring, cqe);
     // Test-only simulated device error (TierStoreFaults::simulated_io_errno): the kernel's result

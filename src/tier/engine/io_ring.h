@@ -22,8 +22,11 @@ class IoRings {
   // kernel.io_uring_disabled or seccomp), with the reason.
   // `simulated_errno` is test-only (TierStoreFaults::simulated_io_errno): while it holds a
   // non-zero errno, every completion is taken as that error.
+  // `hold` is test-only too (TierStoreFaults::hold_io): while it is true, a completion is held
+  // before it is reaped.
   static Result<std::unique_ptr<IoRings>> Create(
-      unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno = {});
+      unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno = {},
+      std::shared_ptr<std::atomic<bool>> hold = {});
   ~IoRings();
   IoRings(const IoRings&) = delete;
   IoRings& operator=(const IoRings&) = delete;
@@ -43,6 +46,7 @@ class IoRings {
   std::unique_ptr<Ring[]> rings_;
   unsigned count_ = 0;
   std::shared_ptr<std::atomic<int>> simulated_errno_;
+  std::shared_ptr<std::atomic<bool>> hold_;
 };
 
 }  // namespace farmem::tier

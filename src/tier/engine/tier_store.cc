@@ -265,7 +265,8 @@ Status TierStore::Init(const TierOptions& o) {
     cached_fd_ = open(o.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (cached_fd_ < 0) return Status::FromErrno("open " + o.path + " (cached reads)", errno);
   }
-  FARMEM_ASSIGN_OR_RETURN(io_, IoRings::Create(o.io_rings, 8, o.faults.simulated_io_errno));
+  FARMEM_ASSIGN_OR_RETURN(
+      io_, IoRings::Create(o.io_rings, 8, o.faults.simulated_io_errno, o.faults.hold_io));
 
   // The magic memfd: one unit of pattern words, written with pwrite (a writable shared mapping
   // would forbid F_SEAL_WRITE), then sealed so nothing can change or resize it.

@@ -80,6 +80,14 @@ struct TierStoreFaults {
   // takes the same error path a real one would (IoRings::Rw). The test keeps the pointer to flip
   // it. Nothing here can produce a real EIO (no device-mapper in the test containers).
   std::shared_ptr<std::atomic<int>> simulated_io_errno;
+  // A SIMULATED slow device: while the value is true, every io-ring operation whose completion
+  // arrives waits (before it is reaped) until the test sets it false again. Lets a test hold one
+  // miss "in the device" for as long as it likes, without timing.
+  std::shared_ptr<std::atomic<bool>> hold_io;
+  // Read by TierService, not the store: TIER_READ misses run their file IO on the RPC worker that
+  // received them (the behaviour before asynchronous miss IO), so a slow miss blocks the worker
+  // and every RPC queued behind it (FARMEM_TIER_FAULT=sync_miss).
+  bool sync_miss_io = false;
 };
 
 struct TierOptions {

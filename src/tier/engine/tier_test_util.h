@@ -131,14 +131,16 @@ class TinyExt4 {
 };
 
 // FARMEM_TIER_FAULT=writeback: demotions go on after a failed write-back; =no_grace: demotions
-// never call the grace hook (tier_store.h TierStoreFaults).
+// never call the grace hook; =sync_miss: the service reads TIER_READ misses on the RPC worker
+// (tier_store.h TierStoreFaults).
 inline TierStoreFaults TierFaultsFromEnv() {
   TierStoreFaults f;
   const char* e = std::getenv("FARMEM_TIER_FAULT");
   const std::string v = e != nullptr ? e : "";
   f.demote_despite_failed_writeback = v == "writeback";
   f.skip_grace = v == "no_grace";
-  if (f.demote_despite_failed_writeback || f.skip_grace) {
+  f.sync_miss_io = v == "sync_miss";
+  if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io) {
     std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
   }
   return f;

@@ -131,6 +131,8 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.heat_keep_percent = c.heat_keep_percent;
   o.hysteresis_percent = c.hysteresis_percent;
   o.faults = faults;
+  o.io_rings = kMissIoThreads + 2;
+  s->sync_miss_io_ = faults.sync_miss_io;
   // The grace period of a demotion: every one-sided copy the transport's threads were making
   // when the unit was remapped has finished before its frame is punched and reused.
   const auto timeout = config.node.transport.op_timeout;
@@ -177,6 +179,21 @@ TierService::~TierService() {
 }
 
 Status TierService::start() {
+  {
+    std::lock_guard lock(miss_mu_);
+    if (miss_threads_.empty() && !sync_miss_io_) {
+      for (unsigned i = 0; i < kMissIoThreads; ++i) {
+        try {
+          miss_threads_.emplace_back([this] { MissLoop(); });
+        } catch (const std::system_error& e) {
+          // The threads already running serve; stop() joins them.
+          FARMEM_LOG_WARN("tier: cannot start miss-IO thread {}: {}", i, e.what());
+          break;
+        }
+      }
+      miss_running_ = !miss_threads_.empty();
+    }
+  }
   if (!Promotes(config_.mode)) return Status::OK();
   std::lock_guard lock(thread_mu_);
   if (thread_.joinable()) return Status::OK();
@@ -192,6 +209,43 @@ void TierService::stop() {
   }
   thread_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::deque<MissJob> left;
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(miss_mu_);
+    miss_running_ = false;
+    left.swap(miss_queue_);
+    threads.swap(miss_threads_);
+  }
+  miss_cv_.notify_all();
+  for (auto& t : threads) t.join();
+  for (MissJob& job : left) {
+    rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    (void)job.reply.send(Status::Unavailable("tier service stopping"));
+  }
+}
+
+void TierService::MissLoop() {
+  std::vector<std::byte> reply;
+  for (;;) {
+    MissJob job;
+    {
+      std::unique_lock lock(miss_mu_);
+      miss_cv_.wait(lock, [this] { return !miss_running_ || !miss_queue_.empty(); });
+      if (!miss_running_) return;  // stop() answers what is still queued
+      job = std::move(miss_queue_.front());
+      miss_queue_.pop_front();
+    }
+    reply.clear();
+    Status st = ServeRead(job.req, reply);
+    if (!st.ok()) {
+      FARMEM_LOG_DEBUG("tier_read (deferred): {}", st.ToString());
+    }
+    // Before the answer: a client that has it sees the read no longer in flight.
+    rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    Status sent = job.reply.send(st, reply);
+    if (!sent.ok()) FARMEM_LOG_DEBUG("tier_read answer not sent: {}", sent.ToString());
+  }
 }
 
 void TierService::PeriodLoop() {
@@ -272,7 +326,9 @@ Status TierService::Handle(const RpcCall& call, std::vector<std::byte>& reply) {
     case tw::kOpTierRead:
     case tw::kOpTierWrite: {
       rpc_in_flight_.fetch_add(1, std::memory_order_relaxed);
-      st = call.opcode == tw::kOpTierRead ? Read(call, reply) : Write(call);
+      bool deferred = false;
+      st = call.opcode == tw::kOpTierRead ? Read(call, reply, &deferred) : Write(call);
+      if (deferred) return Status::OK();  // a miss-IO thread answers (and counts it out)
       rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
       break;
     }
@@ -302,9 +358,49 @@ Status TierService::Info(std::vector<std::byte>& reply) {
   return Status::OK();
 }
 
-Status TierService::Read(const RpcCall& call, std::vector<std::byte>& reply) {
+bool TierService::AllResident(const tw::TierReadRequest& req) const {
+  // Racy by design: it only picks the thread that reads. A unit demoted right after this check
+  // is read from the file on the worker (correct, just synchronous); one promoted after it is
+  // read from DRAM on a miss-IO thread.
+  const uint64_t unit = store_->geometry().unit_size;
+  const uint64_t first = req.offset / tw::kPageSize;
+  const uint64_t pages = tw::PagesSpanned(req.offset, req.length);
+  int64_t last_unit = -1;
+  for (uint64_t i = 0; i < pages; ++i) {
+    if ((req.mask[i / 64] >> (i % 64) & 1) == 0) continue;
+    const auto u = static_cast<int64_t>((first + i) * tw::kPageSize / unit);
+    if (u == last_unit) continue;
+    if (!store_->IsResident(static_cast<uint32_t>(u))) return false;
+    last_unit = u;
+  }
+  return true;
+}
+
+Status TierService::Read(const RpcCall& call, std::vector<std::byte>& reply, bool* deferred) {
   FARMEM_ASSIGN_OR_RETURN(tw::TierReadRequest req,
                           tw::DecodeTierReadRequest(call.request, store_->geometry(), max_io_));
+  const bool hit = AllResident(req);
+  if (!sync_miss_io_ && !hit) {
+    // A miss: its file IO would hold this worker (and every RPC queued behind it) for a device
+    // round trip. Hand it to a miss-IO thread, which answers through the deferred handle.
+    std::unique_lock lock(miss_mu_);
+    if (miss_running_ && miss_queue_.size() < kMissQueueCapacity) {
+      DeferredReply handle = call.defer();
+      if (handle.valid()) {
+        miss_queue_.push_back({std::move(handle), std::move(req)});
+        lock.unlock();
+        miss_cv_.notify_one();
+        misses_deferred_.fetch_add(1, std::memory_order_relaxed);
+        *deferred = true;
+        return Status::OK();
+      }
+    }
+  }
+  if (!hit) misses_sync_.fetch_add(1, std::memory_order_relaxed);
+  return ServeRead(req, reply);
+}
+
+Status TierService::ServeRead(const tw::TierReadRequest& req, std::vector<std::byte>& reply) {
   reply.resize(req.length);
   auto* out = reinterpret_cast<uint8_t*>(reply.data());
   FARMEM_RETURN_IF_ERROR(store_->ReadPages(req.offset, {out, req.length}, req.mask));
@@ -393,6 +489,8 @@ nlohmann::json TierService::Stats() const {
   j["rpc_writes"] = ld(rpc_writes_);
   j["rpc_write_bytes"] = ld(rpc_write_bytes_);
   j["rpc_in_flight"] = rpc_in_flight_.load(std::memory_order_relaxed);
+  j["misses_deferred"] = ld(misses_deferred_);
+  j["misses_sync"] = ld(misses_sync_);
   return j;
 }
 

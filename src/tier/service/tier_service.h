@@ -1,13 +1,15 @@
 // TierService: farmemd's TeRM tiered region behind the TIER_* RPCs (tier/format/tier_wire.h).
 // Owns a tier::TierStore, exports its range read-only and its page bitmap, sums the clients'
 // access counters and runs the hotspot period on a thread of its own. Threads: RPC workers and
-// the progress thread (inline handlers) call Handle; the period thread calls RunPeriod; STAT and
-// metric scrapes call stats()/metrics() from any thread.
+// the progress thread (inline handlers) call Handle; a TIER_READ that needs the file is deferred
+// (RpcCall::defer) to the miss-IO threads, which read and answer it; the period thread calls
+// RunPeriod; STAT and metric scrapes call stats()/metrics() from any thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -36,6 +38,12 @@ class TierService final : public Service {
  public:
   static constexpr const char* kDataRegionName = "tier";
   static constexpr const char* kBitmapRegionName = "tier-bitmap";
+  // Miss-IO threads: TIER_READ misses in the device at once (each runs one read through the
+  // store's io rings, which get as many rings plus two for workers and the period thread).
+  static constexpr unsigned kMissIoThreads = 8;
+  // Misses waiting for a miss-IO thread; beyond this a miss is read on the RPC worker (back-
+  // pressure instead of an unbounded queue).
+  static constexpr size_t kMissQueueCapacity = 1024;
 
   // Validates config.tier, opens the store (file, mappings) and exports its range (read-only)
   // and, in mode full, the bitmap through `node` (which must outlive the service and be stopped
@@ -54,9 +62,10 @@ class TierService final : public Service {
   std::string_view name() const override { return "tier"; }
   OpcodeRange opcodes() const override { return kTierOpcodes; }
   std::vector<ServiceMethod> methods() override;
-  // Starts the period thread (modes hotspot and full). Idempotent.
+  // Starts the miss-IO threads and the period thread (modes hotspot and full). Idempotent.
   Status start() override;
-  // Joins the period thread. Idempotent.
+  // Joins the period thread and the miss-IO threads (misses already being read are answered;
+  // queued ones get Unavailable). Idempotent.
   void stop() override;
   // STAT key "tier" (docs/tier.md "STAT") and the farmem_tier_* metrics.
   void stats(nlohmann::json& doc) const override;
@@ -72,7 +81,13 @@ class TierService final : public Service {
  private:
   TierService() = default;
   Status Info(std::vector<std::byte>& reply);
-  Status Read(const RpcCall& call, std::vector<std::byte>& reply);
+  // Answers at once when every requested page's unit is resident (or IO runs synchronously);
+  // else defers the call to the miss-IO threads and sets *deferred.
+  Status Read(const RpcCall& call, std::vector<std::byte>& reply, bool* deferred);
+  // The store read of a decoded TIER_READ, packed into `reply` (any thread).
+  Status ServeRead(const tier::TierReadRequest& req, std::vector<std::byte>& reply);
+  bool AllResident(const tier::TierReadRequest& req) const;
+  void MissLoop();
   Status Write(const RpcCall& call);
   Status Counters(const RpcCall& call);
   void PeriodLoop();
@@ -89,6 +104,20 @@ class TierService final : public Service {
   // TIER_READ / TIER_WRITE handlers running now (file IO in progress): 0 when idle, whatever
   // happened to the clients that sent them (STAT "rpc_in_flight").
   std::atomic<int64_t> rpc_in_flight_{0};
+
+  bool sync_miss_io_ = false;  // test-only (TierStoreFaults::sync_miss_io)
+
+  // Deferred misses: queue of (answer handle, decoded request) for the miss-IO threads.
+  struct MissJob {
+    DeferredReply reply;
+    tier::TierReadRequest req;
+  };
+  std::mutex miss_mu_;
+  std::condition_variable miss_cv_;
+  std::deque<MissJob> miss_queue_;
+  bool miss_running_ = false;  // threads started and not stopping: misses may be queued
+  std::vector<std::thread> miss_threads_;
+  std::atomic<uint64_t> misses_deferred_{0}, misses_sync_{0};
 
   std::mutex thread_mu_;
   std::condition_variable thread_cv_;
