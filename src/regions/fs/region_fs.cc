@@ -389,10 +389,10 @@ void Fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t len
                                         static_cast<uint64_t>(length)));
 }
 
-// FLUSH and FSYNC are not implemented (MakeOps): every write the daemon acknowledged is already
-// in remote memory and the kernel writes its dirty pages back before it would send them, so they
-// have nothing to do. After libfuse's first ENOSYS reply the kernel stops sending FLUSH at each
-// close(2) and FSYNC at each fsync(2): a round trip less per file closed.
+// No FLUSH or FSYNC handler, by design (MakeOps leaves both out): every write the daemon
+// acknowledged is already in remote memory and the kernel writes its dirty pages back before it
+// would send them, so they have nothing to do. After libfuse's first ENOSYS reply the kernel stops
+// sending FLUSH at each close(2) and FSYNC at each fsync(2): a round trip less per file closed.
 
 void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   if (fi->fh & kIntroHandle) {
