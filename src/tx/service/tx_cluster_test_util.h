@@ -43,6 +43,12 @@ struct TxCluster {
     s.service->stop();
   }
 
+  // Holds server i's reaper (lease reaping and 2PC recovery) until ResumeRecovery(i), so that a
+  // test decides when recovery first asks the peers — e.g. only after the first participant is
+  // down; otherwise a reaper step in between asks the live first participant instead.
+  void HoldRecovery(size_t i) { servers[i].service->stop(); }
+  Status ResumeRecovery(size_t i) { return servers[i].service->start(); }
+
   // `tables`: --tx-table specs; `op_timeout`: every node's transport operation timeout (a dead
   // peer's calls fail by then). A failure is reported with ADD_FAILURE and leaves `node` null.
   static std::unique_ptr<TxCluster> Start(

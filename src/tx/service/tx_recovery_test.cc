@@ -330,8 +330,10 @@ TEST_P(TxRecovery, APreparedParticipantKeepsItsLocksWhileTheFirstParticipantIsDo
   f.die_at = TxDieAt::kAfterPrepare;
   auto dying = Client(f);
   ASSERT_TRUE(dying);
+  cluster_->HoldRecovery(1);
   EXPECT_EQ(Transfer(*dying, a_, b_).code(), Code::kInternal);
   cluster_->Stop(0);
+  ASSERT_TRUE(cluster_->ResumeRecovery(1).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (Stat(1, "recovery_unreachable") == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(10));
@@ -518,6 +520,8 @@ class TxPeerRecovery : public ::testing::TestWithParam<std::string> {
 // would fence and answer "aborted", and the transfer would be torn).
 TEST_P(TxPeerRecovery, APreparedParticipantLearnsTheCommitFromAPeerWhenTheFirstIsDown) {
   const uint64_t txid = 7001;
+  cluster_->HoldRecovery(1);  // its TX_DECIDE is sent by hand below
+  cluster_->HoldRecovery(2);
   for (size_t s = 0; s < 3; ++s) ASSERT_TRUE(Lock(s, txid).ok()) << s;
   ASSERT_TRUE(Prepare(1, txid).ok());
   ASSERT_TRUE(Prepare(2, txid).ok());
@@ -535,6 +539,7 @@ TEST_P(TxPeerRecovery, APreparedParticipantLearnsTheCommitFromAPeerWhenTheFirstI
                    wire::EncodeTwoPhaseRequest(txid, 0, wire::kDecideCommit, 0, none, {}))
                   .ok());
   EXPECT_EQ(Value(1), kStart + kAmount);
+  ASSERT_TRUE(cluster_->ResumeRecovery(2).ok());
   WaitResolved(2);
   EXPECT_EQ(Stat(2, "prepared"), 0u);
   EXPECT_EQ(Stat(2, "recovered_from_peers"), 1u);
@@ -548,10 +553,12 @@ TEST_P(TxPeerRecovery, APreparedParticipantLearnsTheCommitFromAPeerWhenTheFirstI
 // prepare at server 2 is refused (without the fence it would succeed, and a commit could follow).
 TEST_P(TxPeerRecovery, APeerThatNeverVotedFencesAndAbortsTheTransaction) {
   const uint64_t txid = 7002;
+  cluster_->HoldRecovery(1);
   ASSERT_TRUE(Lock(1, txid).ok());
   ASSERT_TRUE(Lock(2, txid).ok());
   ASSERT_TRUE(Prepare(1, txid).ok());
   cluster_->Stop(0);
+  ASSERT_TRUE(cluster_->ResumeRecovery(1).ok());
   WaitResolved(1);
   EXPECT_EQ(Stat(1, "prepared"), 0u);
   EXPECT_EQ(Stat(1, "recovered_from_peers"), 1u);
