@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "channels/channels_test_util.h"
+#include "transport/fabric/fabric_util.h"
 
 namespace farmem::channels {
 namespace {
@@ -248,10 +249,9 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
   ASSERT_EQ(kill(reap.pid, SIGKILL), 0);
   ASSERT_EQ(waitpid(reap.pid, nullptr, 0), child);
   reap.pid = 0;  // reaped: the destructor does nothing
-  // A SIGKILLed fabric:shm process leaves its libfabric shm segments ("/dev/shm/<pid>:..."):
-  // remove the child's, now that it is reaped (they would take RAM and clash with a later
-  // process of the same pid).
-  const std::string prefix = std::to_string(child) + ":";
+  // A SIGKILLed fabric:shm process leaves its libfabric shm segments ("/dev/shm/<pid>_..."):
+  // remove the child's, now that it is reaped (they would take RAM).
+  const std::string prefix = fabric::ShmFilePrefix(child);
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);

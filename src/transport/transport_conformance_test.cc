@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "common/log.h"
+#include "transport/fabric/fabric_util.h"
 #include "transport/testing/completion_util.h"
 #include "transport/testing/peer_process.h"
 #include "transport/testing/watchdog.h"
@@ -138,9 +139,10 @@ size_t CountOpenFds() {
   return n;
 }
 
-// Files in /dev/shm named "<our pid>:...": what libfabric's shm provider creates per endpoint.
+// Files in /dev/shm named "<our pid>_...": what libfabric's shm provider creates per endpoint
+// (under the source name fabric::ShmSourceName gives it).
 std::set<std::string> OurShmFiles() {
-  const std::string prefix = std::to_string(getpid()) + ":";
+  const std::string prefix = fabric::ShmFilePrefix(getpid());
   std::set<std::string> out;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/dev/shm", ec);

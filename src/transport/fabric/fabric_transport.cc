@@ -177,8 +177,13 @@ Status Core::Open() {
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->fabric_attr->prov_name = strdup(config_.provider.c_str());
   const bool is_shm = config_.provider == "shm";
-  // Non-shm providers are pinned to listen_host so they never pick eth0 by accident.
-  const char* node = is_shm || config_.listen_host.empty() ? nullptr : config_.listen_host.c_str();
+  // Non-shm providers are pinned to listen_host so they never pick eth0 by accident. shm gets a
+  // source name of its own instead of the pid (ShmSourceName: a reused pid must not meet a dead
+  // process's /dev/shm files).
+  const std::string shm_name = is_shm ? ShmSourceName() : std::string();
+  const char* node = is_shm                        ? shm_name.c_str()
+                     : config_.listen_host.empty() ? nullptr
+                                                   : config_.listen_host.c_str();
   std::string service;
   if (!is_shm && config_.listen_port != 0) service = std::to_string(config_.listen_port);
   const int ret = fi_getinfo(FI_VERSION(1, 17), node, service.empty() ? nullptr : service.c_str(),
@@ -187,7 +192,8 @@ Status Core::Open() {
   if (ret != 0 || info_ == nullptr) {
     info_ = nullptr;
     return FiStatus("libfabric provider '" + config_.provider + "' with FI_EP_RDM, RMA, atomics" +
-                        (node ? " on " + config_.listen_host : std::string()) + " is not available",
+                        (node && !is_shm ? " on " + config_.listen_host : std::string()) +
+                        " is not available",
                     ret != 0 ? ret : -FI_ENODATA)
         .WithContext("fabric");
   }

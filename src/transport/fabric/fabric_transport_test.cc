@@ -1,12 +1,15 @@
 // Tests specific to the libfabric backend: mr_mode plan, hex addresses, wire parsing, key-lookup
 // caching and invalidation, forced FI_MR_LOCAL path, missing provider. Generic transport semantics
 // are covered by src/transport/transport_conformance_test.cc.
+#include <fcntl.h>
 #include <rdma/fabric.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <random>
@@ -157,6 +160,42 @@ TEST(FabricCreate, RejectsBadConfig) {
   cfg.backend = "fabric";
   cfg.max_rpc_bytes = 0;
   EXPECT_EQ(CreateFabricTransport(cfg).status().code(), Code::kInvalidArgument);
+}
+
+// A process SIGKILLed earlier with our pid left its shm files behind. Under libfabric's default
+// name ("<pid>:<uid>:<endpoint index>") our next endpoint would open one of them and fail with
+// EBUSY (seen in CI after pid reuse); under ShmSourceName ("<pid>_<random>") nothing collides.
+TEST(FabricShm, ADeadProcessesFilesUnderOurPidDoNotBlockANewEndpoint) {
+  std::vector<std::string> planted;  // only files this test created, removed at the end
+  const std::string old_prefix = std::to_string(getpid()) + ":" + std::to_string(getuid()) + ":";
+  for (int i = 0; i < 4096; ++i) {
+    const std::string path = "/dev/shm/" + old_prefix + std::to_string(i);
+    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) continue;
+    if (::ftruncate(fd, 1 << 20) != 0) ADD_FAILURE() << "ftruncate " << path;
+    ::close(fd);
+    planted.push_back(path);
+  }
+  ASSERT_FALSE(planted.empty()) << "/dev/shm is not writable here";
+  TransportConfig cfg;
+  cfg.backend = "fabric";
+  cfg.provider = "shm";
+  Status started;
+  {
+    auto t = CreateFabricTransport(cfg);
+    started = t.ok() ? (*t)->start() : t.status();
+    if (t.ok()) (*t)->stop();
+  }  // destroyed before the planted files go
+  for (const std::string& p : planted) std::filesystem::remove(p);
+  if (started.code() == Code::kUnavailable) GTEST_SKIP() << started.ToString();
+  EXPECT_TRUE(started.ok()) << started.ToString();
+}
+
+TEST(FabricShm, SourceNamesDifferPerCallAndStartWithThePid) {
+  const std::string a = ShmSourceName(), b = ShmSourceName();
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(a.starts_with(ShmFilePrefix(getpid()))) << a;
+  EXPECT_EQ(a.size(), ShmFilePrefix(getpid()).size() + 16) << a;
 }
 
 // ---- against real providers ---------------------------------------------------------------

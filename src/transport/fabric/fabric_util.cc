@@ -3,8 +3,11 @@
 #include "transport/fabric/fabric_util.h"
 
 #include <rdma/fabric.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 namespace farmem::fabric {
 
@@ -18,6 +21,18 @@ std::string HexEncode(std::span<const std::byte> bytes) {
     out.push_back(kDigits[v & 0xf]);
   }
   return out;
+}
+
+std::string ShmSourceName() {
+  std::random_device rd;
+  const uint64_t token = (static_cast<uint64_t>(rd()) << 32) | rd();
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(token));
+  return ShmFilePrefix(getpid()) + hex;
+}
+
+std::string ShmFilePrefix(int pid) {
+  return std::to_string(pid) + "_";
 }
 
 namespace {

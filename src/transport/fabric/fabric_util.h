@@ -33,6 +33,17 @@ struct MrPlan {
   size_t key_size = 8;         // fi_domain_attr::mr_key_size (bytes of a requested key)
 };
 
+// libfabric's shm provider names each endpoint's /dev/shm file "<source name>:<uid>:<index>",
+// and its default source name is the pid. A SIGKILLed process never removes its files, so a
+// later process given the same pid failed fi_enable with EBUSY (docs/fabric.md). We pass our own
+// source name, "<pid>_<64 random bits in hex>": a reused pid gets another one. Computed afresh per
+// call, never cached: a fork()ed child must not reuse its parent's name (libfabric's endpoint
+// index is inherited too, so both would open the same file).
+std::string ShmSourceName();
+// The start of every /dev/shm file name of process `pid`'s shm endpoints ("<pid>_"): a test that
+// SIGKILLs a child removes the child's files by it.
+std::string ShmFilePrefix(int pid);
+
 // The mr_mode bits we can honour (what we pass in the hints).
 uint64_t SupportedMrModeBits();
 // Translate a provider's mr_mode; bits we cannot honour (FI_MR_RAW, FI_MR_HMEM, ...) are an error.

@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "farmem/status.h"
+#include "transport/fabric/fabric_util.h"
 #include "transport/testing/watchdog.h"
 
 namespace farmem::testing {
@@ -154,10 +155,11 @@ class PeerProcess {
   }
 
  private:
-  // libfabric's shm provider names its segments "/dev/shm/<pid>:..." and unlinks them at exit; a
-  // SIGKILLed peer cannot, so the test that killed it removes them (else every run leaks 16 MiB+).
+  // libfabric's shm provider names our segments "/dev/shm/<pid>_..." (fabric::ShmSourceName) and
+  // unlinks them at exit; a SIGKILLed peer cannot, so the test that killed it removes them (else
+  // every run leaks 16 MiB+).
   static void RemoveShmOf(pid_t pid) {
-    const std::string prefix = std::to_string(pid) + ":";
+    const std::string prefix = fabric::ShmFilePrefix(pid);
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
       if (e.path().filename().string().starts_with(prefix)) std::filesystem::remove(e.path(), ec);
