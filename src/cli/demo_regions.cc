@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -108,47 +109,67 @@ int RunTool(std::vector<std::string> args) {
   _exit(0);
 }
 
-// The mount on its own thread; Wait gives the ready/exit outcome.
+// The mount on its own thread; Wait gives the ready/exit outcome. The state the thread writes is
+// shared with it, so that a daemon that never returns (an unmount that failed twice) is left
+// running detached instead of hanging the demo in a join: the process exits soon after anyway.
 class Mount {
  public:
-  explicit Mount(const std::string& dir) {
+  explicit Mount(const std::string& dir) : state_(std::make_shared<State>()) {
     RegionFsOptions o;
     o.mountpoint = dir;
     o.memory_bytes = 32ull << 20;
     o.threads = 2;
-    o.on_ready = [this] {
-      std::lock_guard lock(mu_);
-      ready_ = true;
-      cv_.notify_all();
+    o.on_ready = [state = state_] {
+      std::lock_guard lock(state->mu);
+      state->ready = true;
+      state->cv.notify_all();
     };
-    thread_ = std::thread([this, o] {
+    thread_ = std::thread([state = state_, o] {
       Status st = RunRegionFs(o);
-      std::lock_guard lock(mu_);
-      result_ = st;
-      cv_.notify_all();
+      std::lock_guard lock(state->mu);
+      state->result = st;
+      state->cv.notify_all();
     });
   }
-  ~Mount() { thread_.join(); }
+  ~Mount() {
+    if (WaitExit().ok() || Exited()) {
+      thread_.join();
+    } else {
+      std::printf("  regions: the mount daemon did not return within 10 s; left detached\n");
+      thread_.detach();
+    }
+  }
   // OK once mounted; the daemon's error if it stopped first; TimedOut after kWait.
   Status WaitReady() {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, kWait, [&] { return ready_ || result_.has_value(); }))
+    std::unique_lock lock(state_->mu);
+    if (!state_->cv.wait_for(lock, kWait,
+                             [&] { return state_->ready || state_->result.has_value(); }))
       return Status(Code::kTimedOut, "the mount was not ready within 10 s");
-    return ready_ ? Status() : (result_->ok() ? Status(Code::kInternal, "mount ended") : *result_);
+    return state_->ready
+               ? Status()
+               : (state_->result->ok() ? Status(Code::kInternal, "mount ended") : *state_->result);
   }
   // The daemon's result once it returned (TimedOut after kWait).
   Status WaitExit() {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, kWait, [&] { return result_.has_value(); }))
+    std::unique_lock lock(state_->mu);
+    if (!state_->cv.wait_for(lock, kWait, [&] { return state_->result.has_value(); }))
       return Status(Code::kTimedOut, "the mount did not stop within 10 s");
-    return *result_;
+    return *state_->result;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool ready_ = false;
-  std::optional<Status> result_;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool ready = false;
+    std::optional<Status> result;
+  };
+  bool Exited() {
+    std::lock_guard lock(state_->mu);
+    return state_->result.has_value();
+  }
+
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 
