@@ -8,7 +8,7 @@
 # fallocate (-l, -n, -p, -z) against tmpfs, the root-only .regions/ reports and `farmem regions
 # stat`, OWNERPID/PERSISTENT (a region dies with its creating process unless PERSISTENT), HOSTALLOC,
 # clean unmount on SIGTERM and by fusermount3 -u.
-# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_rollback (passed
+# FARMEM_REGIONS_FAULT=no_tail|no_onewriter|no_perms|no_prealloc|no_punch_zero|no_zero_range|no_rollback (passed
 # to the daemon) makes a check fail; so do open_intro (.regions/ readable by everyone) and no_reap|
 # no_revoke|reap_persistent (OWNERPID).
 # SKIP only without /dev/fuse. Labels: regions, integration. Usage: regions_mount_test.sh FARMEM
@@ -187,8 +187,26 @@ done
 [[ "$(direct_sum "$MNT/fa")" == "$(sum "$REF/fa")" ]] || fail "fallocate -p: contents differ from tmpfs"
 [[ "$(stat -c '%s %b' "$MNT/fa")" == "$(stat -c '%s %b' "$REF/fa")" ]] ||
   fail "fallocate -p: size+blocks $(stat -c '%s %b' "$MNT/fa") vs tmpfs $(stat -c '%s %b' "$REF/fa")"
-fallocate -z -l 4096 "$MNT/fa" 2>"$WORK/fz.err" && fail "fallocate ZERO_RANGE succeeded"
-grep -q "Operation not supported" "$WORK/fz.err" || fail "ZERO_RANGE: $(cat "$WORK/fz.err")"
+# ZERO_RANGE (tmpfs has none: the reference gets the zeros written with dd, and fallocate -n / -l
+# for the parts past the end) over data just written (still in the page cache), over what was the
+# punched hole and past the end, with and without KEEP_SIZE: contents and size as on tmpfs.
+zeros_at() { head -c "$2" /dev/zero | dd of="$1" bs="$2" seek="$3" oflag=seek_bytes conv=notrunc status=none; }
+head -c 300000 /dev/urandom >"$WORK/zr.src"
+for d in "$REF" "$MNT"; do
+  dd if="$WORK/zr.src" of="$d/fa" bs=300000 seek=300000 oflag=seek_bytes conv=notrunc status=none
+done
+fallocate -z -o 200000 -l 300000 "$MNT/fa"
+fallocate -z -n -o 1000000 -l 300000 "$MNT/fa"
+fallocate -z -o 1200000 -l 100000 "$MNT/fa"
+zeros_at "$REF/fa" 300000 200000
+zeros_at "$REF/fa" $((1048576 - 1000000)) 1000000
+fallocate -n -o 1000000 -l 300000 "$REF/fa"
+fallocate -o 1200000 -l 100000 "$REF/fa"
+[[ "$(direct_sum "$MNT/fa")" == "$(sum "$REF/fa")" ]] || fail "fallocate -z: contents differ from tmpfs"
+[[ "$(sum "$MNT/fa")" == "$(sum "$REF/fa")" ]] || fail "fallocate -z: cached contents differ from tmpfs"
+[[ "$(stat -c %s "$MNT/fa")" == 1300000 ]] || fail "fallocate -z: size $(stat -c %s "$MNT/fa"), not 1300000"
+fallocate -c -o 0 -l 128K "$MNT/fa" 2>"$WORK/fz.err" && fail "fallocate COLLAPSE_RANGE succeeded"
+grep -q "Operation not supported" "$WORK/fz.err" || fail "COLLAPSE_RANGE: $(cat "$WORK/fz.err")"
 free_before="$(stat -f -c %f "$MNT")"
 fallocate -l 64M "$MNT/fhuge" 2>"$WORK/fh.err" && fail "fallocate of 64 MiB fit into 40 MiB"
 grep -q "No space left" "$WORK/fh.err" || fail "fallocate 64 MiB: $(cat "$WORK/fh.err")"

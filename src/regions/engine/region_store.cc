@@ -38,6 +38,7 @@ namespace {
 //   no_rollback: a write or fallocate that ran out of memory keeps the chunks it did get;
 //   no_prealloc: fallocate mode 0 / KEEP_SIZE sets the size but allocates nothing;
 //   no_punch_zero: PUNCH_HOLE leaves the covered bytes of partial chunks as they were;
+//   no_zero_range: ZERO_RANGE leaves the bytes of chunks it already had as they were;
 //   no_reap: regions of an exited owner are not deleted;
 //   no_revoke: they are deleted, but handles still open keep reading and writing them;
 //   reap_persistent: PERSISTENT regions are deleted with their owner too;
@@ -1105,8 +1106,11 @@ void RegionStore::Unalloc(Inode& in, const std::vector<uint64_t>& fresh) {
 
 Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
   const bool punch = mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE);
-  if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE && !punch)
-    return Err(ENOTSUP, "fallocate: only mode 0, KEEP_SIZE and PUNCH_HOLE|KEEP_SIZE");
+  const bool zero_range = (mode & ~FALLOC_FL_KEEP_SIZE) == FALLOC_FL_ZERO_RANGE;
+  if (mode != 0 && mode != FALLOC_FL_KEEP_SIZE && !punch && !zero_range)
+    return Err(
+        ENOTSUP,
+        "fallocate: only mode 0, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE and ZERO_RANGE[|KEEP_SIZE]");
   if (len == 0) return Err(EINVAL, "fallocate of 0 bytes");
   if (offset > kMaxRegionBytes || len > kMaxRegionBytes - offset)
     return Err(EFBIG, "past the largest region (8 GiB)");
@@ -1141,6 +1145,18 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
       zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
     }
   } else if (!Fault("no_prealloc")) {
+    // ZERO_RANGE: chunks allocated before the call are zeroed where the range covers them (a
+    // chunk stays allocated, so later writes there cannot fail with ENOSPC); the holes get chunks
+    // as for mode 0.
+    if (zero_range && !Fault("no_zero_range"))
+      for (uint64_t c = first; c <= last && c < in->rec.map.size(); ++c) {
+        if (in->rec.map[c] == kHole) continue;
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        const uint64_t cs = c * kChunkBytes;
+        const uint64_t from = std::max(offset, cs), to = std::min(end, cs + kChunkBytes);
+        ref.offset += from - cs;
+        zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
+      }
     FARMEM_RETURN_IF_ERROR(AllocRange(*in, first, last, fresh, dirty));
     // Reused chunks may hold a freed region's bytes, and all of a fresh chunk reads zero.
     if (!Fault("no_zero"))
@@ -1179,10 +1195,11 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
       for (MapEntry e : cut) FreeChunk(e);
   }
   int64_t now = NowNs();
-  if (mode == 0 && end > in->rec.h.size) {
+  if ((mode == 0 || mode == FALLOC_FL_ZERO_RANGE) && end > in->rec.h.size) {
     in->rec.h.size = end;
     in->rec.h.mtime_ns = now;
   }
+  if (punch || zero_range) in->rec.h.mtime_ns = now;  // the bytes changed
   in->rec.h.ctime_ns = now;
   return Persist(*in);
 }

@@ -187,6 +187,8 @@ class RegionStore {
   // size (KEEP_SIZE preallocates past the end without changing it). ENOSPC changes nothing.
   // FALLOC_FL_PUNCH_HOLE|KEEP_SIZE: whole chunks in the range become holes (their memory returns
   // at the last release, as for a truncate) and the covered bytes of partial ones are zeroed.
+  // FALLOC_FL_ZERO_RANGE[|KEEP_SIZE]: the range reads zero afterwards and is allocated as for
+  // mode 0 / KEEP_SIZE (chunks it already had are zeroed in place, holes get zeroed chunks).
   // Any other mode: ENOTSUP (== EOPNOTSUPP).
   Status fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len);
 

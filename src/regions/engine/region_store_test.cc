@@ -229,6 +229,38 @@ TEST_F(RegionStoreTest, EnospcChangesNothingAndSpaceIsReusableAfterDelete) {
   EXPECT_EQ(Read(again, written - mib.size(), mib.size()), mib);
 }
 
+// ZERO_RANGE over data, a punched hole and the end: the range reads zero (chunks it had are
+// zeroed in place, the hole gets a chunk), the rest is untouched; KEEP_SIZE keeps the size.
+TEST_F(RegionStoreTest, FallocateZeroRangeZeroesAllocatesAndExtends) {
+  Open(1, 8ull << 20);
+  uint64_t f = Create("f");
+  auto data = RandomBytes(4 * kChunkBytes, 13);
+  ASSERT_TRUE(store_->write(f, 0, data).ok());
+  ASSERT_TRUE(
+      store_->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kChunkBytes, kChunkBytes)
+          .ok());
+  std::fill(data.begin() + kChunkBytes, data.begin() + 2 * kChunkBytes, std::byte{0});
+  ASSERT_EQ(store_->getattr(f)->chunks, 3u);
+  // [chunk/2, 2.5 chunks): half of chunk 0, the hole at chunk 1, half of chunk 2.
+  ASSERT_TRUE(store_->fallocate(f, FALLOC_FL_ZERO_RANGE, kChunkBytes / 2, 2 * kChunkBytes).ok());
+  std::fill(data.begin() + kChunkBytes / 2, data.begin() + 5 * kChunkBytes / 2, std::byte{0});
+  EXPECT_EQ(Read(f, 0, data.size()), data) << "the range is not zero or the rest was damaged";
+  EXPECT_EQ(store_->getattr(f)->chunks, 4u) << "ZERO_RANGE did not allocate the hole";
+  EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes);
+  // KEEP_SIZE past the end allocates without extending; without it the size grows.
+  ASSERT_TRUE(store_
+                  ->fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 4 * kChunkBytes - 10,
+                              kChunkBytes)
+                  .ok());
+  EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes);
+  EXPECT_EQ(store_->getattr(f)->chunks, 5u);
+  std::fill(data.end() - 10, data.end(), std::byte{0});
+  EXPECT_EQ(Read(f, 0, data.size()), data);
+  ASSERT_TRUE(store_->fallocate(f, FALLOC_FL_ZERO_RANGE, 4 * kChunkBytes, 100).ok());
+  EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes + 100);
+  EXPECT_EQ(CountNonZero(Read(f, 4 * kChunkBytes - 10, 110)), 0u);
+}
+
 TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
   Open(1, 8ull << 20);  // 8 MiB: 64 chunks
   uint64_t f = Create("f");
@@ -257,8 +289,8 @@ TEST_F(RegionStoreTest, FallocatePreallocatesPunchesAndChangesNothingOnEnospc) {
   EXPECT_EQ(Read(f, 0, data.size()), data) << "punched range not zero or the rest damaged";
   EXPECT_EQ(store_->getattr(f)->size, 4 * kChunkBytes);
   // Other modes are refused.
-  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_ZERO_RANGE, 0, 1)), ENOTSUP);
   EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_PUNCH_HOLE, 0, 1)), ENOTSUP);
+  EXPECT_EQ(ErrnoOf(store_->fallocate(f, FALLOC_FL_COLLAPSE_RANGE, 0, kChunkBytes)), ENOTSUP);
   // More than the budget: ENOSPC, nothing allocated, the size unchanged.
   uint64_t g = Create("g");
   uint64_t before = store_->stats().chunks_in_use;
