@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "farmem/status.h"
@@ -33,5 +34,21 @@ struct RegionFsOptions {
 // InvalidArgument (bad options), Unavailable (no /dev/fuse or the servers are unreachable),
 // IoError (mount failed).
 Status RunRegionFs(const RegionFsOptions& options);
+
+// rsetdefaultattr (the paper's per-thread defaults, docs/regions.md "Attributes"): `attr`
+// ("persistent", "multihosted", "onewriter" with "0" or "1"; "hostalloc" with a server list, ""
+// for all) becomes the default for the files and directories the *calling thread* creates in the
+// mount at `mountpoint` from now on, over what they would inherit from their directory. Other
+// threads are not affected; the defaults end with the thread. It is the xattr
+// "user.region.default.<attr>" of the mount's root, so any language (or setfattr, for that one
+// short-lived process) can set it. Errors as setxattr's: InvalidArgument (EINVAL: bad value,
+// unknown server), EPERM for "ownerpid" (set at creation), ENOTSUP for other names; also
+// InvalidArgument when `mountpoint` is not the root of a farmem mount.
+Status rsetdefaultattr(const std::string& mountpoint, std::string_view attr,
+                       std::string_view value);
+// Drops the calling thread's default for `attr` (no default: OK).
+Status rcleardefaultattr(const std::string& mountpoint, std::string_view attr);
+// The calling thread's default for `attr`; NotFound without one.
+Result<std::string> rgetdefaultattr(const std::string& mountpoint, std::string_view attr);
 
 }  // namespace farmem

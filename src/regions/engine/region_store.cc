@@ -45,6 +45,7 @@ namespace {
 //   no_hostalloc: chunks are placed as if HOSTALLOC were empty (all servers);
 //   no_rewatch: owners recorded in loaded metadata are not watched again;
 //   no_touched: every fresh chunk is taken as never used (zeroed), reused ones too;
+//   no_thread_defaults: new regions ignore their creating thread's rsetdefaultattr defaults;
 //   no_range_lock: a write does not wait for in-flight writes whose span it overlaps;
 //   serial_writes: writes to one inode go one at a time (io exclusive), as before they
 //     overlapped (a switch that must not break anything: the stress test passes with it).
@@ -213,6 +214,10 @@ class ClusterMeta : public MetaStore {
 
 std::unique_ptr<MetaStore> NewClusterMetaStore(Cluster& cluster, std::string prefix) {
   return std::make_unique<ClusterMeta>(cluster, std::move(prefix));
+}
+
+Status ErrnoStatus(int e, std::string_view what) {
+  return Err(e, what);
 }
 
 int ErrnoOf(const Status& s) {
@@ -532,6 +537,12 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
   h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
   h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
   if ((mode & S_IFMT) != S_IFLNK) in->rec.hostalloc = dir->rec.hostalloc;
+  // ... unless the creating thread set defaults (rsetdefaultattr): they win.
+  if (who.defaults != nullptr && (mode & S_IFMT) != S_IFLNK && !Fault("no_thread_defaults")) {
+    h.attr_flags = static_cast<uint16_t>((h.attr_flags & ~who.defaults->set) |
+                                         (who.defaults->flags & who.defaults->set));
+    if (who.defaults->hostalloc) in->rec.hostalloc = *who.defaults->hostalloc;
+  }
   h.owner_pid = who.pid > 0 ? TgidOf(who.pid) : 0;  // the process, not the thread
   h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
   if (in->is_dir()) in->parent = parent;
@@ -828,6 +839,49 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
   return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter,hostalloc} can be set");
+}
+
+Status RegionStore::SetDefaultAttr(AttrDefaults& into, std::string_view name,
+                                   std::string_view value) {
+  if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  if (name == kHostallocXattr) {
+    Status ok = CheckHostalloc(value);
+    if (!ok.ok()) return Err(EINVAL, std::string(ok.message()));
+    std::lock_guard lk(mu_);
+    for (const std::string& a : SplitHostalloc(value))
+      if (std::none_of(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; }))
+        return Err(EINVAL, "HOSTALLOC: " + a + " is not a memory server of this mount");
+    into.hostalloc = std::string(value);
+    return Status::OK();
+  }
+  for (const auto& x : kXattrs) {
+    if (x.name != name) continue;
+    if (value.empty()) {
+      into.set = static_cast<uint16_t>(into.set & ~x.flag);
+      into.flags = static_cast<uint16_t>(into.flags & ~x.flag);
+      return Status::OK();
+    }
+    if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
+    into.set |= x.flag;
+    into.flags =
+        static_cast<uint16_t>(value == "1" ? (into.flags | x.flag) : (into.flags & ~x.flag));
+    return Status::OK();
+  }
+  return Err(ENOTSUP,
+             "only user.region.{persistent,multihosted,onewriter,hostalloc} have defaults");
+}
+
+Result<std::string> RegionStore::DefaultAttr(const AttrDefaults& defaults, std::string_view name) {
+  if (name == kHostallocXattr) {
+    if (!defaults.hostalloc) return Err(ENODATA, "no default HOSTALLOC for this thread");
+    return *defaults.hostalloc;
+  }
+  for (const auto& x : kXattrs)
+    if (x.name == name) {
+      if (!(defaults.set & x.flag)) return Err(ENODATA, "no default for this thread");
+      return std::string((defaults.flags & x.flag) ? "1" : "0");
+    }
+  return Err(ENODATA, "no such default");
 }
 
 Status RegionStore::removexattr(uint64_t ino, std::string_view name) {

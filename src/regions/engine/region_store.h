@@ -90,11 +90,21 @@ struct SetAttrRequest {
   std::optional<int64_t> mtime_ns;
 };
 
+// Attribute defaults for the regions one thread creates (`rsetdefaultattr`, docs/regions.md
+// "Attributes"): they override what a new file or directory inherits from its directory.
+struct AttrDefaults {
+  uint16_t set = 0;    // which attribute flags (kAttr*) have a default
+  uint16_t flags = 0;  // their values (bits outside `set` are 0)
+  std::optional<std::string> hostalloc;
+  bool empty() const { return set == 0 && !hostalloc; }
+};
+
 // Who asks (FUSE request context).
 struct Caller {
   uint32_t uid = 0;
   uint32_t gid = 0;
   int32_t pid = 0;
+  const AttrDefaults* defaults = nullptr;  // the calling thread's, if it set any
 };
 
 // A region deleted because its owner process exited (ReapOwners): the FUSE daemon drops the
@@ -125,6 +135,8 @@ struct RegionStoreStats {
 // Errors carry POSIX meaning: ErrnoOf(status) gives the errno FUSE replies with (messages start
 // with the errno name, e.g. "ENOTEMPTY: ...").
 int ErrnoOf(const Status& s);
+// The status ErrnoOf maps back to `e` (one of the errnos it knows; others read as EIO/EINVAL).
+Status ErrnoStatus(int e, std::string_view what);
 
 // A value of an introspection report field: bytes that would split a line or a field (space,
 // control bytes, '%', '=') as %XX.
@@ -169,6 +181,12 @@ class RegionStore {
   Result<std::vector<std::string>> listxattr(uint64_t ino);
   // Flags go back to 0, HOSTALLOC to "" (all servers).
   Status removexattr(uint64_t ino, std::string_view name);
+  // Checks `value` for the attribute xattr `name` as setxattr would (EINVAL, EPERM for
+  // ownerpid, ENOTSUP for other names) and records it in `into`; "" as a flag's value removes
+  // its default. No inode is touched.
+  Status SetDefaultAttr(AttrDefaults& into, std::string_view name, std::string_view value);
+  // The value `defaults` holds for `name`, ENODATA without one.
+  static Result<std::string> DefaultAttr(const AttrDefaults& defaults, std::string_view name);
 
   // ---- data ----
   // A handle pins the inode (its chunks stay until the last handle goes). `write`: counts as a

@@ -12,9 +12,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -73,6 +75,14 @@ struct FsState {
   std::unordered_map<uint64_t, std::string> intro;
   uint64_t next_intro = 1;
   std::array<std::atomic<uint64_t>, kOpCount> ops{};  // requests served, by kind (any thread)
+  // rsetdefaultattr: attribute defaults per calling thread id, with the thread's start time so
+  // that a later thread given the same id does not inherit them. Guarded by defaults_mu.
+  struct ThreadDefaults {
+    uint64_t start_time = 0;
+    regions::AttrDefaults attrs;
+  };
+  std::mutex defaults_mu;
+  std::unordered_map<pid_t, ThreadDefaults> defaults;
 };
 
 FsState& State(fuse_req_t req) {
@@ -148,6 +158,87 @@ Result<std::string> IntroText(FsState& fs, std::string_view name) {
 Caller Who(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
   return Caller{c->uid, c->gid, c->pid};
+}
+
+// ---- rsetdefaultattr: per-thread defaults, as xattrs "user.region.default.<attr>" of the root
+// ---- (docs/regions.md "Attributes"). FUSE names the calling thread (its id in the daemon's pid
+// namespace), so a setxattr of such a name on the root sets that thread's default for the
+// regions it creates afterwards; getxattr reads it back, removexattr drops it.
+constexpr std::string_view kDefaultPrefix = "user.region.default.";
+constexpr size_t kMaxThreadDefaults = 4096;
+
+// Field 22 of /proc/<tid>/stat (start time in clock ticks since boot); 0 if the thread is gone.
+uint64_t ThreadStartTime(pid_t tid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(tid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return 0;
+  unsigned long long start = 0;
+  // After ") ": state (field 3) ... starttime (field 22): skip 19 fields.
+  if (std::sscanf(
+          p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+          &start) != 1)
+    return 0;
+  return start;
+}
+
+// The calling thread's defaults, if it set any and is still the thread that did.
+std::optional<regions::AttrDefaults> CallerDefaults(fuse_req_t req) {
+  FsState& fs = State(req);
+  const pid_t tid = fuse_req_ctx(req)->pid;
+  std::lock_guard lk(fs.defaults_mu);
+  auto it = fs.defaults.find(tid);
+  if (it == fs.defaults.end()) return std::nullopt;
+  if (ThreadStartTime(tid) != it->second.start_time) {
+    fs.defaults.erase(it);  // that thread has ended; this one only has its id
+    return std::nullopt;
+  }
+  return it->second.attrs;
+}
+
+// setxattr (value) / removexattr (nullopt) of "user.region.default.<attr>" on the root.
+Status SetCallerDefault(fuse_req_t req, std::string_view attr,
+                        std::optional<std::string_view> value) {
+  FsState& fs = State(req);
+  const pid_t tid = fuse_req_ctx(req)->pid;
+  if (tid <= 0)
+    return regions::ErrnoStatus(ENOTSUP, "the calling thread is not visible from the daemon");
+  const uint64_t start = ThreadStartTime(tid);
+  if (start == 0) return regions::ErrnoStatus(EINVAL, "the calling thread is gone");
+  const std::string name = "user.region." + std::string(attr);
+  std::lock_guard lk(fs.defaults_mu);
+  auto it = fs.defaults.find(tid);
+  FsState::ThreadDefaults d;
+  if (it != fs.defaults.end() && it->second.start_time == start) d = it->second;
+  d.start_time = start;
+  if (value) {
+    FARMEM_RETURN_IF_ERROR(fs.store.SetDefaultAttr(d.attrs, name, *value));
+  } else if (name == "user.region.hostalloc") {
+    d.attrs.hostalloc.reset();
+  } else {
+    FARMEM_RETURN_IF_ERROR(fs.store.SetDefaultAttr(d.attrs, name, ""));
+  }
+  if (d.attrs.empty()) {
+    if (it != fs.defaults.end()) fs.defaults.erase(it);
+    return Status::OK();
+  }
+  if (it == fs.defaults.end() && fs.defaults.size() >= kMaxThreadDefaults) {
+    std::erase_if(fs.defaults, [](const auto& e) {
+      return ThreadStartTime(e.first) != e.second.start_time;  // ended threads
+    });
+    if (fs.defaults.size() >= kMaxThreadDefaults)
+      return regions::ErrnoStatus(ENOSPC, "too many threads with attribute defaults");
+  }
+  fs.defaults[tid] = std::move(d);
+  return Status::OK();
+}
+
+bool IsDefaultName(fuse_ino_t ino, std::string_view name) {
+  return ino == FUSE_ROOT_ID && name.starts_with(kDefaultPrefix);
 }
 
 struct timespec Ts(int64_t ns) {
@@ -274,12 +365,18 @@ bool RefuseIntroChange(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void Mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
   if (RefuseIntroChange(req, parent, name)) return;
   if (!S_ISREG(mode)) return (void)fuse_reply_err(req, EPERM);  // regions are regular files
-  ReplyEntry(req, Store(req).create(parent, name, mode, Who(req)));
+  auto d = CallerDefaults(req);
+  Caller who = Who(req);
+  if (d) who.defaults = &*d;
+  ReplyEntry(req, Store(req).create(parent, name, mode, who));
 }
 
 void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (RefuseIntroChange(req, parent, name)) return;
-  ReplyEntry(req, Store(req).mkdir(parent, name, mode, Who(req)));
+  auto d = CallerDefaults(req);
+  Caller who = Who(req);
+  if (d) who.defaults = &*d;
+  ReplyEntry(req, Store(req).mkdir(parent, name, mode, who));
 }
 
 void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -339,7 +436,10 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   if (RefuseIntroChange(req, parent, name)) return;
   RegionStore& s = Store(req);
-  auto a = s.create(parent, name, mode, Who(req));
+  auto d = CallerDefaults(req);
+  Caller who = Who(req);
+  if (d) who.defaults = &*d;
+  auto a = s.create(parent, name, mode, who);
   if (!a.ok()) return ReplyStatus(req, a.status());
   auto h = s.open(a->ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
@@ -449,12 +549,24 @@ void Statfs(fuse_req_t req, fuse_ino_t) {
 void Setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
               int) {
   if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
+  if (IsDefaultName(ino, name))
+    return ReplyStatus(req,
+                       SetCallerDefault(req, std::string_view(name).substr(kDefaultPrefix.size()),
+                                        std::string_view(value, size)));
   ReplyStatus(req, Store(req).setxattr(ino, name, std::string_view(value, size)));
 }
 
 void Getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   if (IsIntro(ino)) return (void)fuse_reply_err(req, ENODATA);
-  auto v = Store(req).getxattr(ino, name);
+  Result<std::string> v = Status::OK();
+  if (IsDefaultName(ino, name)) {
+    auto d = CallerDefaults(req);
+    v = RegionStore::DefaultAttr(
+        d ? *d : regions::AttrDefaults{},
+        "user.region." + std::string(std::string_view(name).substr(kDefaultPrefix.size())));
+  } else {
+    v = Store(req).getxattr(ino, name);
+  }
   if (!v.ok()) return ReplyStatus(req, v.status());
   if (size == 0) return (void)fuse_reply_xattr(req, v->size());
   if (size < v->size()) return (void)fuse_reply_err(req, ERANGE);
@@ -474,6 +586,10 @@ void Listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void Removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (IsIntro(ino)) return (void)fuse_reply_err(req, EPERM);
+  if (IsDefaultName(ino, name))
+    return ReplyStatus(
+        req,
+        SetCallerDefault(req, std::string_view(name).substr(kDefaultPrefix.size()), std::nullopt));
   ReplyStatus(req, Store(req).removexattr(ino, name));
 }
 
