@@ -182,13 +182,7 @@ TEST_P(SharedRegionTest, FenceLitmusMessagePassingEachFenceKind) {
 // Node 3 stops: reads and writes of its copy error within op_timeout (0.5 s) + 1 s, never hang;
 // node 2's copy stays usable.
 TEST_P(SharedRegionTest, StoppedMemberGivesErrorsWithinTimeout) {
-  for (NodeId id = 1; id <= kNodes; id++) {
-    if (!StartMember(id, 500ms)) {
-      if (!skip_.empty()) GTEST_SKIP() << skip_;
-      FAIL();
-    }
-  }
-  for (auto& m : members_) ASSERT_TRUE(m.mgr->connect(5s).ok());
+  START_ALL_OR_SKIP(500ms);
   auto regions = OpenOn("sr/dead", {1, 2, 3}, 64);
   ASSERT_EQ(regions.size(), 3u);
   auto& t1 = *M(1).thr;
