@@ -189,7 +189,7 @@ class Channel {
 
 // LOCO's shared_region: `bytes` of memory on every member (symmetric: every member opens the same
 // name with the same size and gets its copy from its channel region), read and written one-sided
-// by any member in any member's copy, its own too (docs/channels.md, "SharedRegion"). It gives no
+// by any member in any member's copy, its own too (docs/channels.md, "Channels built"). It gives no
 // consistency of its own: writes to overlapping bytes interleave in no given order and a read
 // overlapping a write may see part of it. Order comes from the fences (data write, fence, flag
 // write: a reader that sees the flag sees the data), locks (TicketLock's unlock fences) or
@@ -203,7 +203,7 @@ class SharedRegion {
   Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
   // Copies `src` (copied at the call) into `node`'s copy at `offset`. Delivery-complete: when
   // its key is done the bytes are placed. Errors, before anything is posted: kOutOfRange when
-  // [offset, offset + size) is not inside the region, kInvalidArgument for an empty span or a
+  // [offset, offset + src.size()) is not inside the region, kInvalidArgument for an empty span or a
   // node that is not a member, kFailedPrecondition before that member joined; transport errors
   // (a member gone) come through the key.
   Result<AckKey> write(ChannelThread& thread, NodeId node, uint64_t offset,

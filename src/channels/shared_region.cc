@@ -32,18 +32,20 @@ Result<SharedRegion> SharedRegion::Open(ChannelThread& thread, std::string name,
 
 Result<uint64_t> SharedRegion::target(NodeId node, uint64_t offset, size_t len,
                                       const char* op) const {
-  const auto& members = ch_.members();
-  const std::string what = std::string("shared region '") + ch_.name() + "' " + op;
+  // The message is built on the error paths only (this runs on every operation).
+  auto what = [&] { return std::string("shared region '") + ch_.name() + "' " + op; };
   if (len == 0) {
     // 0-length ops complete locally on libfabric without reaching the peer: never useful.
-    return Status::InvalidArgument(what + ": 0 bytes");
+    return Status::InvalidArgument(what() + ": 0 bytes");
   }
+  const auto& members = ch_.members();
   if (!std::binary_search(members.begin(), members.end(), node)) {
-    return Status::InvalidArgument(what + ": node " + std::to_string(node) + " is not a member");
+    return Status::InvalidArgument(what() + ": node " + std::to_string(node) + " is not a member");
   }
   if (offset > size_ || len > size_ - offset) {
-    return Status::OutOfRange(what + ": [" + std::to_string(offset) + ", +" + std::to_string(len) +
-                              ") is outside the region's " + std::to_string(size_) + " bytes");
+    return Status::OutOfRange(what() + ": [" + std::to_string(offset) + ", +" +
+                              std::to_string(len) + ") is outside the region's " +
+                              std::to_string(size_) + " bytes");
   }
   auto base = ch_.slice_offset(node);
   if (!base.ok()) return base.status();
