@@ -187,6 +187,46 @@ class Channel {
   std::shared_ptr<detail::Endpoint> ep_;
 };
 
+// LOCO's shared_region: `bytes` of memory on every member (symmetric: every member opens the same
+// name with the same size and gets its copy from its channel region), read and written one-sided
+// by any member in any member's copy, its own too (docs/channels.md, "Channels built"). It gives no
+// consistency of its own: writes to overlapping bytes interleave in no given order and a read
+// overlapping a write may see part of it. Order comes from the fences (data write, fence, flag
+// write: a reader that sees the flag sees the data), locks (TicketLock's unlock fences) or
+// barriers. One thread at a time per handle; copy the handle for other threads.
+class SharedRegion {
+ public:
+  // kInvalidArgument for size 0 or a size larger than the manager's region; the errors of
+  // Channel::Open otherwise. Members that open the name with another size never join.
+  static Result<SharedRegion> Open(ChannelThread& thread, std::string name,
+                                   std::vector<NodeId> members, size_t bytes);
+  Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
+  // Copies `src` (copied at the call) into `node`'s copy at `offset`. Delivery-complete: when
+  // its key is done the bytes are placed. Errors, before anything is posted: kOutOfRange when
+  // [offset, offset + src.size()) is not inside the region, kInvalidArgument for an empty span or a
+  // node that is not a member, kFailedPrecondition before that member joined; transport errors
+  // (a member gone) come through the key.
+  Result<AckKey> write(ChannelThread& thread, NodeId node, uint64_t offset,
+                       std::span<const std::byte> src);
+  // Reads `node`'s copy at `offset` into `dst`, valid once the key is done (keep `dst` alive
+  // until then). The same errors as write.
+  Result<AckKey> read(ChannelThread& thread, NodeId node, uint64_t offset,
+                      std::span<std::byte> dst);
+  // This node's copy in local memory, for plain loads and stores by this node's threads. Remote
+  // writes are placed into it by the transport (byte copies, not atomic): read what a peer wrote
+  // only after learning that its fence returned (a flag read with read(), a barrier, a lock).
+  std::span<std::byte> local() const;
+  size_t size() const { return size_; }
+  const std::string& name() const { return ch_.name(); }
+  const std::vector<NodeId>& members() const { return ch_.members(); }
+
+ private:
+  SharedRegion() = default;  // only Open makes one, so every handle has its endpoint
+  Result<uint64_t> target(NodeId node, uint64_t offset, size_t len, const char* op) const;
+  Channel ch_;
+  size_t size_ = 0;
+};
+
 // Single-writer register of `size` bytes (OwnedVar<T> below is the typed form). The owner stores
 // into its copy and pushes to the readers' caches; readers load their cache or pull the owner's
 // copy. Every copy is {seq, value words, checksum}: a copy torn by a concurrent store or push

@@ -77,9 +77,9 @@ class ChannelsTest : public ::testing::TestWithParam<std::string> {
     m.thr = std::move(*thr);
     return true;
   }
-  bool StartAll() {
+  bool StartAll(std::chrono::milliseconds op_timeout = 5000ms) {
     for (NodeId id = 1; id <= kNodes; id++) {
-      if (!StartMember(id)) return false;
+      if (!StartMember(id, op_timeout)) return false;
     }
     for (auto& m : members_) {
       Status st = m.mgr->connect(5s);
@@ -96,9 +96,10 @@ class ChannelsTest : public ::testing::TestWithParam<std::string> {
   std::string skip_;
 };
 
-#define START_ALL_OR_SKIP()                      \
+// START_ALL_OR_SKIP() or START_ALL_OR_SKIP(op_timeout).
+#define START_ALL_OR_SKIP(...)                   \
   do {                                           \
-    if (!StartAll()) {                           \
+    if (!StartAll(__VA_ARGS__)) {                \
       if (!skip_.empty()) GTEST_SKIP() << skip_; \
       FAIL() << "could not start the nodes";     \
     }                                            \
