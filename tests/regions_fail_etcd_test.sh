@@ -43,7 +43,7 @@ head -c 300000 /dev/urandom >"$MNT/d/f"
 chmod 0600 "$MNT/d/f"
 echo hello >"$MNT/d/e/g"
 python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.region.onewriter", b"1")' "$MNT/d/e/g"
-head -c $((2 * 1024 * 1024 + 5)) /dev/urandom >"$MNT/multi/m"
+head -c 300005 /dev/urandom >"$MNT/multi/m"
 ln -s d/f "$MNT/s"
 chown 1234:5678 "$MNT/d/e"
 # A file unlinked while a helper holds it open: its memory and record go at the last close.
