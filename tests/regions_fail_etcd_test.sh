@@ -16,26 +16,12 @@ set -euo pipefail
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
-export FARMEM_TOKEN="regions-fail-etcd-$$"
-unset FARMEM_CLUSTER
-WORK="$(mktemp -d -t farmem-regions-fail-etcd.XXXXXX)"
-MNT="$WORK/mnt"
-
-TEST_NAME=regions_fail_etcd
-LOG_GLOBS="$WORK/etcd.log"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/regions_fail_lib.sh"
-trap fail_cleanup EXIT
+fail_test_start regions_fail_etcd etcd
+LOG_GLOBS="$WORK/etcd.log"
 
-[[ -c /dev/fuse ]] || skip "/dev/fuse is missing"
-[[ -x "$ETCD" ]] || skip "etcd not found ($ETCD)"
-command -v fusermount3 >/dev/null || fail "fusermount3 not found (apt install fuse3)"
-[[ -n "${FARMEM_REGIONS_FAULT:-}" ]] && log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"
-
-start_etcd
-start_farmemd
-mount_regions "$MNT" mount1 "$CLUSTER_URL"
-log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR, etcd at $CLUSTER_URL"
+start_etcd_mount
 
 mkdir -p "$MNT/d/e" "$MNT/multi"
 python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.region.multihosted", b"1")' "$MNT/multi"

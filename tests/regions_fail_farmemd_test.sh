@@ -14,19 +14,9 @@ set -euo pipefail
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
-export FARMEM_TOKEN="regions-fail-farmemd-$$"
-unset FARMEM_CLUSTER
-WORK="$(mktemp -d -t farmem-regions-fail-farmemd.XXXXXX)"
-MNT="$WORK/mnt"
-
-TEST_NAME=regions_fail_farmemd
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/regions_fail_lib.sh"
-trap fail_cleanup EXIT
-
-[[ -c /dev/fuse ]] || skip "/dev/fuse is missing"
-command -v fusermount3 >/dev/null || fail "fusermount3 not found (apt install fuse3)"
-[[ -n "${FARMEM_REGIONS_FAULT:-}" ]] && log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"
+fail_test_start regions_fail_farmemd
 
 start_farmemd
 mount_regions "$MNT" mount "memory://regions-fail-$$"

@@ -2,8 +2,8 @@
 # lib.sh, not run): an etcd on free loopback ports that can be stopped and restarted on the same
 # data dir, a farmemd, `farmem mount --cluster ... --server ...` (also retried while the namespace's
 # claim of a killed mount is still held), namespace snapshots, and a cleanup that unmounts every
-# mount and kills only the processes these helpers started. Callers set FARMEM, FARMEMD, WORK and
-# TEST_NAME and run under `set -euo pipefail`.
+# mount and kills only the processes these helpers started. Callers set FARMEM and FARMEMD, call
+# fail_test_start first and run under `set -euo pipefail`.
 
 ETCD="${FARMEM_ETCD:-$(command -v etcd || echo /usr/bin/etcd)}"
 ETCD_PID=""
@@ -62,6 +62,30 @@ start_farmemd() {
   local ready
   ready="$(wait_ready "$WORK/farmemd.out" 20 "$SERVER_PID")" || fail "farmemd not ready"
   SERVER_ADDR="$(sed -n 's/.*bootstrap=\([^ ]*\).*/\1/p' <<<"$ready")"
+}
+
+# fail_test_start NAME [etcd]: what each failure test does first — TEST_NAME, its own cluster
+# token, WORK (a new temp dir) and MNT in it, the cleanup trap, and the preconditions: SKIP
+# without /dev/fuse (or etcd, when the second argument is "etcd"); logs FARMEM_REGIONS_FAULT.
+fail_test_start() {
+  TEST_NAME=$1
+  export FARMEM_TOKEN="$1-$$"
+  unset FARMEM_CLUSTER
+  WORK="$(mktemp -d -t "farmem-$1.XXXXXX")"
+  MNT="$WORK/mnt"
+  trap fail_cleanup EXIT
+  [[ -c /dev/fuse ]] || skip "/dev/fuse is missing"
+  if [[ "${2:-}" == etcd && ! -x "$ETCD" ]]; then skip "etcd not found ($ETCD)"; fi
+  command -v fusermount3 >/dev/null || fail "fusermount3 not found (apt install fuse3)"
+  if [[ -n "${FARMEM_REGIONS_FAULT:-}" ]]; then log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"; fi
+}
+
+# Starts etcd and a farmemd and mounts MNT with its metadata in that etcd.
+start_etcd_mount() {
+  start_etcd
+  start_farmemd
+  mount_regions "$MNT" mount1 "$CLUSTER_URL"
+  log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR, etcd at $CLUSTER_URL"
 }
 
 # mount_regions DIR NAME URL: `farmem mount DIR --cluster URL --server $SERVER_ADDR` in the

@@ -14,25 +14,11 @@ set -euo pipefail
 
 FARMEM="${1:?usage: $0 path/to/farmem path/to/farmemd}"
 FARMEMD="${2:?usage: $0 path/to/farmem path/to/farmemd}"
-export FARMEM_TOKEN="regions-fail-mount-$$"
-unset FARMEM_CLUSTER
-WORK="$(mktemp -d -t farmem-regions-fail-mount.XXXXXX)"
-MNT="$WORK/mnt"
-
-TEST_NAME=regions_fail_mount
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/regions_fail_lib.sh"
-trap fail_cleanup EXIT
+fail_test_start regions_fail_mount etcd
 
-[[ -c /dev/fuse ]] || skip "/dev/fuse is missing"
-[[ -x "$ETCD" ]] || skip "etcd not found ($ETCD)"
-command -v fusermount3 >/dev/null || fail "fusermount3 not found (apt install fuse3)"
-[[ -n "${FARMEM_REGIONS_FAULT:-}" ]] && log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"
-
-start_etcd
-start_farmemd
-mount_regions "$MNT" mount1 "$CLUSTER_URL"
-log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR, etcd at $CLUSTER_URL"
+start_etcd_mount
 
 mkdir -p "$MNT/dir/sub"
 head -c $((3 * 1024 * 1024 + 7)) /dev/urandom >"$WORK/big"
