@@ -542,7 +542,8 @@ std::string PidNamespace() {
   ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
-// Field 22 of /proc/<pid>/stat (clock ticks after boot); "" when there is no such process.
+// Field 22 of /proc/<pid>/stat (clock ticks after boot); "" when there is no such process or it
+// has exited (a zombie not yet reaped: its /dev/fuse descriptor is closed, its mount dead).
 std::string StartTime(int64_t pid) {
   std::string stat = FirstLine("/proc/" + std::to_string(pid) + "/stat");
   size_t paren = stat.rfind(')');
@@ -555,7 +556,9 @@ std::string StartTime(int64_t pid) {
     if (sp == std::string::npos) break;
     at = sp + 1;
   }
-  return fields.size() > 19 ? fields[19] : "";  // fields[0] is field 3 (state)
+  // fields[0] is field 3 (the state).
+  if (fields.size() <= 19 || fields[0] == "Z" || fields[0] == "X") return "";
+  return fields[19];
 }
 std::string ClaimValue(const std::string& member) {
   return member + " host=" + FirstLine("/proc/sys/kernel/random/boot_id") +
