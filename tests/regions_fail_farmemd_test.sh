@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Remote regions, failure of the memory server (docs/regions.md "Failures"): a farmemd on loopback
-# and `farmem mount --cluster memory://... --server ...`; a helper writes 1 MiB blocks of a
-# pattern of their own with O_DIRECT (every byte goes to the daemon and farmemd) and reads each
-# back, checking every byte against its model of the file; farmemd is SIGKILLed under it. The
-# helper's reads and writes must then fail with EIO, each within the transport's operation timeout
-# (5 s; bounded here by timeout(1), no timing assertion), never hang, and never return a byte the
-# model does not hold (also through the page cache); the mount itself stays up (stat, readdir,
-# metadata-only changes work) and unmounts cleanly on SIGTERM. FARMEM_REGIONS_FAULT=no_io_errors
-# (failed transfers reported as success) makes it fail ("a read returned bytes that were not
-# written"). SKIP without /dev/fuse.
+# Remote regions, failure of the memory server (docs/regions.md "Failures"): two farmemds on
+# loopback and `farmem mount --cluster memory://... --server A --server B`. A file on B
+# (HOSTALLOC) is read after B was SIGSTOPped: EIO after the transport's operation timeout (5 s),
+# no hang. Then a helper writes 1 MiB blocks of a pattern of their own with O_DIRECT (every byte
+# goes to the daemon and farmemd) and reads each back, checking every byte against its model of
+# the file; A is SIGKILLed under it. The helper's reads and writes must then fail with EIO, never
+# hang, and never return a byte the model does not hold (also through the page cache); the mount
+# itself stays up (stat, readdir, mkdir work) and unmounts cleanly on SIGTERM. Waits are bounded
+# by timeout(1), with no timing assertion. FARMEM_REGIONS_FAULT=no_io_errors (failed transfers
+# reported as success) makes it fail. SKIP without /dev/fuse.
 # Labels: regions, integration. Usage: regions_fail_farmemd_test.sh FARMEM FARMEMD
 set -euo pipefail
 
@@ -18,9 +18,34 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/regions_fail_lib.sh"
 fail_test_start regions_fail_farmemd
 
+# Two farmemds: B, which will stop answering, holds one file (HOSTALLOC); A holds the rest.
 start_farmemd
-mount_regions "$MNT" mount "memory://regions-fail-$$"
-log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR (pid $SERVER_PID)"
+B_PID=$SERVER_PID
+B_ADDR=$SERVER_ADDR
+HELPER_PIDS+=("$B_PID")
+start_farmemd
+mount_regions "$MNT" mount "memory://regions-fail-$$" --server "$B_ADDR"
+log "mounted (pid $MOUNT_PID), farmemds at $SERVER_ADDR (pid $SERVER_PID) and $B_ADDR (pid $B_PID)"
+
+# 1. B stops answering (SIGSTOP: its connections stay open, nothing is reset). An O_DIRECT read of
+# its file fails with EIO after the transport's operation timeout (5 s); timeout(1) only bounds it.
+mkdir "$MNT/onb"
+python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.region.hostalloc", sys.argv[2].encode())' \
+  "$MNT/onb" "$B_ADDR"
+head -c 300000 /dev/urandom >"$MNT/onb/f"
+kill -STOP "$B_PID"
+t0=$(now_ms)
+rc=0
+out="$(timeout 60 dd if="$MNT/onb/f" iflag=direct of=/dev/null bs=64k count=1 status=none 2>&1)" || rc=$?
+took=$(($(now_ms) - t0))
+((rc != 124)) || fail "a read from a farmemd that stopped answering hung for 60 s"
+((rc == 1)) && [[ "$out" == *"Input/output error"* ]] ||
+  fail "a read from a farmemd that stopped answering: rc $rc: $out (want EIO)"
+log "a read from the stopped farmemd: EIO after $took ms"
+kill -KILL "$B_PID"
+wait "$B_PID" 2>/dev/null || true
+
+# 2. A is SIGKILLed under an IO loop.
 
 # The IO loop: block i (1 MiB at (i % 8) MiB) holds byte (i % 251) + 1 throughout; after the
 # first failure, three more calls (O_DIRECT read and write, a buffered read through a new

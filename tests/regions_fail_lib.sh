@@ -88,18 +88,19 @@ start_etcd_mount() {
   log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR, etcd at $CLUSTER_URL"
 }
 
-# mount_regions DIR NAME URL: `farmem mount DIR --cluster URL --server $SERVER_ADDR` in the
+# mount_regions DIR NAME URL [ARG...]: `farmem mount DIR --cluster URL --server $SERVER_ADDR ARG...` in the
 # background (MOUNT_PID, output in $WORK/NAME.out/.err), waited for (10 s). While the namespace
 # is still claimed by a mount that was killed (its membership lease has not expired yet: "mounted
 # already") it is started again, for up to 30 s; the number of refusals is left in REFUSALS.
 mount_regions() {
   local dir=$1 name=$2 url=$3 deadline
+  shift 3  # the rest: more `farmem mount` arguments
   mkdir -p "$dir"
   MOUNTS+=("$dir")
   REFUSALS=0
   deadline=$(($(now_ms) + 30000))
   while :; do
-    "$FARMEM" mount "$dir" --cluster "$url" --server "$SERVER_ADDR" >"$WORK/$name.out" \
+    "$FARMEM" mount "$dir" --cluster "$url" --server "$SERVER_ADDR" "$@" >"$WORK/$name.out" \
       2>"$WORK/$name.err" </dev/null &
     MOUNT_PID=$!
     for _ in $(seq 100); do
