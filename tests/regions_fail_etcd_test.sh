@@ -50,6 +50,20 @@ grep -q '^open' "$WORK/holder.out" || fail "the holder did not open gone: $(cat 
 rm "$MNT/gone"
 snapshot "$MNT" >"$WORK/before"
 
+# etcd that stops answering (SIGSTOP: connections stay open): a create waits for the cluster
+# call timeout (2 s), then fails with EIO; timeout(1) only bounds it. (Its inode record may still
+# be written when etcd resumes: a record no name leads to, which the remount below drops.)
+kill -STOP "$ETCD_PID"
+t0=$(now_ms)
+rc=0
+out="$(timeout 60 touch "$MNT/d/during_stop" 2>&1)" || rc=$?
+took=$(($(now_ms) - t0))
+kill -CONT "$ETCD_PID"
+((rc != 124)) || fail "a create hung for 60 s while etcd was stopped"
+((rc == 1)) && [[ "$out" == *"Input/output error"* ]] ||
+  fail "a create while etcd was stopped: rc $rc: $out (want EIO)"
+log "a create while etcd does not answer: EIO after $took ms"
+
 log "SIGKILL to etcd (pid $ETCD_PID)"
 kill -KILL "$ETCD_PID"
 wait "$ETCD_PID" 2>/dev/null || true
