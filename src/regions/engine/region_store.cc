@@ -25,6 +25,9 @@
 #include <list>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unordered_set>
+
+#include "common/log.h"
 
 namespace farmem::regions {
 
@@ -48,7 +51,15 @@ namespace {
 //   no_thread_defaults: new regions ignore their creating thread's rsetdefaultattr defaults;
 //   no_range_lock: a write does not wait for in-flight writes whose span it overlaps;
 //   serial_writes: writes to one inode go one at a time (io exclusive), as before they
-//     overlapped (a switch that must not break anything: the stress test passes with it).
+//     overlapped (a switch that must not break anything: the stress test passes with it);
+//   no_meta_rollback: setattr, setxattr and write keep their change in memory when its metadata
+//     write fails (the live namespace then differs from the store's);
+//   free_unit_first: an empty unit goes back to its server before its record is removed (a failed
+//     removal leaves a record naming memory the server may hand to someone else);
+//   no_io_errors: a read or write whose remote transfers failed reports success (a read then
+//     returns whatever its buffer held);
+//   keep_orphans: Load refuses inode records no name leads to (left by a delete or create cut
+//     short by a failed metadata write) instead of dropping them.
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -178,6 +189,7 @@ Status RunPieces(Scheduler& s, const std::vector<Piece>& pieces, bool write) {
     }(s, pieces[i], &st[i], write));
   }
   Status run = s.run(std::chrono::seconds(60));
+  if (Fault("no_io_errors")) return Status::OK();
   if (!run.ok())
     return Err(EIO, "remote " + std::string(write ? "write" : "read") + ": " + run.ToString());
   for (const Status& x : st)
@@ -417,6 +429,29 @@ Status RegionStore::Load() {
     p->second->children.emplace(std::string(rest.substr(slash + 1)), ino);
     if (c->second->is_dir()) c->second->parent = parent;
   }
+  // Inode records no name leads to are leftovers of a create whose name could not be written, or
+  // of a delete whose record could not be removed (the cluster store was lost between the two
+  // writes): not part of the namespace. They are dropped (their records removed, best effort)
+  // and their chunks are not counted as used. A directory with children is not such a leftover
+  // (a subtree cut off from the root is refused below).
+  if (!Fault("keep_orphans")) {
+    std::unordered_set<uint64_t> named;
+    for (auto& [key, ino] : dirents) named.insert(ino);
+    for (auto it = inodes_.begin(); it != inodes_.end();) {
+      if (it->first == kRootIno || named.contains(it->first) ||
+          (it->second->is_dir() && !it->second->children.empty())) {
+        ++it;
+        continue;
+      }
+      FARMEM_LOG_WARN(
+          "regions metadata: inode/{} has no name (a create or delete cut short): "
+          "dropped",
+          it->first);
+      (void)meta_.remove("inode/" + std::to_string(it->first));
+      orphans_dropped_++;
+      it = inodes_.erase(it);
+    }
+  }
   // One tree: every inode reachable from the root through exactly one name (no cycles, no
   // orphans, no second parent), so walks up the tree (rename's cycle check) end at the root.
   std::unordered_map<uint64_t, int> names;
@@ -477,7 +512,21 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::GetDir(uint64_t ino) {
 }
 
 Status RegionStore::Persist(const Inode& in) {
-  return meta_.put("inode/" + std::to_string(in.rec.h.ino), EncodeInode(in.rec));
+  return PersistRecord(in.rec);
+}
+
+Status RegionStore::PersistRecord(const InodeRecord& rec) {
+  return meta_.put("inode/" + std::to_string(rec.h.ino), EncodeInode(rec));
+}
+
+Status RegionStore::Commit(Inode& in, InodeRecord next) {
+  if (Fault("no_meta_rollback")) {
+    in.rec = std::move(next);
+    return Persist(in);
+  }
+  FARMEM_RETURN_IF_ERROR(PersistRecord(next));
+  in.rec = std::move(next);
+  return Status::OK();
 }
 
 Status RegionStore::PersistDirent(uint64_t parent, std::string_view name, uint64_t ino) {
@@ -736,8 +785,13 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   std::unique_lock lk(mu_);
   if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
   if (in->reclaimed) return Err(ENOENT, "inode was deleted");
-  InodeRecordHeader& h = in->rec.h;
   int64_t now = NowNs();
+  // The change is made on a copy and applied only once the store has it: a failed metadata
+  // write (the cluster store unreachable) changes nothing.
+  InodeRecord next = in->rec;
+  InodeRecordHeader& h = next.h;
+  std::vector<MapEntry> cut;
+  std::vector<Piece> tail;  // zeroes of the new last chunk's tail, written after the commit
   if (req.size) {
     if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
     uint64_t n = *req.size;
@@ -745,28 +799,18 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
     if (n < h.size) {
       // The tail of the new last chunk must read zero if the file grows again.
       uint64_t c = ChunkOf(n);
-      if (n % kChunkBytes != 0 && c < in->rec.map.size() && in->rec.map[c] != kHole &&
+      if (n % kChunkBytes != 0 && c < next.map.size() && next.map[c] != kHole &&
           !Fault("no_tail")) {
-        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(next.map[c]));
         uint64_t in_chunk = n % kChunkBytes;
         uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
         ref.offset += in_chunk;
-        lk.unlock();
-        FARMEM_RETURN_IF_ERROR(
-            RunPieces(Sched(), {Piece{ref, nullptr, ZeroChunk(), end - in_chunk}}, true));
-        remote_writes_++;
-        lk.lock();
+        tail.push_back(Piece{ref, nullptr, ZeroChunk(), end - in_chunk});
       }
       size_t keep = ChunksFor(n);
-      std::vector<MapEntry> cut;
-      for (size_t i = keep; i < in->rec.map.size(); ++i)
-        if (in->rec.map[i] != kHole) cut.push_back(in->rec.map[i]);
-      if (in->rec.map.size() > keep) in->rec.map.resize(keep);
-      // Handles of this inode keep what was cut until the last one goes (docs/regions.md).
-      if (in->opens > 0 && !Fault("no_pin"))
-        in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
-      else
-        for (MapEntry e : cut) FreeChunk(e);
+      for (size_t i = keep; i < next.map.size(); ++i)
+        if (next.map[i] != kHole) cut.push_back(next.map[i]);
+      if (next.map.size() > keep) next.map.resize(keep);
     }
     h.size = n;
     h.mtime_ns = now;
@@ -777,7 +821,21 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   if (req.atime_ns) h.atime_ns = *req.atime_ns;
   if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
   h.ctime_ns = now;
-  FARMEM_RETURN_IF_ERROR(Persist(*in));
+  FARMEM_RETURN_IF_ERROR(Commit(*in, std::move(next)));
+  // Handles of this inode keep what was cut until the last one goes (docs/regions.md).
+  if (in->opens > 0 && !Fault("no_pin"))
+    in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
+  else
+    for (MapEntry e : cut) FreeChunk(e);
+  // Zeroed after the commit, so a truncate the store refused leaves the bytes as they were. No
+  // read or write runs before it is done (io is held); the chunk stays (io also keeps reclaim
+  // out). If the zeroing fails the size has changed, and the truncate reports EIO.
+  if (!tail.empty()) {
+    lk.unlock();
+    FARMEM_RETURN_IF_ERROR(RunPieces(Sched(), tail, true));
+    remote_writes_++;
+    lk.lock();
+  }
   return AttrOf(*in);
 }
 
@@ -818,9 +876,10 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
     if (in->is_reg() &&
         std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
       return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
-    in->rec.hostalloc = std::string(value);
-    in->rec.h.ctime_ns = NowNs();
-    return Persist(*in);
+    InodeRecord next = in->rec;  // applied once the store has it
+    next.hostalloc = std::string(value);
+    next.h.ctime_ns = NowNs();
+    return Commit(*in, std::move(next));
   }
   for (const auto& x : kXattrs) {
     if (x.name != name) continue;
@@ -829,12 +888,13 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
     if (x.flag == kAttrMultihosted && in->is_reg() &&
         std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
       return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
+    InodeRecord next = in->rec;  // applied once the store has it
     if (value == "1")
-      in->rec.h.attr_flags |= x.flag;
+      next.h.attr_flags |= x.flag;
     else
-      in->rec.h.attr_flags &= static_cast<uint16_t>(~x.flag);
-    in->rec.h.ctime_ns = NowNs();
-    return Persist(*in);
+      next.h.attr_flags &= static_cast<uint16_t>(~x.flag);
+    next.h.ctime_ns = NowNs();
+    return Commit(*in, std::move(next));
   }
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
@@ -985,9 +1045,13 @@ void RegionStore::FreeChunk(MapEntry e) {
   Unit& u = *it->second;
   u.used &= static_cast<uint16_t>(~(1u << (EntryUnitOffset(e) >> kChunkShift)));
   if (u.used != 0) return;
-  // An empty unit goes back to its server, so statfs and other clients see the memory.
-  (void)servers_[u.server]->client->free_raw(u.base);
-  (void)meta_.remove("unit/" + std::to_string(it->first));
+  // An empty unit goes back to its server, so statfs and other clients see the memory. Its
+  // record goes first: a record left behind would name memory the server may have handed to
+  // someone else by the next Load. If the record cannot be removed (the cluster store is
+  // unreachable) the unit stays, empty, and is used again.
+  if (Fault("free_unit_first")) (void)servers_[u.server]->client->free_raw(u.base);
+  if (!meta_.remove("unit/" + std::to_string(it->first)).ok()) return;
+  if (!Fault("free_unit_first")) (void)servers_[u.server]->client->free_raw(u.base);
   if (it->first < next_gid_) next_gid_ = static_cast<uint32_t>(it->first);
   units_.erase(it);
   units_freed_++;
@@ -1108,9 +1172,16 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
     Unalloc(*in, fresh);
     return w;
   }
+  // The new size and times count only once the store has them. The chunks this write allocated
+  // stay in the map either way: they hold its bytes, read as nothing past the size, and the next
+  // record written of this inode names them (freeing them here could free chunks another write's
+  // record already named).
+  const InodeRecordHeader before = in->rec.h;
   in->rec.h.size = std::max(in->rec.h.size, end);
   in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
-  return Persist(*in);
+  Status p = Persist(*in);
+  if (!p.ok() && !Fault("no_meta_rollback")) in->rec.h = before;
+  return p;
 }
 
 Status RegionStore::AllocRange(Inode& in, uint64_t first, uint64_t last,
@@ -1235,27 +1306,32 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
     Unalloc(*in, fresh);
     return w;
   }
-  if (!whole.empty()) {
-    std::vector<MapEntry> cut;
-    for (uint64_t c : whole) {
-      cut.push_back(in->rec.map[c]);
-      in->rec.map[c] = kHole;
-    }
-    Unalloc(*in, {});  // drops trailing holes past the size
-    // As for a shrink: open handles keep the memory until the last one goes.
-    if (in->opens > 0 && !Fault("no_pin"))
-      in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
-    else
-      for (MapEntry e : cut) FreeChunk(e);
+  // The punched chunks are freed, and the new size counts, only once the store has the record
+  // (a failed metadata write changes nothing; chunks a preallocation got stay in the map, past
+  // the size where it was to grow, and the next record written names them).
+  InodeRecord next = in->rec;
+  std::vector<MapEntry> cut;
+  for (uint64_t c : whole) {
+    cut.push_back(next.map[c]);
+    next.map[c] = kHole;
   }
+  // Trailing holes past the size go (as Unalloc drops them).
+  while (!next.map.empty() && next.map.back() == kHole && next.map.size() > ChunksFor(next.h.size))
+    next.map.pop_back();
   int64_t now = NowNs();
-  if ((mode == 0 || mode == FALLOC_FL_ZERO_RANGE) && end > in->rec.h.size) {
-    in->rec.h.size = end;
-    in->rec.h.mtime_ns = now;
+  if ((mode == 0 || mode == FALLOC_FL_ZERO_RANGE) && end > next.h.size) {
+    next.h.size = end;
+    next.h.mtime_ns = now;
   }
-  if (punch || zero_range) in->rec.h.mtime_ns = now;  // the bytes changed
-  in->rec.h.ctime_ns = now;
-  return Persist(*in);
+  if (punch || zero_range) next.h.mtime_ns = now;  // the bytes changed
+  next.h.ctime_ns = now;
+  FARMEM_RETURN_IF_ERROR(Commit(*in, std::move(next)));
+  // As for a shrink: open handles keep the memory until the last one goes.
+  if (in->opens > 0 && !Fault("no_pin"))
+    in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
+  else
+    for (MapEntry e : cut) FreeChunk(e);
+  return Status::OK();
 }
 
 Result<StoreStatFs> RegionStore::statfs() {
@@ -1281,6 +1357,7 @@ RegionStoreStats RegionStore::stats() const {
   s.remote_writes = remote_writes_;
   s.units_freed = units_freed_;
   s.alloc_failures = alloc_failures_;
+  s.orphans_dropped = orphans_dropped_;
   std::lock_guard lk(mu_);
   s.units = units_.size();
   for (auto& [gid, u] : units_) s.chunks_in_use += static_cast<uint64_t>(std::popcount(u->used));

@@ -130,6 +130,7 @@ struct RegionStoreStats {
   uint64_t chunks_in_use = 0;
   uint64_t units_freed = 0;
   uint64_t alloc_failures = 0;
+  uint64_t orphans_dropped = 0;  // nameless inode records Load dropped (a change cut short)
 };
 
 // Errors carry POSIX meaning: ErrnoOf(status) gives the errno FUSE replies with (messages start
@@ -243,6 +244,10 @@ class RegionStore {
                                           const Caller& who,
                                           std::string_view target = {});  // mu_ held
   Status Persist(const Inode& in);                                        // mu_ held
+  Status PersistRecord(const InodeRecord& rec);                           // mu_ held
+  // Writes `next` (a changed copy of in.rec) to the store, then makes it in.rec; when the write
+  // fails in.rec stays as it was (mu_ held).
+  Status Commit(Inode& in, InodeRecord next);
   Status PersistDirent(uint64_t parent, std::string_view name, uint64_t ino);
   Status DropLink(const std::shared_ptr<Inode>& in);    // mu_ held
   void MaybeReclaim(const std::shared_ptr<Inode>& in);  // mu_ held
@@ -280,7 +285,8 @@ class RegionStore {
   std::mutex sched_mu_;  // one Scheduler per calling thread
   std::unordered_map<std::thread::id, std::unique_ptr<Scheduler>> scheds_;
 
-  std::atomic<uint64_t> remote_reads_{0}, remote_writes_{0}, units_freed_{0}, alloc_failures_{0};
+  std::atomic<uint64_t> remote_reads_{0}, remote_writes_{0}, units_freed_{0}, alloc_failures_{0},
+      orphans_dropped_{0};
 };
 
 }  // namespace farmem::regions

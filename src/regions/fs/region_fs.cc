@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -44,7 +45,9 @@ constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 // TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
 // namespace in; no_perms mounts without default_permissions (the kernel then checks nothing);
 // open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid check); no_inval keeps
-// the kernel's cached pages of a region deleted with its owner (readers then see no EIO).
+// the kernel's cached pages of a region deleted with its owner (readers then see no EIO);
+// no_takeover leaves the claim of a killed mount on this host alone (a remount then waits for
+// its lease to expire).
 bool FsFault(std::string_view name) {
   const char* f = std::getenv("FARMEM_REGIONS_FAULT");
   return f != nullptr && name == f;
@@ -634,6 +637,71 @@ fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
+// ---- the namespace's claim (one mount per namespace) ----
+// The claim's value: the mount's member name, then who it is on its host — boot id, pid
+// namespace, pid and the pid's start time — so that a later mount on the same host can tell a
+// claim whose process is gone (SIGKILLed: its membership lease, which the claim is bound to,
+// lives on until it expires) and take it over at once instead of waiting for the lease.
+std::string FirstLine(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return "";
+  char line[256] = {};
+  if (std::fgets(line, sizeof(line), f) == nullptr) line[0] = 0;
+  std::fclose(f);
+  std::string s(line);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+std::string PidNamespace() {
+  char buf[64] = {};
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+// Field 22 of /proc/<pid>/stat (clock ticks after boot); "" when there is no such process or it
+// has exited (a zombie not yet reaped: its /dev/fuse descriptor is closed, its mount dead).
+std::string StartTime(int64_t pid) {
+  std::string stat = FirstLine("/proc/" + std::to_string(pid) + "/stat");
+  size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return "";
+  std::vector<std::string> fields;
+  size_t at = paren + 2;
+  while (at < stat.size()) {
+    size_t sp = stat.find(' ', at);
+    fields.push_back(stat.substr(at, sp == std::string::npos ? std::string::npos : sp - at));
+    if (sp == std::string::npos) break;
+    at = sp + 1;
+  }
+  // fields[0] is field 3 (the state).
+  if (fields.size() <= 19 || fields[0] == "Z" || fields[0] == "X") return "";
+  return fields[19];
+}
+std::string ClaimValue(const std::string& member) {
+  return member + " host=" + FirstLine("/proc/sys/kernel/random/boot_id") +
+         " pidns=" + PidNamespace() + " pid=" + std::to_string(getpid()) +
+         " start=" + StartTime(getpid());
+}
+// True when `value` is the claim of a mount on this host, in this pid namespace, whose process is
+// gone (no such pid, or the pid now belongs to a process started at another time). Claims of
+// older versions (no host fields) and of other hosts or containers are never taken as gone.
+bool ClaimOfDeadLocalMount(std::string_view value) {
+  std::map<std::string, std::string, std::less<>> f;
+  size_t at = 0;
+  while (at < value.size()) {
+    size_t sp = value.find(' ', at);
+    std::string_view tok = value.substr(at, sp == std::string_view::npos ? value.npos : sp - at);
+    size_t eq = tok.find('=');
+    if (eq != tok.npos) f[std::string(tok.substr(0, eq))] = std::string(tok.substr(eq + 1));
+    if (sp == std::string_view::npos) break;
+    at = sp + 1;
+  }
+  std::string host = FirstLine("/proc/sys/kernel/random/boot_id"), ns = PidNamespace();
+  if (host.empty() || ns.empty() || f["host"] != host || f["pidns"] != ns) return false;
+  char* end = nullptr;
+  long long pid = std::strtoll(f["pid"].c_str(), &end, 10);
+  if (f["pid"].empty() || *end != 0 || pid <= 0 || f["start"].empty()) return false;
+  return StartTime(pid) != f["start"];
+}
+
 std::string RandomToken() {
   std::random_device rd;
   return "regions-" + std::to_string(rd()) + std::to_string(rd());
@@ -791,8 +859,19 @@ Status RunRegionFs(const RegionFsOptions& o) {
   FARMEM_RETURN_IF_ERROR(cluster->join(self));
   ClusterPutOptions bound;
   bound.bind_to_lease = true;
-  auto claimed = cluster->put_if("regions-mount", member, 0, bound);
+  const std::string claim = ClaimValue(member);
+  auto claimed = cluster->put_if("regions-mount", claim, 0, bound);
   if (FsFault("no_claim")) claimed = int64_t{0};
+  if (!claimed.ok() && !FsFault("no_takeover")) {
+    // A mount on this host that was killed holds it until its lease expires: take it over.
+    auto holder = cluster->get("regions-mount");
+    if (holder.ok() && ClaimOfDeadLocalMount(holder->value)) {
+      claimed = cluster->put_if("regions-mount", claim, holder->mod_revision, bound);
+      if (claimed.ok())
+        FARMEM_LOG_INFO("regions: took over the namespace from a mount whose process is gone ({})",
+                        holder->value);
+    }
+  }
   if (!claimed.ok()) {
     auto holder = cluster->get("regions-mount");
     return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
