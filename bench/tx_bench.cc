@@ -965,7 +965,8 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
   Status st = node.status();
   if (st.ok()) st = (*node)->start().WithContext("starting the client node");
   Ctx ctx{o, ""};
-  const std::string spec = fmt::format("{}, {} servers", spec_backend, o.servers.size());
+  const std::string spec = fmt::format("{}, {} server{}", spec_backend, o.servers.size(),
+                                       o.servers.size() == 1 ? "" : "s");
   fmt::print("[{}] TATP against {} (client node on {})\n", spec, fmt::join(o.servers, " "),
              o.data_host);
   if (st.ok())
