@@ -969,8 +969,9 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
                                        o.servers.size() == 1 ? "" : "s");
   fmt::print("[{}] TATP against {} (client node on {})\n", spec, fmt::join(o.servers, " "),
              o.data_host);
-  if (st.ok())
-    st = TatpRounds(ctx, spec, **node, o.servers, IsShm(spec_backend), ctx.results[spec]);
+  // The figure for the 3 namespaces is 1.15x whatever the backend (1.3x is fabric shm's
+  // on one machine): judged as non-shm.
+  if (st.ok()) st = TatpRounds(ctx, spec, **node, o.servers, false, ctx.results[spec]);
   if (node.ok()) (*node)->stop();
   if (!st.ok()) {
     fmt::print(stderr, "{}: [{}] {}\n", kProg, spec, st.ToString());
