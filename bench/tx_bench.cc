@@ -597,6 +597,17 @@ nlohmann::json AbortsJson(const TxClientStats& before, const TxClientStats& afte
   return j;
 }
 
+// How a client's reads and validations went between two snapshots: where the one-sided path
+// saves round trips (one-sided hits) and where it adds one (misses, then a TX_LOOKUP).
+nlohmann::json ReadsJson(const TxClientStats& before, const TxClientStats& after) {
+  return {{"one_sided_hits", after.one_sided_hits - before.one_sided_hits},
+          {"one_sided_misses", after.one_sided_misses - before.one_sided_misses},
+          {"rpc_lookups", after.rpc_lookups - before.rpc_lookups},
+          {"one_sided_validations", after.one_sided_validations - before.one_sided_validations},
+          {"rpc_validations", after.rpc_validations - before.rpc_validations},
+          {"commits", after.commits - before.commits}};
+}
+
 // ---- One backend -------------------------------------------------------------------------
 
 struct Ctx {
@@ -620,12 +631,12 @@ std::vector<std::string> ServerFlags(const TxBenchOptions& o, const std::string&
   return f;
 }
 
-Result<std::unique_ptr<TxClient>> ConnectTx(Node& node, const bench::Farmemd& server,
+Result<std::unique_ptr<TxClient>> ConnectTx(Node& node, const std::vector<std::string>& servers,
                                             bool one_sided, bool cache) {
   TxClientOptions opt;
   opt.one_sided_reads = one_sided;
   opt.address_cache = cache;
-  return TxClient::Connect(node, {server.bootstrap()}, opt);
+  return TxClient::Connect(node, servers, opt);
 }
 
 Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
@@ -645,9 +656,9 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
   FARMEM_RETURN_IF_ERROR(server.Start(ctx.farmemd_bin, 30s, flags, kServerCpu));
   fmt::print("[{}] KV: farmemd pid {} pinned to CPU {}: {} ({} keys, alpha {})\n", spec,
              server.pid(), kServerCpu, fmt::join(server.args(), " "), o.kv_keys, o.alpha);
-  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, server, false, true));
-  FARMEM_ASSIGN_OR_RETURN(auto oversub, ConnectTx(node, server, true, false));
-  FARMEM_ASSIGN_OR_RETURN(auto perfect, ConnectTx(node, server, true, true));
+  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, {server.bootstrap()}, false, true));
+  FARMEM_ASSIGN_OR_RETURN(auto oversub, ConnectTx(node, {server.bootstrap()}, true, false));
+  FARMEM_ASSIGN_OR_RETURN(auto perfect, ConnectTx(node, {server.bootstrap()}, true, true));
   FARMEM_ASSIGN_OR_RETURN(const uint16_t table, rpc->table("kv"));
   const auto t0 = Clock::now();
   KvInsertStep step{table, o.kv_keys};
@@ -758,24 +769,42 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
   return Status::OK();
 }
 
+// The farmemd --tx-table value of the five TATP tables, each partition's buckets for its share
+// of the expected rows (SUB P, SEC P, AI 2.5 P, SF 2.5 P, CF 2.5 x 3 x 0.5 = 3.75 P) at load
+// --tatp-alpha (width 1; a partition holding more than its share uses overflow buckets).
+std::string TatpTableSpec(const TxBenchOptions& o, int partitions) {
+  const double p = static_cast<double>(o.subscribers) / partitions;
+  auto buckets = [&](double rows) { return static_cast<uint64_t>(std::ceil(rows / o.tatp_alpha)); };
+  return fmt::format("sub:8:{}:{}:1,sec:8:{}:{}:1,ai:8:{}:{}:1,sf:8:{}:{}:1,cf:8:{}:{}:1",
+                     tatp::kSubscriberBytes, buckets(p), tatp::kSecondaryBytes, buckets(p),
+                     tatp::kAccessInfoBytes, buckets(2.5 * p), tatp::kSpecialFacilityBytes,
+                     buckets(2.5 * p), tatp::kCallForwardingBytes, buckets(3.75 * p));
+}
+
+Status TatpRounds(Ctx& ctx, const std::string& spec, Node& node,
+                  const std::vector<std::string>& servers, bool shm, nlohmann::json& out);
+
+// TATP on a farmemd child holding the whole tables (one partition).
 Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
                const std::string& provider, Node& node, nlohmann::json& out) {
-  const TxBenchOptions& o = ctx.o;
-  const double p = static_cast<double>(o.subscribers);
-  // Expected rows: SUB P, SEC P, AI 2.5 P, SF 2.5 P, CF 2.5 x 3 x 0.5 = 3.75 P.
-  auto buckets = [&](double rows) { return static_cast<uint64_t>(std::ceil(rows / o.tatp_alpha)); };
-  std::vector<std::string> flags = ServerFlags(o, backend, provider);
-  flags.insert(flags.end(),
-               {"--tx-table",
-                fmt::format("sub:8:{}:{}:1,sec:8:{}:{}:1,ai:8:{}:{}:1,sf:8:{}:{}:1,cf:8:{}:{}:1",
-                            tatp::kSubscriberBytes, buckets(p), tatp::kSecondaryBytes, buckets(p),
-                            tatp::kAccessInfoBytes, buckets(2.5 * p), tatp::kSpecialFacilityBytes,
-                            buckets(2.5 * p), tatp::kCallForwardingBytes, buckets(3.75 * p))});
+  std::vector<std::string> flags = ServerFlags(ctx.o, backend, provider);
+  flags.insert(flags.end(), {"--tx-table", TatpTableSpec(ctx.o, 1)});
   bench::Farmemd server;
   FARMEM_RETURN_IF_ERROR(server.Start(ctx.farmemd_bin, 30s, flags));
   fmt::print("[{}] TATP: farmemd pid {}: {}\n", spec, server.pid(), fmt::join(server.args(), " "));
-  FARMEM_ASSIGN_OR_RETURN(auto os, ConnectTx(node, server, true, true));
-  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, server, false, true));
+  FARMEM_RETURN_IF_ERROR(TatpRounds(ctx, spec, node, {server.bootstrap()}, IsShm(spec), out));
+  if (!server.Alive()) return Status::Unavailable("farmemd exited: " + server.LogTail());
+  out["tatp"]["server_cmd"] = server.args();
+  return Status::OK();
+}
+
+// Loads the TATP tables held by `servers` (partitions 0..n-1), then interleaved rounds of
+// one-two-sided, RPC-only and (ctx.redis) the Redis baselines; targets into ctx, details into out.
+Status TatpRounds(Ctx& ctx, const std::string& spec, Node& node,
+                  const std::vector<std::string>& servers, bool shm, nlohmann::json& out) {
+  const TxBenchOptions& o = ctx.o;
+  FARMEM_ASSIGN_OR_RETURN(auto os, ConnectTx(node, servers, true, true));
+  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, servers, false, true));
   TatpTables t{};
   FARMEM_ASSIGN_OR_RETURN(t.sub, os->table("sub"));
   FARMEM_ASSIGN_OR_RETURN(t.sec, os->table("sec"));
@@ -820,12 +849,13 @@ Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
     }
     fmt::print("{}\n", line);
   }
-  if (!server.Alive()) return Status::Unavailable("farmemd exited: " + server.LogTail());
-  const bool shm = IsShm(spec);
+  const bool remote = !o.servers.empty();
   ctx.targets.push_back(JudgeRounds(
       fmt::format("[{}] tatp committed tx/s one-two-sided / RPC-only", spec), tps[kOneTwo],
       tps[kRpc], shm ? 1.3 : 1.15, false,
-      shm ? "" : "the issue's TCP figure (1.15x) is for 3 network namespaces; here one machine"));
+      shm      ? ""
+      : remote ? fmt::format("{} running farmemds, one partition each", servers.size())
+               : "the issue's TCP figure (1.15x) is for 3 network namespaces; here one machine"));
   if (redis) {
     ctx.targets.push_back(JudgeRounds(fmt::format("[{}] tatp tx/s one-two-sided / Redis Lua", spec),
                                       tps[kOneTwo], tps[kLua], 1.5, false));
@@ -845,11 +875,14 @@ Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
         tatp::ExpectedSuccessPercent(ty), 1.5,
         fmt::format("{} of {} completed", c.success[i], c.completed[i])));
   }
+  const TxClientStats os1 = os->stats(), rpc1 = rpc->stats();
   out["tatp"] = {{"subscribers", o.subscribers},
                  {"table_alpha", o.tatp_alpha},
-                 {"server_cmd", server.args()},
-                 {"aborts_one_two_sided", AbortsJson(os0, os->stats())},
-                 {"aborts_rpc_only", AbortsJson(rpc0, rpc->stats())}};
+                 {"servers", servers},
+                 {"aborts_one_two_sided", AbortsJson(os0, os1)},
+                 {"aborts_rpc_only", AbortsJson(rpc0, rpc1)},
+                 {"reads_one_two_sided", ReadsJson(os0, os1)},
+                 {"reads_rpc_only", ReadsJson(rpc0, rpc1)}};
   for (int k = 0; k < kCfgs; ++k) {
     if (tps[k].empty()) continue;
     out["tatp"]["configs"][names[k]] = CountsJson(totals[k], secs_total[k]);
@@ -873,7 +906,78 @@ Status RunTatp(Ctx& ctx, const std::string& spec, const std::string& backend,
   }
   fmt::print("[{}] TATP aborts by reason: one-two-sided {}, rpc-only {}\n", spec,
              out["tatp"]["aborts_one_two_sided"].dump(), out["tatp"]["aborts_rpc_only"].dump());
+  fmt::print("[{}] TATP reads and validations: one-two-sided {}, rpc-only {}\n", spec,
+             out["tatp"]["reads_one_two_sided"].dump(), out["tatp"]["reads_rpc_only"].dump());
   return Status::OK();
+}
+
+// Prints the targets and writes the JSON (machine: MachineInfo() taken before the run; the
+// load at the end is added, so a reader sees what else ran meanwhile). Returns the exit code.
+int Finish(const Ctx& ctx, nlohmann::json machine, Clock::time_point t_start) {
+  const TxBenchOptions& o = ctx.o;
+  fmt::print("\ntargets (median of per-round ratios, min-max):\n");
+  for (const auto& t : ctx.targets) PrintTarget(t);
+  fmt::print("total {:.1f} s\n", Since(t_start));
+  if (double load[3]; ::getloadavg(load, 3) == 3) {
+    machine["loadavg_at_end"] = {load[0], load[1], load[2]};
+    fmt::print("load average at the end: {:.2f} {:.2f} {:.2f} ({} CPUs)\n", load[0], load[1],
+               load[2], ::sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  if (o.json_path.empty()) return 0;
+  nlohmann::json j;
+  j["benchmark"] = "tx";
+  j["machine"] = std::move(machine);
+  j["options"] = {{"quick", o.quick},           {"backends", o.backends},
+                  {"rounds", o.rounds},         {"seconds", o.seconds},
+                  {"threads", o.threads},       {"inflight", o.inflight},
+                  {"kv_keys", o.kv_keys},       {"alpha", o.alpha},
+                  {"zipf_theta", o.zipf_theta}, {"subscribers", o.subscribers},
+                  {"tatp_alpha", o.tatp_alpha}, {"redis", ctx.redis != nullptr},
+                  {"servers", o.servers},       {"seed", o.seed}};
+  j["results"] = ctx.results;
+  j["targets"] = bench::TargetsJson(ctx.targets);
+  if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
+    fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+    return 1;
+  }
+  fmt::print("wrote {}\n", o.json_path);
+  return 0;
+}
+
+// --servers: TATP against running farmemds (no children, no Redis), from a node listening on
+// --data-host with their token.
+int RunTxBenchOnServers(const TxBenchOptions& o) {
+  const std::string& spec_backend = o.backends.front();
+  std::string backend, provider;
+  (void)bench::ParseObjectsBackend(spec_backend, &backend, &provider);  // checked by the caller
+  const nlohmann::json machine = bench::MachineInfo();
+  bench::QuietBenchLogging();
+  const auto t_start = Clock::now();
+  NodeConfig c;
+  c.name = "tx-bench";
+  c.bootstrap_host = o.data_host;
+  c.rpc_workers = 1;
+  c.transport.backend = backend;
+  c.transport.provider = provider;
+  c.transport.listen_host = o.data_host;
+  c.transport.cluster_token = o.token;
+  auto node = Node::Create(c);
+  Status st = node.status();
+  if (st.ok()) st = (*node)->start().WithContext("starting the client node");
+  Ctx ctx{o, ""};
+  const std::string spec = fmt::format("{}, {} server{}", spec_backend, o.servers.size(),
+                                       o.servers.size() == 1 ? "" : "s");
+  fmt::print("[{}] TATP against {} (client node on {})\n", spec, fmt::join(o.servers, " "),
+             o.data_host);
+  // The figure for the 3 namespaces is 1.15x whatever the backend (1.3x is fabric shm's
+  // on one machine): judged as non-shm.
+  if (st.ok()) st = TatpRounds(ctx, spec, **node, o.servers, false, ctx.results[spec]);
+  if (node.ok()) (*node)->stop();
+  if (!st.ok()) {
+    fmt::print(stderr, "{}: [{}] {}\n", kProg, spec, st.ToString());
+    return 1;
+  }
+  return Finish(ctx, machine, t_start);
 }
 
 }  // namespace
@@ -885,6 +989,19 @@ int RunTxBench(TxBenchOptions o) {
     o.subscribers = std::min<uint64_t>(o.subscribers, 10000);
     o.latency_samples = std::min(o.latency_samples, 1500);
   }
+  if (o.print_tatp_tables > 0) {
+    fmt::print("{}\n", TatpTableSpec(o, o.print_tatp_tables));
+    return 0;
+  }
+  const bool remote = !o.servers.empty();
+  if (o.backends.empty())
+    o.backends =
+        remote ? std::vector<std::string>{"tcp"} : std::vector<std::string>{"tcp", "fabric:shm"};
+  if (remote && (o.backends.size() != 1 || o.only == "kv")) {
+    fmt::print(stderr, "{}: --servers runs TATP on one backend (the servers'): {}\n", kProg,
+               o.only == "kv" ? "--only kv needs farmemd children" : "give one --backend");
+    return 2;
+  }
   for (const auto& b : o.backends) {
     std::string backend, provider;
     if (Status st = bench::ParseObjectsBackend(b, &backend, &provider); !st.ok()) {
@@ -892,6 +1009,7 @@ int RunTxBench(TxBenchOptions o) {
       return 2;
     }
   }
+  if (remote) return RunTxBenchOnServers(o);
   Ctx ctx{o, bench::FindFarmemd(o.farmemd)};
   if (ctx.farmemd_bin.empty()) {
     fmt::print(stderr, "{}: farmemd not found next to farmem nor on PATH (give --farmemd)\n",
@@ -915,6 +1033,7 @@ int RunTxBench(TxBenchOptions o) {
     }
   }
   bench::QuietBenchLogging();
+  const nlohmann::json machine = bench::MachineInfo();
   const auto t_start = Clock::now();
   if (redis) {
     auto port = redis->Start(30s);
@@ -956,35 +1075,7 @@ int RunTxBench(TxBenchOptions o) {
       }
     }
   }
-  fmt::print("\ntargets (median of per-round ratios, min-max):\n");
-  for (const auto& t : ctx.targets) PrintTarget(t);
-  fmt::print("total {:.1f} s\n", Since(t_start));
-  if (!o.json_path.empty()) {
-    nlohmann::json j;
-    j["benchmark"] = "tx";
-    j["machine"] = bench::MachineInfo();
-    j["options"] = {{"quick", o.quick},
-                    {"backends", o.backends},
-                    {"rounds", o.rounds},
-                    {"seconds", o.seconds},
-                    {"threads", o.threads},
-                    {"inflight", o.inflight},
-                    {"kv_keys", o.kv_keys},
-                    {"alpha", o.alpha},
-                    {"zipf_theta", o.zipf_theta},
-                    {"subscribers", o.subscribers},
-                    {"tatp_alpha", o.tatp_alpha},
-                    {"redis", ctx.redis != nullptr},
-                    {"seed", o.seed}};
-    j["results"] = ctx.results;
-    j["targets"] = bench::TargetsJson(ctx.targets);
-    if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
-      fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
-      return 1;
-    }
-    fmt::print("wrote {}\n", o.json_path);
-  }
-  return 0;
+  return Finish(ctx, machine, t_start);
 }
 
 }  // namespace farmem

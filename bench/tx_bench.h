@@ -1,7 +1,9 @@
 // `farmem bench tx`: Storm transactions on farmemd tx tables, per backend (native TCP, fabric shm):
 // KV lookups (latency one at a time, one-sided share cold and warm against the model, server CPU
 // per lookup and throughput with farmemd pinned to one core; RPC-only, one-two-sided, perfect)
-// and TATP (one-two-sided vs RPC-only vs Redis Lua and WATCH/MULTI/EXEC). Main thread drives.
+// and TATP (one-two-sided vs RPC-only vs Redis Lua and WATCH/MULTI/EXEC). With --servers: TATP
+// only, against running farmemds that hold the tables' partitions (scripts/bench_tx_netns: one per
+// network namespace), one-two-sided vs RPC-only. Main thread drives.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +14,8 @@ namespace farmem {
 
 struct TxBenchOptions {
   bool quick = false;  // under two minutes: small tables, 5 rounds of short runs
-  std::vector<std::string> backends = {"tcp", "fabric:shm"};
+  // Empty: tcp and fabric:shm, or with `servers` tcp alone (one backend there: the servers').
+  std::vector<std::string> backends;
   int rounds = 5;             // interleaved rounds (>= 5)
   double seconds = 2.0;       // per configuration per round (--quick: 0.6)
   int threads = 2;            // client threads (farmem and Redis alike)
@@ -30,6 +33,14 @@ struct TxBenchOptions {
   // Extra flags for every farmemd (e.g. --tx-lease-ms=10000); the targets are for the defaults.
   std::vector<std::string> farmemd_args;
   std::string json_path = "tx.json";
+  // Running farmemds ("host:port") holding partitions 0..n-1 of the TATP tables (their --tx-table
+  // from `print_tatp_tables`): no farmemd children, no Redis, TATP only.
+  std::vector<std::string> servers;
+  std::string data_host = "127.0.0.1";  // with `servers`: where this client's node listens
+  std::string token = "farmem";         // with `servers`: their cluster token
+  // > 0: print the --tx-table value of the TATP tables split over this many servers (for the
+  // sizes these options give) and exit; scripts/bench_tx_netns starts its farmemds with it.
+  int print_tatp_tables = 0;
 };
 
 // Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.

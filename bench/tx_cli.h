@@ -14,8 +14,9 @@ inline CLI::App* AddTxBenchCommand(CLI::App& bench, TxBenchOptions& o) {
       "Storm transactions: KV lookups (RPC-only, one-two-sided, perfect) and TATP vs RPC-only "
       "and Redis (Lua, WATCH/MULTI/EXEC)");
   cmd->add_flag("--quick", o.quick, "run under two minutes: small tables, short rounds");
-  cmd->add_option("--backend", o.backends, "tcp | fabric:<provider> (repeatable)")
-      ->capture_default_str();
+  cmd->add_option("--backend", o.backends,
+                  "tcp | fabric:<provider> (repeatable; default tcp and fabric:shm, with "
+                  "--servers tcp)");
   cmd->add_option("--rounds", o.rounds, "interleaved rounds per comparison")
       ->capture_default_str()
       ->check(CLI::Range(5, 100));
@@ -56,6 +57,18 @@ inline CLI::App* AddTxBenchCommand(CLI::App& bench, TxBenchOptions& o) {
          "--farmemd-arg", o.farmemd_args,
          "extra flag for every farmemd (repeatable, e.g. --farmemd-arg=--tx-lease-ms=10000)")
       ->allow_extra_args(false);
+  cmd->add_option("--servers", o.servers,
+                  "running farmemds holding the TATP tables' partitions (ADDR,ADDR,...): TATP "
+                  "one-two-sided vs RPC-only against them (scripts/bench_tx_netns)")
+      ->delimiter(',');
+  cmd->add_option("--data-host", o.data_host,
+                  "with --servers: IP this client's node listens on (reachable by them)")
+      ->capture_default_str();
+  cmd->add_option("--token", o.token, "with --servers: their cluster token")->capture_default_str();
+  cmd->add_option("--print-tatp-tables", o.print_tatp_tables,
+                  "print the farmemd --tx-table value of the TATP tables split over N servers "
+                  "(sized by --subscribers/--quick, --tatp-alpha) and exit")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
 }

@@ -2,6 +2,7 @@
 # Plot or tabulate the JSON written by `farmem bench tx`: per backend, KV lookup throughput per
 # configuration (server pinned to one core), server CPU per million lookups, TATP tx/s of farmem
 # one-two-sided / RPC-only / Redis Lua / Redis WATCH-MULTI-EXEC, and the success rates per type.
+# A TATP-only run (--servers, scripts/bench_tx_netns) gets per-round tx/s instead of the KV panels.
 # Usage: plot_tx.py tx.json [out.png]   (without out.png or matplotlib: markdown tables)
 import json
 import statistics
@@ -36,8 +37,9 @@ def table(doc):
     print_targets(doc)
     for spec, r in doc["results"].items():
         kv = r.get("kv", {})
-        print(f"\n## {spec}\n\n| KV configuration | lookups/s (median) | server CPU-s per M |")
-        print("|---|---|---|")
+        print(f"\n## {spec}")
+        if kv:
+            print("\n| KV configuration | lookups/s (median) | server CPU-s per M |\n|---|---|---|")
         for name in ordered(list(kv.get("throughput", {}).keys()), KV_ORDER):
             v = kv["throughput"][name]
             print(f"| {name} | {med(v):.0f} | {med(kv['server_cpu_s_per_m'][name]):.2f} |")
@@ -50,6 +52,23 @@ def table(doc):
                   f"{c['p99_us']:.1f} | {c['conflicts_retried']} |")
 
 
+def plot_kv(axes, spec, kv):
+    names = ordered(list(kv.get("throughput", {}).keys()), KV_ORDER)
+    colors = [KV_COLOR.get(n.replace(" zipf", ""), "#aaa") for n in names]
+    ax = axes[0]
+    ax.bar(range(len(names)), [med(kv["throughput"][n]) / 1e3 for n in names], color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, fontsize=8)
+    ax.set_ylabel("k lookups/s (median)")
+    ax.set_title(f"{spec}: KV throughput, farmemd on 1 core")
+    ax = axes[1]
+    ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names], color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20, fontsize=8)
+    ax.set_ylabel("farmemd CPU-s per M lookups")
+    ax.set_title(f"{spec}: server CPU per lookup")
+
+
 def plot(doc, out):
     import matplotlib
 
@@ -57,25 +76,27 @@ def plot(doc, out):
     import matplotlib.pyplot as plt
 
     specs = list(doc["results"].keys())
-    fig, axes = plt.subplots(len(specs), 3, figsize=(16, 4.2 * len(specs)), squeeze=False)
+    with_kv = any("kv" in r for r in doc["results"].values())
+    fig, axes = plt.subplots(len(specs), 3 if with_kv else 2,
+                             figsize=(16 if with_kv else 11, 4.2 * len(specs)), squeeze=False)
     for row, spec in enumerate(specs):
         r = doc["results"][spec]
-        kv = r.get("kv", {})
-        names = ordered(list(kv.get("throughput", {}).keys()), KV_ORDER)
-        colors = [KV_COLOR.get(n.replace(" zipf", ""), "#aaa") for n in names]
-        ax = axes[row][0]
-        ax.bar(range(len(names)), [med(kv["throughput"][n]) / 1e3 for n in names], color=colors)
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=20, fontsize=8)
-        ax.set_ylabel("k lookups/s (median)")
-        ax.set_title(f"{spec}: KV throughput, farmemd on 1 core")
-        ax = axes[row][1]
-        ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names], color=colors)
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=20, fontsize=8)
-        ax.set_ylabel("farmemd CPU-s per M lookups")
-        ax.set_title(f"{spec}: server CPU per lookup")
-        ax = axes[row][2]
+        if not with_kv:
+            # The interleaved rounds themselves: the ratio is judged per round.
+            ax = axes[row][0]
+            cfgs = r.get("tatp", {}).get("configs", {})
+            for n in ordered(list(cfgs.keys()), TATP_ORDER):
+                v = cfgs[n]["round_tx_per_s"]
+                ax.plot(range(1, len(v) + 1), [x / 1e3 for x in v], "o-", label=n,
+                        color=TATP_COLOR.get(n, "#aaa"))
+            ax.set_xlabel("round")
+            ax.set_ylabel("k TATP tx/s")
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=8)
+            ax.set_title(f"{spec}: TATP per round")
+        else:
+            plot_kv(axes[row], spec, r.get("kv", {}))
+        ax = axes[row][-1]
         cfgs = r.get("tatp", {}).get("configs", {})
         cn = ordered(list(cfgs.keys()), TATP_ORDER)
         ax.bar(range(len(cn)), [med(cfgs[n]["round_tx_per_s"]) / 1e3 for n in cn],
