@@ -449,13 +449,13 @@ Status Alternate(const ChannelsNodeOptions& o, const std::function<Result<long>(
   return Status::OK();
 }
 
-// Keeps `n` operations in flight for `seconds` on one thread: start(j) posts slot j's next
-// operation, poll(j) returns its outcome once complete (nullopt while in flight), block(j) waits
-// until slot j's operation completes (called on the oldest one when a pass over the slots found
-// none complete: the thread sleeps in the transport instead of spinning, which would take the CPU
-// from the NIC threads serving the reads). Stops starting at the end or at the first error, and
-// returns only when no slot is in flight (their buffers are reused or freed next): the number of
-// operations completed, or the first error.
+// Keeps `n` operations in flight for `seconds` on one thread, completed oldest first: start(j)
+// posts slot j's next operation, poll(j) returns its outcome once complete (nullopt while in
+// flight), block(j) waits until it completes. Only the oldest slot is polled (every poll is a
+// pass over the transport's sockets) and, while it is in flight, the thread sleeps in the
+// transport instead of spinning (which would take the CPU from the NIC threads serving the
+// reads). Stops starting at the end or at the first error, and returns only when no slot is in
+// flight (their buffers are reused or freed next): the number completed, or the first error.
 Result<long> KeepInFlight(size_t n, double seconds, const std::function<Status(size_t)>& start,
                           const std::function<std::optional<Status>(size_t)>& poll,
                           const std::function<void(size_t)>& block) {
@@ -468,31 +468,22 @@ Result<long> KeepInFlight(size_t n, double seconds, const std::function<Status(s
     if (first.ok()) order.push_back(j);
   }
   while (!order.empty()) {
-    const bool more = first.ok() && Clock::now() < end;
-    size_t completed = 0;
-    for (size_t i = order.size(); i > 0; i--) {
-      const size_t j = order.front();
-      order.pop_front();
-      std::optional<Status> st = poll(j);
-      if (!st) {
-        order.push_back(j);  // still in flight: keeps its age order
-        continue;
-      }
-      completed++;
-      if (!st->ok()) {
-        if (first.ok()) first = *st;
-        continue;
-      }
-      ops++;
-      if (more) {
-        Status s = start(j);
-        if (s.ok())
-          order.push_back(j);
-        else if (first.ok())
-          first = s;
-      }
+    const size_t j = order.front();
+    std::optional<Status> st = poll(j);
+    if (!st) {
+      block(j);
+      continue;
     }
-    if (completed == 0 && !order.empty()) block(order.front());
+    order.pop_front();
+    if (!st->ok()) {
+      if (first.ok()) first = *st;
+      continue;
+    }
+    ops++;
+    if (first.ok() && Clock::now() < end) {
+      first = start(j);
+      if (first.ok()) order.push_back(j);
+    }
   }
   if (!first.ok()) return first;
   return ops;
