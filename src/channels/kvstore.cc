@@ -377,9 +377,9 @@ Status KvStore::get_wait(ChannelThread& thread, KvGet& g) {
   // Each read completes within the transport's op_timeout (an error when its home is gone).
   const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
   while (!get_poll(thread, g)) {
-    // wait consumes the read's error: it becomes g's outcome here, not in get_poll. A timeout
-    // means the transport did not complete the read by op_timeout (the read stays owned by the
-    // thread, which drains it before it goes away).
+    // wait consumes the read's error: it becomes g's outcome here, not in get_poll. The
+    // transport ends a read at its op_timeout, so a kTimedOut of this wait (a second later) is
+    // a transport that failed to; g's buffer is then still the read's destination.
     Status st = thread.wait(g.ack_, op_wait);
     if (!st.ok()) finish(g, st.WithContext("kvstore '" + name_ + "' get"));
   }
