@@ -324,8 +324,10 @@ TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
   }
   for (auto& r : rings) ASSERT_TRUE(r.wait_ready(5s).ok());
   for (auto& q : queues) ASSERT_TRUE(q.wait_ready(5s).ok());
-  ASSERT_TRUE(K(3).insert(*M(3).thr, 33, 330).ok());  // value on node 3
-  ASSERT_TRUE(K(1).insert(*M(1).thr, 11, 110).ok());  // value on node 1
+  for (auto [n, key] : {std::pair<NodeId, uint64_t>{3, 33}, {1, 11}}) {  // values on nodes 3, 1
+    Status st = K(n).insert(*M(n).thr, key, key * 10);
+    ASSERT_TRUE(st.ok()) << "insert " << key << " (set-up, 500 ms deadlines): " << st.ToString();
+  }
   ASSERT_TRUE(queues[0].push(*M(1).thr, 5, 1s).ok());
   uint64_t one = 1;
   ASSERT_TRUE(rings[0].push(*M(1).thr, &one, 8, 1s).ok());
