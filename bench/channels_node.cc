@@ -641,15 +641,16 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
           return;
         }
         std::mt19937_64 rng(static_cast<uint64_t>(client) + 1);
-        for (long i = 0; i < p.o.ops; i++) {
+        // Exactly --ops operations per client (bursts of asynchronous gets included).
+        const size_t want = static_cast<size_t>(p.o.ops);
+        for (long i = 0; hist[t].size() < want; i++) {
           Status e;
-          const channels::KvHistoryOp h = channels::KvHistoryStep(**kv, **thr, client, i, rng, &e);
+          channels::KvHistoryNext(**kv, **thr, client, i, rng, want - hist[t].size(), &hist[t], &e);
           if (!e.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops.
-            errors[t] = e.WithContext(fmt::format("client {} op {}", client, i));
+            errors[t] = e.WithContext(fmt::format("client {} step {}", client, i));
             return;
           }
-          hist[t].push_back(h);
         }
       });
     }

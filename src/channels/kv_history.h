@@ -5,6 +5,7 @@
 // every client thread calls it with its own state.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -126,6 +127,21 @@ inline void KvHistoryAsyncGets(KvStore& kv, ChannelThread& thr, int client, int 
       }
     }
   }
+}
+
+// Step `i` of a client's history: every 4th step a burst of 2..6 asynchronous gets in flight at
+// once (at most `room`, and only when room >= 2), else one KvHistoryStep. Appends the completed
+// operations (at least one unless `*error`) to `*ops`; true when the step was a burst.
+inline bool KvHistoryNext(KvStore& kv, ChannelThread& thr, int client, long i, std::mt19937_64& rng,
+                          size_t room, std::vector<KvHistoryOp>* ops, Status* error) {
+  if (i % 4 == 3 && room >= 2) {
+    const size_t n = std::min<size_t>(room, 2 + rng() % 5);
+    KvHistoryAsyncGets(kv, thr, client, static_cast<int>(n), rng, ops, error);
+    return true;
+  }
+  const KvHistoryOp h = KvHistoryStep(kv, thr, client, i, rng, error);
+  if (error->ok()) ops->push_back(h);
+  return false;
 }
 
 // Writes every client's operations to `path` (tests/porcupine's input); false on a write error.

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -177,14 +178,8 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
         std::mt19937_64 rng(client + 1);
         for (int i = 0; i < kOps; i++) {
           Status st;
-          if (i % 4 == 3) {
-            // A burst of 2..6 asynchronous gets in flight at once, each its own operation.
-            KvHistoryAsyncGets(K(n), **thr, client, 2 + static_cast<int>(rng() % 5), rng,
-                               &hist[client], &st);
+          if (KvHistoryNext(K(n), **thr, client, i, rng, SIZE_MAX, &hist[client], &st)) {
             async_gets += 1;
-          } else {
-            const KvHistoryOp h = KvHistoryStep(K(n), **thr, client, i, rng, &st);
-            if (st.ok()) hist[client].push_back(h);
           }
           if (!st.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops, the
