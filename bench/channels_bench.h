@@ -29,6 +29,9 @@ struct ChannelsBenchOptions {
   std::string json_path = "channels.json";
 };
 
+// Kvstore gets (and the raw reads, Redis GETs, memcached mg) in flight at once per participant.
+inline constexpr int kKvGetInFlight = 16;
+
 // One participant of a farmem run (started by the benchmark; prints one JSON line on stdout).
 struct ChannelsNodeOptions {
   unsigned id = 0;                 // 1-based participant number

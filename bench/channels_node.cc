@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -446,44 +449,100 @@ Status Alternate(const ChannelsNodeOptions& o, const std::function<Result<long>(
   return Status::OK();
 }
 
-// Uniform gets: the kvstore's (index lookup, one one-sided read of the slot, checksum, valid and
-// counter checks) against a raw one-sided read of the same number of bytes at the same place.
+// Keeps `n` operations in flight for `seconds` on one thread, completed oldest first: start(j)
+// posts slot j's next operation, poll(j) returns its outcome once complete (nullopt while in
+// flight), block(j) waits until it completes. Only the oldest slot is polled (every poll is a
+// pass over the transport's sockets) and, while it is in flight, the thread sleeps in the
+// transport instead of spinning (which would take the CPU from the NIC threads serving the
+// reads). Stops starting at the end or at the first error, and returns only when no slot is in
+// flight (their buffers are reused or freed next): the number completed, or the first error.
+Result<long> KeepInFlight(size_t n, double seconds, const std::function<Status(size_t)>& start,
+                          const std::function<std::optional<Status>(size_t)>& poll,
+                          const std::function<void(size_t)>& block) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  std::deque<size_t> order;  // busy slots, oldest first
+  Status first;
+  long ops = 0;
+  for (size_t j = 0; j < n && first.ok(); j++) {
+    first = start(j);
+    if (first.ok()) order.push_back(j);
+  }
+  while (!order.empty()) {
+    const size_t j = order.front();
+    std::optional<Status> st = poll(j);
+    if (!st) {
+      block(j);
+      continue;
+    }
+    order.pop_front();
+    if (!st->ok()) {
+      if (first.ok()) first = *st;
+      continue;
+    }
+    ops++;
+    if (first.ok() && Clock::now() < end) {
+      first = start(j);
+      if (first.ok()) order.push_back(j);
+    }
+  }
+  if (!first.ok()) return first;
+  return ops;
+}
+
+// Uniform gets, kKvGetInFlight in flight on the one thread: the kvstore's asynchronous gets
+// (index lookup, one one-sided read of the slot, checksum, valid and counter checks) against raw
+// one-sided reads of the same number of bytes at the same place, as many in flight.
 Status KvGet(Participant& p, nlohmann::json& out) {
   ChannelThread& t = *p.thr;
   KvBench b;
   if (Status st = KvSetup(p, &b); !st.ok()) return st;
   bench::SplitMix64 rng(p.self * 7919);
   long bad = 0;
+  constexpr size_t kN = kKvGetInFlight;
+  std::vector<uint64_t> keys(kN);
+  std::vector<KvValue> values(kN);
+  std::vector<channels::KvGet> gets(kN);
   auto kv_block = [&](double seconds) -> Result<long> {
-    long ops = 0;
-    KvValue v;
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      const uint64_t k = rng.Below(kKvKeys);
-      Status st = b.kv->get(t, k, std::as_writable_bytes(std::span<uint64_t>(v)));
-      if (!st.ok()) return st;
-      bad += v != KvValueOf(k, 0);
-      ops++;
-    }
-    return ops;
+    return KeepInFlight(
+        kN, seconds,
+        [&](size_t j) {
+          keys[j] = rng.Below(kKvKeys);
+          return b.kv->get_async(t, keys[j], std::as_writable_bytes(std::span<uint64_t>(values[j])),
+                                 &gets[j]);
+        },
+        [&](size_t j) -> std::optional<Status> {
+          if (!b.kv->get_poll(t, gets[j])) return std::nullopt;
+          if (gets[j].status().ok()) bad += values[j] != KvValueOf(keys[j], 0);
+          return gets[j].status();
+        },
+        [&](size_t j) { (void)b.kv->get_wait(t, gets[j]); });  // its outcome: the next poll
   };
+  std::vector<std::array<uint64_t, channels::wire::KvSlotBytes(kKvValueWords) / 8>> bufs(kN);
+  std::vector<AckKey> acks(kN);
+  std::vector<std::optional<Status>> waited(kN);  // outcomes taken by block, not yet polled
   auto raw_block = [&](double seconds) -> Result<long> {
-    long ops = 0;
-    uint64_t buf[channels::wire::KvSlotBytes(kKvValueWords) / 8];
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      const uint64_t k = rng.Below(kKvKeys);
-      Status st = t.read_sync(b.Home(k), b.RawOffset(k), buf, b.slot_bytes);
-      if (!st.ok()) return st;
-      ops++;
-    }
-    return ops;
+    return KeepInFlight(
+        kN, seconds,
+        [&](size_t j) {
+          const uint64_t k = rng.Below(kKvKeys);
+          auto key = t.read(b.Home(k), b.RawOffset(k), bufs[j].data(), b.slot_bytes);
+          if (!key.ok()) return key.status();
+          acks[j] = std::move(*key);
+          return Status::OK();
+        },
+        [&](size_t j) -> std::optional<Status> {
+          if (waited[j]) return std::exchange(waited[j], std::nullopt);
+          if (!t.query(acks[j])) return std::nullopt;
+          return t.wait(acks[j], 0ms);  // complete: its own outcome, at once
+        },
+        [&](size_t j) { waited[j] = t.wait(acks[j], kOpTimeout); });  // for the next poll
   };
   std::vector<double> kv_rates, raw_rates;
   if (Status st = Alternate(p.o, kv_block, raw_block, &kv_rates, &raw_rates); !st.ok()) return st;
   if (Status st = p.Sync(); !st.ok()) return st;
   out["kv_rates"] = kv_rates;
   out["raw_rates"] = raw_rates;
+  out["in_flight"] = kN;
   out["bad_values"] = bad;
   return Status::OK();
 }
@@ -582,15 +641,16 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
           return;
         }
         std::mt19937_64 rng(static_cast<uint64_t>(client) + 1);
-        for (long i = 0; i < p.o.ops; i++) {
+        // Exactly --ops operations per client (bursts of asynchronous gets included).
+        const size_t want = static_cast<size_t>(p.o.ops);
+        for (long i = 0; hist[t].size() < want; i++) {
           Status e;
-          const channels::KvHistoryOp h = channels::KvHistoryStep(**kv, **thr, client, i, rng, &e);
+          channels::KvHistoryNext(**kv, **thr, client, i, rng, want - hist[t].size(), &hist[t], &e);
           if (!e.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops.
-            errors[t] = e.WithContext(fmt::format("client {} op {}", client, i));
+            errors[t] = e.WithContext(fmt::format("client {} step {}", client, i));
             return;
           }
-          hist[t].push_back(h);
         }
       });
     }

@@ -95,7 +95,7 @@ def plot_kvstore(doc, kv, axes, w):
                label=label)
     ax.set_xticks(xs)
     ax.set_xlabel("round")
-    ax.set_ylabel("gets/s (3 nodes x 1 in flight)")
+    ax.set_ylabel(f"gets/s (3 nodes x {kv.get('gets_in_flight_per_process', 1)} in flight)")
     ax.set_title(f"kvstore gets ({kv['value_bytes']} B, {kv['keys']} keys): vs Redis "
                  f"{fmt_ratio(t_redis)} {t_redis['result']}\nvs raw read {fmt_ratio(t_raw)} "
                  f"{t_raw['result']}"

@@ -460,6 +460,30 @@ struct KvConfig {
   size_t value_bytes = 8;
 };
 
+// One asynchronous kvstore get (KvStore::get_async): the key, where the value goes, the slot read
+// in flight and, once done, the outcome. Used by one thread with its ChannelThread. Movable even
+// while a read is in flight (the read lands in a heap buffer owned here), but it must be done
+// (get_poll true, or get_wait returned) before it is destroyed or started again.
+class KvGet {
+ public:
+  // True when no read of this get is in flight (never started, or finished).
+  bool done() const { return !active_; }
+  uint64_t key() const { return key_; }
+  // The outcome once done: OK (value copied into `out`), kNotFound, or the error.
+  const Status& status() const { return status_; }
+
+ private:
+  friend class KvStore;
+  uint64_t key_ = 0;
+  std::span<std::byte> out_;
+  std::vector<uint64_t> rec_;  // the slot as read (KvSlotBytes)
+  AckKey ack_;
+  uint64_t counter_ = 0;                            // the index entry's counter the read must find
+  std::chrono::steady_clock::time_point deadline_;  // for torn-read retries
+  bool active_ = false;
+  Status status_;
+};
+
 // LOCO's key-value store (not replicated): 64-bit keys, values of KvConfig::value_bytes. A value
 // lives in a slot {key, counter, valid, value words, checksum} on the node that inserted it; every
 // node keeps a full local index key -> (node, slot, counter), updated by a tracker thread that
@@ -489,6 +513,20 @@ class KvStore {
   Status update(ChannelThread& thread, uint64_t key, uint64_t value);
   Result<uint64_t> get(ChannelThread& thread, uint64_t key);
 
+  // Asynchronous gets: many may be in flight on one ChannelThread (each one one-sided read), with
+  // the checks of get(). get_async starts `key`'s read into `*g` and returns at once; `out`
+  // (exactly value_bytes) must stay valid until g is done. A get that needs no read (index miss,
+  // bad size, unknown member) is done at once with that outcome. kFailedPrecondition (and g
+  // untouched) when g is still in flight. A get linearizes at its slot read, between get_async
+  // and the get_poll that reports it done.
+  Status get_async(ChannelThread& thread, uint64_t key, std::span<std::byte> out, KvGet* g);
+  // Polls the thread's completions once: true when g is done (outcome in g.status()). A torn
+  // slot is read again (from the index on) until KvConfig::timeout; a read whose home is gone
+  // completes with the transport's error within its op_timeout.
+  bool get_poll(ChannelThread& thread, KvGet& g);
+  // Waits until g is done and returns its outcome.
+  Status get_wait(ChannelThread& thread, KvGet& g);
+
  private:
   struct IndexEntry {
     NodeId node;
@@ -504,6 +542,9 @@ class KvStore {
   Status locked(ChannelThread& thread, uint64_t key, bool fence,
                 const std::function<Status()>& body);
   Status broadcast(ChannelThread& thread, const uint64_t* msg);
+  void start_read(ChannelThread& thread, KvGet& g);
+  void finish(KvGet& g, Status st);
+  Status not_found(uint64_t key) const;
 
   std::string name_;
   KvConfig config_;

@@ -45,18 +45,6 @@ uint64_t SlotChecksum(uint64_t key, uint64_t counter, const uint64_t* value, siz
   return Checksum(key, &inner, 1);
 }
 
-// A slot-sized word buffer, on the stack for small values (gets are the hot path).
-class SlotBuffer {
- public:
-  explicit SlotBuffer(size_t words)
-      : big_(words > kSmall ? std::make_unique<uint64_t[]>(words) : nullptr) {}
-  uint64_t* data() { return big_ ? big_.get() : small_; }
-
- private:
-  static constexpr size_t kSmall = 16;
-  uint64_t small_[kSmall] = {};
-  std::unique_ptr<uint64_t[]> big_;
-};
 }  // namespace
 
 Result<std::unique_ptr<KvStore>> KvStore::Open(ChannelThread& thread, std::string name,
@@ -274,7 +262,7 @@ Status KvStore::update(ChannelThread& thread, uint64_t key, std::span<const std:
   return locked(thread, key, fence, [&]() -> Status {
     IndexEntry e;
     if (!lookup(key, &e)) {
-      return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
+      return not_found(key);
     }
     auto off = slot_offset(e.node, e.slot);
     if (!off.ok()) return off.status();
@@ -293,7 +281,7 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
   return locked(thread, key, /*fence=*/true, [&]() -> Status {
     IndexEntry e;
     if (!lookup(key, &e)) {
-      return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
+      return not_found(key);
     }
     auto off = slot_offset(e.node, e.slot);
     if (!off.ok()) return off.status();
@@ -311,39 +299,98 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
   });
 }
 
-Status KvStore::get(ChannelThread& thread, uint64_t key, std::span<std::byte> out) {
-  Status bad = check_value_bytes(out.size());
-  if (!bad.ok()) return bad;
-  const auto deadline = Clock::now() + config_.timeout;
-  SlotBuffer buf(slot_bytes_ / 8);
-  uint64_t* rec = buf.data();
-  const uint64_t* value = rec + kHeaderWords;
-  for (;;) {
-    IndexEntry e;
-    if (!lookup(key, &e)) {
-      return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
-    }
-    auto off = slot_offset(e.node, e.slot);
-    if (!off.ok()) return off.status();
-    Status st = thread.read_sync(e.node, *off, rec, slot_bytes_);
-    if (!st.ok()) return st.WithContext("kvstore '" + name_ + "' get");
-    if (g_kv_checksum_disabled.load(std::memory_order_relaxed) ||
-        value[value_words_] == SlotChecksum(rec[0], rec[1], value, value_words_)) {
-      // Invalid: inserted but not yet linearized, or deleted (the read is the linearization
-      // point). Another counter: deleted (and perhaps reused) after the lookup.
-      if (rec[2] == 0 || rec[1] != e.counter || rec[0] != key) {
-        return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) +
-                                " not found");
-      }
-      std::memcpy(out.data(), value, out.size());
-      return Status::OK();
-    }
-    // Torn by a concurrent update or insert: read again, from the index on.
-    if (Clock::now() >= deadline) {
-      return Status::TimedOut("kvstore '" + name_ + "': key " + std::to_string(key) +
-                              " kept failing its checksum");
-    }
+Status KvStore::not_found(uint64_t key) const {
+  return Status::NotFound("kvstore '" + name_ + "': key " + std::to_string(key) + " not found");
+}
+
+void KvStore::finish(KvGet& g, Status st) {
+  g.active_ = false;
+  g.status_ = std::move(st);
+}
+
+// Looks the key up and posts the slot read (again after a torn read: the key may have moved).
+void KvStore::start_read(ChannelThread& thread, KvGet& g) {
+  IndexEntry e;
+  if (!lookup(g.key_, &e)) return finish(g, not_found(g.key_));
+  auto off = slot_offset(e.node, e.slot);
+  if (!off.ok()) return finish(g, off.status());
+  g.counter_ = e.counter;
+  auto k = thread.read(e.node, *off, g.rec_.data(), slot_bytes_);
+  if (!k.ok()) return finish(g, k.status().WithContext("kvstore '" + name_ + "' get"));
+  g.ack_ = std::move(*k);
+}
+
+Status KvStore::get_async(ChannelThread& thread, uint64_t key, std::span<std::byte> out, KvGet* g) {
+  if (g->active_) {
+    return Status::FailedPrecondition("kvstore '" + name_ + "': get of key " +
+                                      std::to_string(g->key_) + " still in flight on this handle");
   }
+  g->key_ = key;
+  g->out_ = out;
+  g->active_ = true;
+  g->status_ = Status::OK();
+  Status bad = check_value_bytes(out.size());
+  if (!bad.ok()) {
+    finish(*g, std::move(bad));
+    return Status::OK();
+  }
+  g->rec_.resize(slot_bytes_ / 8);
+  g->deadline_ = Clock::now() + config_.timeout;
+  start_read(thread, *g);
+  return Status::OK();
+}
+
+bool KvStore::get_poll(ChannelThread& thread, KvGet& g) {
+  if (!g.active_) return true;
+  if (!thread.query(g.ack_)) return false;
+  // Done: wait returns the read's own outcome at once (it is no longer outstanding).
+  Status st = thread.wait(g.ack_, std::chrono::milliseconds(0));
+  if (!st.ok()) {
+    finish(g, st.WithContext("kvstore '" + name_ + "' get"));
+    return true;
+  }
+  const uint64_t* rec = g.rec_.data();
+  const uint64_t* value = rec + kHeaderWords;
+  if (g_kv_checksum_disabled.load(std::memory_order_relaxed) ||
+      value[value_words_] == SlotChecksum(rec[0], rec[1], value, value_words_)) {
+    // Invalid: inserted but not yet linearized, or deleted (the read is the linearization
+    // point). Another counter or key: deleted (and perhaps reused) after the lookup.
+    if (rec[2] == 0 || rec[1] != g.counter_ || rec[0] != g.key_) {
+      finish(g, not_found(g.key_));
+    } else {
+      std::memcpy(g.out_.data(), value, g.out_.size());
+      finish(g, Status::OK());
+    }
+    return true;
+  }
+  // Torn by a concurrent update or insert: read again, from the index on.
+  if (Clock::now() >= g.deadline_) {
+    finish(g, Status::TimedOut("kvstore '" + name_ + "': key " + std::to_string(g.key_) +
+                               " kept failing its checksum"));
+    return true;
+  }
+  start_read(thread, g);
+  return !g.active_;
+}
+
+Status KvStore::get_wait(ChannelThread& thread, KvGet& g) {
+  // Each read completes within the transport's op_timeout (an error when its home is gone).
+  const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
+  while (!get_poll(thread, g)) {
+    // wait consumes the read's error: it becomes g's outcome here, not in get_poll. The
+    // transport ends a read at its op_timeout, so a kTimedOut of this wait (a second later) is
+    // a transport that failed to; g's buffer is then still the read's destination.
+    Status st = thread.wait(g.ack_, op_wait);
+    if (!st.ok()) finish(g, st.WithContext("kvstore '" + name_ + "' get"));
+  }
+  return g.status();
+}
+
+Status KvStore::get(ChannelThread& thread, uint64_t key, std::span<std::byte> out) {
+  KvGet g;
+  Status st = get_async(thread, key, out, &g);
+  if (!st.ok()) return st;
+  return get_wait(thread, g);
 }
 
 Status KvStore::insert(ChannelThread& thread, uint64_t key, uint64_t value) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -93,6 +94,36 @@ TEST_P(KvStoreTest, OperationsAcrossNodesAndTheirErrors) {
   EXPECT_EQ(K(3).get(t3, 1).status().code(), Code::kNotFound);
   EXPECT_EQ(*K(1).get(t1, 2), 20u);
   EXPECT_EQ(*K(1).get(t1, 3), 30u);
+
+  // Asynchronous gets, 16 in flight on one thread: keys 1..16, of which 2 (node 1), 3 (node 2)
+  // and 4 (node 1) are present.
+  std::array<KvGet, 16> gets;
+  std::array<uint64_t, 16> outs{};
+  auto out = [&](size_t j) { return std::as_writable_bytes(std::span<uint64_t>(&outs[j], 1)); };
+  for (size_t j = 0; j < gets.size(); j++) {
+    ASSERT_TRUE(K(3).get_async(t3, j + 1, out(j), &gets[j]).ok());
+  }
+  // A present key's read is in flight until polled: its handle cannot be started again.
+  EXPECT_FALSE(gets[1].done());
+  EXPECT_EQ(K(3).get_async(t3, 9, out(1), &gets[1]).code(), Code::kFailedPrecondition);
+  for (size_t j = 0; j < gets.size(); j++) {
+    Status st = K(3).get_wait(t3, gets[j]);
+    EXPECT_TRUE(gets[j].done());
+    EXPECT_EQ(gets[j].key(), j + 1);
+    if (j + 1 >= 2 && j + 1 <= 4) {
+      ASSERT_TRUE(st.ok()) << "key " << j + 1 << ": " << st.ToString();
+      EXPECT_EQ(outs[j], (j + 1) * 10);
+    } else {
+      EXPECT_EQ(st.code(), Code::kNotFound) << "key " << j + 1 << ": " << st.ToString();
+    }
+  }
+  // A done handle is reused; a wrong size is an outcome, at once.
+  ASSERT_TRUE(K(2).get_async(t2, 3, out(0), &gets[0]).ok());
+  EXPECT_TRUE(K(2).get_wait(t2, gets[0]).ok());
+  EXPECT_EQ(outs[0], 30u);
+  ASSERT_TRUE(K(2).get_async(t2, 3, out(0).first(4), &gets[0]).ok());
+  EXPECT_TRUE(gets[0].done());
+  EXPECT_EQ(gets[0].status().code(), Code::kInvalidArgument);
 }
 
 // Where the Go toolchain is: $GO, /usr/local/go/bin/go, or `go` on PATH; empty when absent.
@@ -103,8 +134,9 @@ std::string FindGo() {
   return "";
 }
 
-// 3 nodes x 2 client threads (in one process), 400 operations per client (100 in sanitizer
-// builds) of kv_history.h's mix on its 8 hot keys, every written value unique; invoke and return
+// 3 nodes x 2 client threads (in one process), 400 steps per client (100 in sanitizer builds) of
+// kv_history.h's mix on its 8 hot keys, every written value unique; every 4th step a burst of 2..6
+// asynchronous gets in flight at once, each recorded as its own operation; invoke and return
 // times from CLOCK_MONOTONIC (steady_clock). Porcupine checks the history, partitioned by key.
 TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   START_ALL_OR_SKIP();
@@ -135,6 +167,7 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   constexpr int kThreadsPerNode = 2, kOps = testing_util::kSanitizerBuild ? 100 : 400;
   std::vector<std::vector<KvHistoryOp>> hist(3 * kThreadsPerNode);
   std::atomic<int> errors{0};
+  std::atomic<long> async_gets{0};  // bursts of asynchronous gets
   std::vector<std::thread> ts;
   for (NodeId n = 1; n <= 3; n++) {
     for (int t = 0; t < kThreadsPerNode; t++) {
@@ -145,7 +178,9 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
         std::mt19937_64 rng(client + 1);
         for (int i = 0; i < kOps; i++) {
           Status st;
-          const KvHistoryOp h = KvHistoryStep(K(n), **thr, client, i, rng, &st);
+          if (KvHistoryNext(K(n), **thr, client, i, rng, SIZE_MAX, &hist[client], &st)) {
+            async_gets += 1;
+          }
           if (!st.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops, the
             // test fails, and the others' operations are still checked (a get has no effect; a
@@ -153,7 +188,6 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
             if (errors++ == 0) ADD_FAILURE() << "client " << client << ": " << st.ToString();
             return;
           }
-          hist[client].push_back(h);
         }
       });
     }
@@ -167,7 +201,10 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   const int rc = std::system((checker + " " + file + " >" + check_log + " 2>&1").c_str());
   std::ifstream log(check_log);
   std::string result((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  std::printf("porcupine (%s): %s", file.c_str(), result.c_str());
+  size_t ops = 0;
+  for (const auto& h : hist) ops += h.size();
+  std::printf("%zu operations (%ld bursts of asynchronous gets); porcupine (%s): %s", ops,
+              async_gets.load(), file.c_str(), result.c_str());
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(rc, 0) << "history not linearizable (or not checkable): " << result
                    << " history kept in " << file;
@@ -282,8 +319,10 @@ TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
   }
   for (auto& r : rings) ASSERT_TRUE(r.wait_ready(5s).ok());
   for (auto& q : queues) ASSERT_TRUE(q.wait_ready(5s).ok());
-  ASSERT_TRUE(K(3).insert(*M(3).thr, 33, 330).ok());  // value on node 3
-  ASSERT_TRUE(K(1).insert(*M(1).thr, 11, 110).ok());  // value on node 1
+  for (auto [n, key] : {std::pair<NodeId, uint64_t>{3, 33}, {1, 11}}) {  // values on nodes 3, 1
+    Status st = K(n).insert(*M(n).thr, key, key * 10);
+    ASSERT_TRUE(st.ok()) << "insert " << key << " (set-up, 500 ms deadlines): " << st.ToString();
+  }
   ASSERT_TRUE(queues[0].push(*M(1).thr, 5, 1s).ok());
   uint64_t one = 1;
   ASSERT_TRUE(rings[0].push(*M(1).thr, &one, 8, 1s).ok());
@@ -299,6 +338,18 @@ TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
   timed("queue push", [&] { return queues[0].push(t1, 6, 1s); });
   timed("queue pop", [&] { return queues[0].pop(t1, 1s).status(); });
   timed("kvstore get of a value on node 3", [&] { return K(1).get(t1, 33).status(); });
+  timed("kvstore asynchronous gets of a value on node 3 and one on node 1", [&] {
+    KvGet dead, live;
+    uint64_t a = 0, b = 0;
+    EXPECT_TRUE(
+        K(1).get_async(t1, 33, std::as_writable_bytes(std::span<uint64_t>(&a, 1)), &dead).ok());
+    EXPECT_TRUE(
+        K(1).get_async(t1, 11, std::as_writable_bytes(std::span<uint64_t>(&b, 1)), &live).ok());
+    Status live_st = K(1).get_wait(t1, live);
+    EXPECT_TRUE(live_st.ok()) << live_st.ToString();
+    EXPECT_EQ(b, 110u);
+    return K(1).get_wait(t1, dead);
+  });
   timed("kvstore insert, lock at node 1 or 2, tracker of node 3 gone", [&] {
     // A key whose lock is not homed at node 3 (that case is an error too, from the lock).
     Status st;
