@@ -88,6 +88,9 @@ struct TierStoreFaults {
   // received them (the behaviour before asynchronous miss IO), so a slow miss blocks the worker
   // and every RPC queued behind it (FARMEM_TIER_FAULT=sync_miss).
   bool sync_miss_io = false;
+  // Read by TierService too: TIER_WRITEs to cold units run their file IO on the RPC worker
+  // (the behaviour before deferred write misses; FARMEM_TIER_FAULT=sync_write).
+  bool sync_write_io = false;
 };
 
 struct TierOptions {
