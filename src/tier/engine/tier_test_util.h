@@ -141,7 +141,9 @@ inline TierStoreFaults TierFaultsFromEnv() {
   f.skip_grace = v == "no_grace";
   f.sync_miss_io = v == "sync_miss";
   f.sync_write_io = v == "sync_write";
-  if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io || f.sync_write_io) {
+  f.accept_short_io = v == "accept_short";
+  if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io || f.sync_write_io ||
+      f.accept_short_io) {
     std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
   }
   return f;

@@ -513,6 +513,7 @@ nlohmann::json TierService::Stats() const {
   j["writes_file"] = s.writes_file;
   j["cached_read_hits"] = s.cached_read_hits;
   j["cached_read_misses"] = s.cached_read_misses;
+  j["io_short_completions"] = s.io_short_completions;
   j["periods"] = ld(periods_);
   j["period_errors"] = ld(period_errors_);
   j["counter_pushes"] = ld(counter_pushes_);
