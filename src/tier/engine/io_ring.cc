@@ -14,6 +14,11 @@
 
 namespace farmem::tier {
 
+namespace {
+// A simulated short transfer moves whole pages (O_DIRECT needs block-aligned continuations).
+constexpr unsigned kShortIoGranule = 4096;
+}  // namespace
+
 struct IoRings::Ring {
   std::mutex mu;
   struct io_uring ring;
@@ -21,15 +26,13 @@ struct IoRings::Ring {
 };
 
 Result<std::unique_ptr<IoRings>> IoRings::Create(unsigned count, unsigned depth,
-                                                 std::shared_ptr<std::atomic<int>> simulated_errno,
-                                                 std::shared_ptr<std::atomic<bool>> hold) {
+                                                 IoRingFaults faults) {
   if (count == 0 || depth == 0)
     return Status::InvalidArgument("io ring count and depth must be > 0");
   std::unique_ptr<IoRings> r(new IoRings());
   r->rings_ = std::make_unique<Ring[]>(count);
   r->count_ = count;
-  r->simulated_errno_ = std::move(simulated_errno);
-  r->hold_ = std::move(hold);
+  r->faults_ = std::move(faults);
   for (unsigned i = 0; i < count; ++i) {
     const int rc = io_uring_queue_init(depth, &r->rings_[i].ring, 0);
     if (rc < 0) {
@@ -78,7 +81,11 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
     if (sqe == nullptr) return Status::Internal("io_uring submission queue full");
     // One operation is at most 1 GiB (the kernel caps a read/write at 2 GiB - 4 KiB).
-    const unsigned n = static_cast<unsigned>(std::min<size_t>(len - done, size_t{1} << 30));
+    const auto asked = static_cast<unsigned>(std::min<size_t>(len - done, size_t{1} << 30));
+    unsigned n = asked;
+    // Test-only simulated short transfer (IoRingFaults::short_io): the kernel is asked for half,
+    // in whole pages, so its completion is short exactly as a real short one would be.
+    if (faults_.short_io && n >= 2 * kShortIoGranule) n = n / 2 / kShortIoGranule * kShortIoGranule;
     if (write) {
       io_uring_prep_write(sqe, fd, p + done, n, off + done);
     } else {
@@ -93,8 +100,8 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
     if (rc < 0) return Status::FromErrno("io_uring_wait_cqe", -rc);
     // Test-only simulated slow device (TierStoreFaults::hold_io): the completion is there, the
     // caller does not see it until the test lets go.
-    if (hold_ != nullptr) {
-      while (hold_->load(std::memory_order_acquire)) {
+    if (faults_.hold != nullptr) {
+      while (faults_.hold->load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
@@ -102,8 +109,8 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
     io_uring_cqe_seen(&ring->ring, cqe);
     // Test-only simulated device error (TierStoreFaults::simulated_io_errno): the kernel's result
     // is replaced, so everything after this line is the path a real error takes.
-    if (simulated_errno_ != nullptr) {
-      if (const int e = simulated_errno_->load(std::memory_order_relaxed); e != 0) res = -e;
+    if (faults_.simulated_errno != nullptr) {
+      if (const int e = faults_.simulated_errno->load(std::memory_order_relaxed); e != 0) res = -e;
     }
     if (res == -EINTR || res == -EAGAIN) continue;
     if (res < 0) {
@@ -112,10 +119,20 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
                                -res);
     }
     if (res == 0) {
+      // The store extends its file to the whole region at Open, so a read that finds the end
+      // inside it found a cut file: an error, never zeros or the buffer's old bytes as data.
       if (write) return Status::IoError("tier file write made no progress");
-      std::memset(p + done, 0, len - done);  // past the end of the file: zeros
-      return Status::OK();
+      return Status::IoError("tier file read at offset " + std::to_string(off + done) +
+                             " found the end of the file (" + std::to_string(len - done) +
+                             " bytes missing; was the file truncated?)");
     }
+    if (static_cast<unsigned>(res) < asked) {
+      short_completions_.fetch_add(1, std::memory_order_relaxed);
+      // Test-only (IoRingFaults::accept_short): the check removed, the tail is never moved.
+      if (faults_.accept_short) return Status::OK();
+    }
+    // A short transfer (res < n) loops for the rest: the next operation starts where the kernel
+    // stopped, so no byte of the range is skipped.
     done += static_cast<size_t>(res);
   }
   return Status::OK();

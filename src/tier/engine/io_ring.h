@@ -16,27 +16,41 @@
 
 namespace farmem::tier {
 
+// Test-only faults of the io rings (TierStoreFaults carries them; farmemd never sets any).
+struct IoRingFaults {
+  // While it holds a non-zero errno, every completion is taken as that error.
+  std::shared_ptr<std::atomic<int>> simulated_errno;
+  // While it is true, a completion is held before it is reaped.
+  std::shared_ptr<std::atomic<bool>> hold;
+  // SIMULATED short transfers: an operation of more than one page is submitted for half its
+  // length (whole pages, so O_DIRECT alignment holds), so the kernel really moves fewer bytes
+  // and the completion reports that, as a device or file system may.
+  bool short_io = false;
+  // The protection removed: a short completion is taken as the whole operation (no retry), so
+  // the untransferred tail is stale in the buffer (read) or never reaches the file (write).
+  bool accept_short = false;
+};
+
 class IoRings {
  public:
   // `count` rings of `depth` entries each. IoError when io_uring is unavailable (disabled by
   // kernel.io_uring_disabled or seccomp), with the reason.
-  // `simulated_errno` is test-only (TierStoreFaults::simulated_io_errno): while it holds a
-  // non-zero errno, every completion is taken as that error.
-  // `hold` is test-only too (TierStoreFaults::hold_io): while it is true, a completion is held
-  // before it is reaped.
-  static Result<std::unique_ptr<IoRings>> Create(
-      unsigned count, unsigned depth, std::shared_ptr<std::atomic<int>> simulated_errno = {},
-      std::shared_ptr<std::atomic<bool>> hold = {});
+  static Result<std::unique_ptr<IoRings>> Create(unsigned count, unsigned depth,
+                                                 IoRingFaults faults = {});
   ~IoRings();
   IoRings(const IoRings&) = delete;
   IoRings& operator=(const IoRings&) = delete;
 
-  // Reads len bytes at file offset `off` into buf, continuing after short reads; bytes past the
-  // end of the file read as zeros. With O_DIRECT, buf, len and off must be block aligned.
+  // Reads len bytes at file offset `off` into buf, continuing after short reads until all len
+  // bytes are in; IoError when the file ends first (the store's file is extended to the region,
+  // so an end inside it means the file was cut: never zeros or stale bytes as data). With
+  // O_DIRECT, buf, len and off must be block aligned.
   Status Read(int fd, void* buf, size_t len, uint64_t off);
   // Writes len bytes, continuing after short writes; IoError (with the errno text) on failure,
   // e.g. ENOSPC.
   Status Write(int fd, const void* buf, size_t len, uint64_t off);
+  // Completions that moved fewer bytes than submitted (each one continued), since Create.
+  uint64_t short_completions() const { return short_completions_.load(std::memory_order_relaxed); }
 
  private:
   struct Ring;
@@ -45,8 +59,8 @@ class IoRings {
 
   std::unique_ptr<Ring[]> rings_;
   unsigned count_ = 0;
-  std::shared_ptr<std::atomic<int>> simulated_errno_;
-  std::shared_ptr<std::atomic<bool>> hold_;
+  IoRingFaults faults_;
+  std::atomic<uint64_t> short_completions_{0};
 };
 
 }  // namespace farmem::tier

@@ -266,7 +266,9 @@ Status TierStore::Init(const TierOptions& o) {
     if (cached_fd_ < 0) return Status::FromErrno("open " + o.path + " (cached reads)", errno);
   }
   FARMEM_ASSIGN_OR_RETURN(
-      io_, IoRings::Create(o.io_rings, 8, o.faults.simulated_io_errno, o.faults.hold_io));
+      io_, IoRings::Create(o.io_rings, 8,
+                           IoRingFaults{o.faults.simulated_io_errno, o.faults.hold_io,
+                                        o.faults.short_io, o.faults.accept_short_io}));
 
   // The magic memfd: one unit of pattern words, written with pwrite (a writable shared mapping
   // would forbid F_SEAL_WRITE), then sealed so nothing can change or resize it.
@@ -742,6 +744,7 @@ TierStats TierStore::Stats() const {
   s.writes_file = writes_file_.load(std::memory_order_relaxed);
   s.cached_read_hits = cached_read_hits_.load(std::memory_order_relaxed);
   s.cached_read_misses = cached_read_misses_.load(std::memory_order_relaxed);
+  s.io_short_completions = io_->short_completions();
   return s;
 }
 

@@ -88,6 +88,15 @@ struct TierStoreFaults {
   // received them (the behaviour before asynchronous miss IO), so a slow miss blocks the worker
   // and every RPC queued behind it (FARMEM_TIER_FAULT=sync_miss).
   bool sync_miss_io = false;
+  // Read by TierService too: TIER_WRITEs to cold units run their file IO on the RPC worker
+  // (the behaviour before deferred write misses; FARMEM_TIER_FAULT=sync_write).
+  bool sync_write_io = false;
+  // SIMULATED short transfers (IoRingFaults::short_io): every io-ring read or write of more than
+  // one page moves only half of it per completion; IoRings::Rw must continue until all is moved.
+  bool short_io = false;
+  // The protection removed (FARMEM_TIER_FAULT=accept_short): a short completion is taken as the
+  // whole operation, so a read returns a stale tail and a write loses its tail.
+  bool accept_short_io = false;
 };
 
 struct TierOptions {
@@ -138,10 +147,11 @@ struct TierStats {
   uint64_t reads_file = 0;      // ... served from the file
   uint64_t read_bytes_dram = 0;
   uint64_t read_bytes_file = 0;
-  uint64_t writes_dram = 0;         // unit parts of Write copied into a frame
-  uint64_t writes_file = 0;         // ... written to the file
-  uint64_t cached_read_hits = 0;    // cold reads served by a buffered RWF_NOWAIT read
-  uint64_t cached_read_misses = 0;  // ... that fell back to O_DIRECT (not all pages cached)
+  uint64_t writes_dram = 0;           // unit parts of Write copied into a frame
+  uint64_t writes_file = 0;           // ... written to the file
+  uint64_t cached_read_hits = 0;      // cold reads served by a buffered RWF_NOWAIT read
+  uint64_t cached_read_misses = 0;    // ... that fell back to O_DIRECT (not all pages cached)
+  uint64_t io_short_completions = 0;  // file IOs that moved fewer bytes than asked (continued)
 };
 
 // What RunPeriod did.

@@ -140,7 +140,10 @@ inline TierStoreFaults TierFaultsFromEnv() {
   f.demote_despite_failed_writeback = v == "writeback";
   f.skip_grace = v == "no_grace";
   f.sync_miss_io = v == "sync_miss";
-  if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io) {
+  f.sync_write_io = v == "sync_write";
+  f.accept_short_io = v == "accept_short";
+  if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io || f.sync_write_io ||
+      f.accept_short_io) {
     std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
   }
   return f;

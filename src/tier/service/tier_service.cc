@@ -133,6 +133,7 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.faults = faults;
   o.io_rings = kMissIoThreads + 2;
   s->sync_miss_io_ = faults.sync_miss_io;
+  s->sync_write_io_ = faults.sync_write_io;
   // The grace period of a demotion: every one-sided copy the transport's threads were making
   // when the unit was remapped has finished before its frame is punched and reused.
   const auto timeout = config.node.transport.op_timeout;
@@ -237,15 +238,29 @@ void TierService::MissLoop() {
       miss_queue_.pop_front();
     }
     reply.clear();
-    Status st = ServeRead(job.req, reply);
+    // The handle owns the request bytes, so a write's data span is still valid here.
+    Status st = job.is_write ? ServeWrite(job.write) : ServeRead(job.read, reply);
     if (!st.ok()) {
-      FARMEM_LOG_DEBUG("tier_read (deferred): {}", st.ToString());
+      FARMEM_LOG_DEBUG("{} (deferred): {}", job.is_write ? "tier_write" : "tier_read",
+                       st.ToString());
+      reply.clear();
     }
-    // Before the answer: a client that has it sees the read no longer in flight.
+    // Before the answer: a client that has it sees the call no longer in flight.
     rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
     Status sent = job.reply.send(st, reply);
-    if (!sent.ok()) FARMEM_LOG_DEBUG("tier_read answer not sent: {}", sent.ToString());
+    if (!sent.ok()) FARMEM_LOG_DEBUG("deferred tier answer not sent: {}", sent.ToString());
   }
+}
+
+bool TierService::DeferMiss(const RpcCall& call, MissJob& job) {
+  std::unique_lock lock(miss_mu_);
+  if (!miss_running_ || miss_queue_.size() >= kMissQueueCapacity) return false;
+  job.reply = call.defer();
+  if (!job.reply.valid()) return false;
+  miss_queue_.push_back(std::move(job));
+  lock.unlock();
+  miss_cv_.notify_one();
+  return true;
 }
 
 void TierService::PeriodLoop() {
@@ -327,7 +342,7 @@ Status TierService::Handle(const RpcCall& call, std::vector<std::byte>& reply) {
     case tw::kOpTierWrite: {
       rpc_in_flight_.fetch_add(1, std::memory_order_relaxed);
       bool deferred = false;
-      st = call.opcode == tw::kOpTierRead ? Read(call, reply, &deferred) : Write(call);
+      st = call.opcode == tw::kOpTierRead ? Read(call, reply, &deferred) : Write(call, &deferred);
       if (deferred) return Status::OK();  // a miss-IO thread answers (and counts it out)
       rpc_in_flight_.fetch_sub(1, std::memory_order_relaxed);
       break;
@@ -358,16 +373,17 @@ Status TierService::Info(std::vector<std::byte>& reply) {
   return Status::OK();
 }
 
-bool TierService::AllResident(const tw::TierReadRequest& req) const {
-  // Racy by design: it only picks the thread that reads. A unit demoted right after this check
-  // is read from the file on the worker (correct, just synchronous); one promoted after it is
-  // read from DRAM on a miss-IO thread.
+bool TierService::AllResident(uint64_t offset, uint64_t length,
+                              std::span<const uint64_t> mask) const {
+  // Racy by design: it only picks the thread that does the IO. A unit demoted right after this
+  // check is read or written through the file on the worker (correct, just synchronous); one
+  // promoted after it is served from DRAM on a miss-IO thread.
   const uint64_t unit = store_->geometry().unit_size;
-  const uint64_t first = req.offset / tw::kPageSize;
-  const uint64_t pages = tw::PagesSpanned(req.offset, req.length);
+  const uint64_t first = offset / tw::kPageSize;
+  const uint64_t pages = tw::PagesSpanned(offset, length);
   int64_t last_unit = -1;
   for (uint64_t i = 0; i < pages; ++i) {
-    if ((req.mask[i / 64] >> (i % 64) & 1) == 0) continue;
+    if (!mask.empty() && (mask[i / 64] >> (i % 64) & 1) == 0) continue;
     const auto u = static_cast<int64_t>((first + i) * tw::kPageSize / unit);
     if (u == last_unit) continue;
     if (!store_->IsResident(static_cast<uint32_t>(u))) return false;
@@ -379,22 +395,18 @@ bool TierService::AllResident(const tw::TierReadRequest& req) const {
 Status TierService::Read(const RpcCall& call, std::vector<std::byte>& reply, bool* deferred) {
   FARMEM_ASSIGN_OR_RETURN(tw::TierReadRequest req,
                           tw::DecodeTierReadRequest(call.request, store_->geometry(), max_io_));
-  const bool hit = AllResident(req);
+  const bool hit = AllResident(req.offset, req.length, req.mask);
   if (!sync_miss_io_ && !hit) {
     // A miss: its file IO would hold this worker (and every RPC queued behind it) for a device
     // round trip. Hand it to a miss-IO thread, which answers through the deferred handle.
-    std::unique_lock lock(miss_mu_);
-    if (miss_running_ && miss_queue_.size() < kMissQueueCapacity) {
-      DeferredReply handle = call.defer();
-      if (handle.valid()) {
-        miss_queue_.push_back({std::move(handle), std::move(req)});
-        lock.unlock();
-        miss_cv_.notify_one();
-        misses_deferred_.fetch_add(1, std::memory_order_relaxed);
-        *deferred = true;
-        return Status::OK();
-      }
+    MissJob job;
+    job.read = std::move(req);
+    if (DeferMiss(call, job)) {
+      misses_deferred_.fetch_add(1, std::memory_order_relaxed);
+      *deferred = true;
+      return Status::OK();
     }
+    req = std::move(job.read);  // not queued: DeferMiss left the job as it was
   }
   if (!hit) misses_sync_.fetch_add(1, std::memory_order_relaxed);
   return ServeRead(req, reply);
@@ -422,9 +434,29 @@ Status TierService::ServeRead(const tw::TierReadRequest& req, std::vector<std::b
   return Status::OK();
 }
 
-Status TierService::Write(const RpcCall& call) {
+Status TierService::Write(const RpcCall& call, bool* deferred) {
+  // Decoded (and refused when malformed or out of range) here on the worker, deferred or not.
   FARMEM_ASSIGN_OR_RETURN(tw::TierWriteRequest req,
                           tw::DecodeTierWriteRequest(call.request, store_->geometry(), max_io_));
+  const bool hit = AllResident(req.offset, req.data.size(), {});
+  if (!sync_write_io_ && !hit) {
+    // A cold part: a file write (and, when unaligned, a read first) would hold this worker for
+    // one or two device round trips. The deferred handle keeps the request bytes req.data
+    // points into alive until the miss-IO thread has answered.
+    MissJob job;
+    job.is_write = true;
+    job.write = req;
+    if (DeferMiss(call, job)) {
+      write_misses_deferred_.fetch_add(1, std::memory_order_relaxed);
+      *deferred = true;
+      return Status::OK();
+    }
+  }
+  if (!hit) write_misses_sync_.fetch_add(1, std::memory_order_relaxed);
+  return ServeWrite(req);
+}
+
+Status TierService::ServeWrite(const tw::TierWriteRequest& req) {
   FARMEM_RETURN_IF_ERROR(store_->Write(
       req.offset, {reinterpret_cast<const uint8_t*>(req.data.data()), req.data.size()}));
   rpc_writes_.fetch_add(1, std::memory_order_relaxed);
@@ -481,6 +513,7 @@ nlohmann::json TierService::Stats() const {
   j["writes_file"] = s.writes_file;
   j["cached_read_hits"] = s.cached_read_hits;
   j["cached_read_misses"] = s.cached_read_misses;
+  j["io_short_completions"] = s.io_short_completions;
   j["periods"] = ld(periods_);
   j["period_errors"] = ld(period_errors_);
   j["counter_pushes"] = ld(counter_pushes_);
@@ -491,6 +524,8 @@ nlohmann::json TierService::Stats() const {
   j["rpc_in_flight"] = rpc_in_flight_.load(std::memory_order_relaxed);
   j["misses_deferred"] = ld(misses_deferred_);
   j["misses_sync"] = ld(misses_sync_);
+  j["write_misses_deferred"] = ld(write_misses_deferred_);
+  j["write_misses_sync"] = ld(write_misses_sync_);
   return j;
 }
 

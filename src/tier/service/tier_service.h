@@ -38,11 +38,12 @@ class TierService final : public Service {
  public:
   static constexpr const char* kDataRegionName = "tier";
   static constexpr const char* kBitmapRegionName = "tier-bitmap";
-  // Miss-IO threads: TIER_READ misses in the device at once (each runs one read through the
-  // store's io rings, which get as many rings plus two for workers and the period thread).
+  // Miss-IO threads: TIER_READ / TIER_WRITE misses in the device at once (each runs one read or
+  // write through the store's io rings, which get as many rings plus two for workers and the
+  // period thread).
   static constexpr unsigned kMissIoThreads = 8;
-  // Misses waiting for a miss-IO thread; beyond this a miss is read on the RPC worker (back-
-  // pressure instead of an unbounded queue).
+  // Misses (reads and writes) waiting for a miss-IO thread; beyond this a miss is served on the
+  // RPC worker (back-pressure instead of an unbounded queue).
   static constexpr size_t kMissQueueCapacity = 1024;
 
   // Validates config.tier, opens the store (file, mappings) and exports its range (read-only)
@@ -86,9 +87,15 @@ class TierService final : public Service {
   Status Read(const RpcCall& call, std::vector<std::byte>& reply, bool* deferred);
   // The store read of a decoded TIER_READ, packed into `reply` (any thread).
   Status ServeRead(const tier::TierReadRequest& req, std::vector<std::byte>& reply);
-  bool AllResident(const tier::TierReadRequest& req) const;
+  // Every unit holding a byte of [offset, offset + length) (only pages set in `mask`, unless it
+  // is empty) is resident now.
+  bool AllResident(uint64_t offset, uint64_t length, std::span<const uint64_t> mask) const;
   void MissLoop();
-  Status Write(const RpcCall& call);
+  // Same split as Read: a write whose units are all resident is copied into DRAM on the worker;
+  // one that touches a cold unit (file IO) is deferred to the miss-IO threads.
+  Status Write(const RpcCall& call, bool* deferred);
+  // The store write of a decoded TIER_WRITE (any thread).
+  Status ServeWrite(const tier::TierWriteRequest& req);
   Status Counters(const RpcCall& call);
   void PeriodLoop();
 
@@ -105,19 +112,27 @@ class TierService final : public Service {
   // happened to the clients that sent them (STAT "rpc_in_flight").
   std::atomic<int64_t> rpc_in_flight_{0};
 
-  bool sync_miss_io_ = false;  // test-only (TierStoreFaults::sync_miss_io)
+  bool sync_miss_io_ = false;   // test-only (TierStoreFaults::sync_miss_io)
+  bool sync_write_io_ = false;  // test-only (TierStoreFaults::sync_write_io)
 
-  // Deferred misses: queue of (answer handle, decoded request) for the miss-IO threads.
+  // Deferred misses: queue of (answer handle, decoded request) for the miss-IO threads. A
+  // write's data span points into the request bytes, which the handle owns until it answers.
   struct MissJob {
     DeferredReply reply;
-    tier::TierReadRequest req;
+    bool is_write = false;
+    tier::TierReadRequest read;    // !is_write
+    tier::TierWriteRequest write;  // is_write
   };
+  // Defers `call` and queues `job` (moved from) for a miss-IO thread; false, leaving `job` as
+  // it was, when the threads are not running, the queue is full or the call cannot be deferred.
+  bool DeferMiss(const RpcCall& call, MissJob& job);
   std::mutex miss_mu_;
   std::condition_variable miss_cv_;
   std::deque<MissJob> miss_queue_;
   bool miss_running_ = false;  // threads started and not stopping: misses may be queued
   std::vector<std::thread> miss_threads_;
-  std::atomic<uint64_t> misses_deferred_{0}, misses_sync_{0};
+  std::atomic<uint64_t> misses_deferred_{0}, misses_sync_{0};              // TIER_READ
+  std::atomic<uint64_t> write_misses_deferred_{0}, write_misses_sync_{0};  // TIER_WRITE
 
   std::mutex thread_mu_;
   std::condition_variable thread_cv_;

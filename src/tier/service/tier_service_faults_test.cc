@@ -1,11 +1,13 @@
 // Service-level tests of the tier server's protections that need a switch to provoke: SIMULATED
 // device errors (EIO injected at the io ring, TierStoreFaults::simulated_io_errno: no real device
 // here can fail a read) reach the client as clear errors and lose no resident data; the demotion's
-// grace hook reaches the transport (tcp read-copy waits); --tier-cached-reads reaches the store.
-// FARMEM_TIER_FAULT=writeback / no_grace remove protections and these tests fail. Test thread only;
-// the server runs in-process (tier_service_test_util.h).
+// grace hook reaches the transport (tcp read-copy waits); --tier-cached-reads reaches the store;
+// SIMULATED short file transfers give clients no partial or stale bytes.
+// FARMEM_TIER_FAULT=writeback / no_grace / accept_short remove protections and these tests fail.
+// Test thread only; the server runs in-process (tier_service_test_util.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <memory>
@@ -132,6 +134,47 @@ TEST(TierCachedReads, FlagReachesTheStore) {
   EXPECT_EQ(ValidateTierConfig(sc).code(), Code::kInvalidArgument);
   sc.tier.mode = TierMode::kRpcDirect;
   EXPECT_TRUE(ValidateTierConfig(sc).ok());
+}
+
+// SIMULATED short transfers (TierStoreFaults::short_io: every file IO of two pages or more moves
+// half per completion) end to end: what a client reads back over RPC and one-sidedly is exactly
+// what it wrote, through cold writes, promotions, write-backs and cold reads.
+// FARMEM_TIER_FAULT=accept_short (a short completion taken as the whole IO) fails it.
+TEST(TierSimulatedShortIo, ClientsGetNoPartialOrStaleBytes) {
+  TierStoreFaults faults = testing::TierFaultsFromEnv();
+  faults.short_io = true;
+  auto env = TierEnv::Start("tcp", 16, 4, TierMode::kFull, 60000, 16, {}, faults);
+  ASSERT_TRUE(env->service);
+  TierStore& store = env->service->store();
+  const uint64_t unit = store.geometry().unit_size;
+  TieredClientOptions rpc;
+  rpc.rpc_only = true;
+  auto rpc_client = env->Connect(rpc);
+  auto client = env->Connect();
+  ASSERT_TRUE(rpc_client.ok()) << rpc_client.status().ToString();
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  std::mt19937_64 rng(13);
+  // Units 4..7 cold: three unaligned writes of several pages each go to the file.
+  const uint64_t off = 4 * unit + 1000;
+  const std::vector<std::byte> data = Random(rng, 3 * unit);
+  ASSERT_TRUE((*rpc_client)->write(off, data).ok());
+  std::vector<std::byte> got(data.size());
+  ASSERT_TRUE((*rpc_client)->read(off, got).ok());
+  EXPECT_EQ(got, data) << "a cold TIER_READ returned partial or stale bytes";
+  // Promote (reads whole units), write into the frames, demote (writes them back), read cold.
+  for (uint32_t u = 4; u < 8; ++u) ASSERT_TRUE(store.Promote(u).ok());
+  const std::vector<std::byte> more = Random(rng, 2 * unit);
+  ASSERT_TRUE((*rpc_client)->write(off + 500, more).ok());
+  std::vector<std::byte> want = data;
+  std::copy(more.begin(), more.end(), want.begin() + 500);
+  std::fill(got.begin(), got.end(), std::byte{0});
+  ASSERT_TRUE((*client)->read(off, got).ok());
+  EXPECT_EQ(got, want) << "a read of promoted units returned partial or stale bytes";
+  for (uint32_t u = 4; u < 8; ++u) ASSERT_TRUE(store.Demote(u).ok());
+  std::fill(got.begin(), got.end(), std::byte{0});
+  ASSERT_TRUE((*client)->read(off, got).ok());
+  EXPECT_EQ(got, want) << "a cold read after write-back returned partial or stale bytes";
+  EXPECT_GT(env->service->Stats()["io_short_completions"].get<uint64_t>(), 0u);
 }
 
 }  // namespace
