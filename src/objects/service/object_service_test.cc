@@ -458,7 +458,8 @@ TEST_P(ObjectCompactionTest, CompactFreesBlocksAndSurvivorsReadBackIntact) {
   EXPECT_EQ(ClassStat(cls)["blocks"], kBlocks);
 
   // Free 3 of every 4 objects: every block keeps 9 of 36 slots, all at the same offsets, so
-  // merged objects must move (and keep their IDs).
+  // merged objects must move (and keep their IDs, unless the two blocks shared an ID: then the
+  // merge re-draws the colliding ones, docs/objects.md "Merges that re-draw IDs").
   std::vector<size_t> survivors;
   for (size_t i = 0; i < ptrs.size(); ++i) {
     if (i % 4 == 0) {
@@ -495,13 +496,15 @@ TEST_P(ObjectCompactionTest, CompactFreesBlocksAndSurvivorsReadBackIntact) {
   // Every survivor reads back intact through its old pointer; READ corrects the offset inside
   // the home block, LOCATE agrees, and a one-sided read at the corrected offset checks out.
   int relocated = 0;
+  uint64_t ids_changed = 0;
+  const uint64_t ids_redrawn = ClassStat(cls)["ids_redrawn"].get<uint64_t>();
   std::vector<size_t> moved_home;  // survivors whose home block is now an alias
   for (size_t i : survivors) {
     auto r = Read(ptrs[i], 100);
     ASSERT_TRUE(r.ok()) << i << ": " << r.status().ToString();
     EXPECT_EQ(r->data, Pattern(100, i)) << i;
     EXPECT_EQ(r->ptr.offset / 4096, ptrs[i].offset / 4096) << "home block is kept";
-    EXPECT_EQ(r->ptr.id, ptrs[i].id);
+    if (r->ptr.id != ptrs[i].id) ++ids_changed;
     if (r->ptr.offset != ptrs[i].offset) ++relocated;
     auto l = Locate(ptrs[i]);
     ASSERT_TRUE(l.ok()) << l.status().ToString();
@@ -515,6 +518,8 @@ TEST_P(ObjectCompactionTest, CompactFreesBlocksAndSurvivorsReadBackIntact) {
     ptrs[i] = *rel;
   }
   EXPECT_GT(relocated, 0);
+  // An ID changes only where a merge re-drew it (random 16-bit IDs: rarely, ~1 run in 100).
+  EXPECT_LE(ids_changed, ids_redrawn) << "an ID changed that no merge re-drew";
   EXPECT_FALSE(moved_home.empty());  // objects of merged-away blocks were re-homed
 
   // Re-homed pointers work; writes through them land; the old alias pointers are gone.
