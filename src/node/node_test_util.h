@@ -10,14 +10,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
-#include <mutex>
-#include <random>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "common/port_test_util.h"
 #include "farmem/node.h"
 
 namespace farmem::node::testing {
@@ -63,35 +61,9 @@ inline std::unique_ptr<Node> StartNode(const NodeConfig& config, std::string* sk
   return std::move(*node);
 }
 
-// A loopback TCP port nothing listens on (bound then released), drawn at random *below* the
-// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): a
-// port the kernel handed out by bind(0) was often taken again, between release and use, as the
-// local port of another test's outgoing connection ("Address already in use" in CI).
+// A loopback TCP port nothing listens on (common/port_test_util.h: below the ephemeral range).
 inline uint16_t UnusedPort() {
-  static std::mutex mu;
-  static std::mt19937 rng{std::random_device{}()};
-  unsigned low = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    unsigned lo = 0, hi = 0;
-    if (std::fscanf(f, "%u %u", &lo, &hi) == 2 && lo > 12000) low = lo;
-    std::fclose(f);
-  }
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    uint16_t port;
-    {
-      std::lock_guard lock(mu);
-      port = static_cast<uint16_t>(10000 + rng() % (low - 10000));
-    }
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(port);
-    const bool available = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(fd);
-    if (available) return port;
-  }
-  return 0;
+  return ::farmem::testing::FreePortBelowEphemeralRange();
 }
 
 // A listening socket that never accepts or answers; closed on destruction.

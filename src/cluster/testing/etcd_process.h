@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/port_test_util.h"
 #include "farmem/status.h"
 
 extern char** environ;
@@ -42,21 +43,11 @@ inline std::string EtcdctlBinary() {
   return std::filesystem::path(EtcdBinary()).parent_path() / "etcdctl";
 }
 
-// A port nobody listens on right now (bound to 127.0.0.1:0, then closed).
+// A port nobody listens on right now (common/port_test_util.h: below the ephemeral range); -1
+// if none was found.
 inline int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
+  const uint16_t port = ::farmem::testing::FreePortBelowEphemeralRange();
+  return port == 0 ? -1 : port;
 }
 
 inline bool PortAccepts(int port) {
