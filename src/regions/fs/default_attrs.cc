@@ -9,6 +9,7 @@
 #include <string>
 
 #include "farmem/regionfs.h"
+#include "regions/engine/region_store.h"
 
 namespace farmem {
 namespace {
@@ -17,21 +18,9 @@ std::string DefaultName(std::string_view attr) {
   return "user.region.default." + std::string(attr);
 }
 
+// The store's errno -> Status mapping (regions::ErrnoStatus), with strerror's words added.
 Status FromErrno(int e, const std::string& what) {
-  const std::string msg = what + ": " + std::strerror(e);
-  switch (e) {
-    case ENODATA:
-      return Status::NotFound(msg);
-    case EINVAL:
-    case EPERM:
-    case ENOTSUP:
-    case ERANGE:
-      return Status::InvalidArgument(msg);
-    case ENOSPC:
-      return Status::ResourceExhausted(msg);
-    default:
-      return Status::IoError(msg);
-  }
+  return regions::ErrnoStatus(e, what + ": " + std::strerror(e));
 }
 
 // A farmem mount's root: a FUSE file system that answers user.region.persistent. (Other file
