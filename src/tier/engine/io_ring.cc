@@ -113,7 +113,10 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
       if (const int e = faults_.simulated_errno->load(std::memory_order_relaxed); e != 0) res = -e;
     }
     if (res == -EINTR || res == -EAGAIN) continue;
+    // Test-only (IoRingFaults::ignore_errors): the check removed, the error taken as success.
+    if (res < 0 && faults_.ignore_errors) res = static_cast<int>(n);
     if (res < 0) {
+      errors_.fetch_add(1, std::memory_order_relaxed);
       return Status::FromErrno(std::string(write ? "tier file write" : "tier file read") +
                                    " at offset " + std::to_string(off + done),
                                -res);
@@ -121,6 +124,7 @@ Status IoRings::Rw(bool write, int fd, void* buf, size_t len, uint64_t off) {
     if (res == 0) {
       // The store extends its file to the whole region at Open, so a read that finds the end
       // inside it found a cut file: an error, never zeros or the buffer's old bytes as data.
+      errors_.fetch_add(1, std::memory_order_relaxed);
       if (write) return Status::IoError("tier file write made no progress");
       return Status::IoError("tier file read at offset " + std::to_string(off + done) +
                              " found the end of the file (" + std::to_string(len - done) +

@@ -29,6 +29,10 @@ struct IoRingFaults {
   // The protection removed: a short completion is taken as the whole operation (no retry), so
   // the untransferred tail is stale in the buffer (read) or never reaches the file (write).
   bool accept_short = false;
+  // The protection removed: a failed completion (the kernel's -errno, e.g. EIO or ENOSPC) is
+  // taken as if every asked byte had moved, so the caller gets OK with whatever the buffer held
+  // (read) or a write that never reached the file.
+  bool ignore_errors = false;
 };
 
 class IoRings {
@@ -51,6 +55,9 @@ class IoRings {
   Status Write(int fd, const void* buf, size_t len, uint64_t off);
   // Completions that moved fewer bytes than submitted (each one continued), since Create.
   uint64_t short_completions() const { return short_completions_.load(std::memory_order_relaxed); }
+  // Operations that failed (an error completion, e.g. EIO or ENOSPC, or a read that found the end
+  // of the file), since Create: what STAT's `io_errors` shows.
+  uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
 
  private:
   struct Ring;
@@ -61,6 +68,7 @@ class IoRings {
   unsigned count_ = 0;
   IoRingFaults faults_;
   std::atomic<uint64_t> short_completions_{0};
+  std::atomic<uint64_t> errors_{0};
 };
 
 }  // namespace farmem::tier

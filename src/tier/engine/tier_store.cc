@@ -266,9 +266,10 @@ Status TierStore::Init(const TierOptions& o) {
     if (cached_fd_ < 0) return Status::FromErrno("open " + o.path + " (cached reads)", errno);
   }
   FARMEM_ASSIGN_OR_RETURN(
-      io_, IoRings::Create(o.io_rings, 8,
-                           IoRingFaults{o.faults.simulated_io_errno, o.faults.hold_io,
-                                        o.faults.short_io, o.faults.accept_short_io}));
+      io_,
+      IoRings::Create(o.io_rings, 8,
+                      IoRingFaults{o.faults.simulated_io_errno, o.faults.hold_io, o.faults.short_io,
+                                   o.faults.accept_short_io, o.faults.ignore_io_errors}));
 
   // The magic memfd: one unit of pattern words, written with pwrite (a writable shared mapping
   // would forbid F_SEAL_WRITE), then sealed so nothing can change or resize it.
@@ -745,6 +746,7 @@ TierStats TierStore::Stats() const {
   s.cached_read_hits = cached_read_hits_.load(std::memory_order_relaxed);
   s.cached_read_misses = cached_read_misses_.load(std::memory_order_relaxed);
   s.io_short_completions = io_->short_completions();
+  s.io_errors = io_->errors();
   return s;
 }
 

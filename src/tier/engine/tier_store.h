@@ -97,6 +97,11 @@ struct TierStoreFaults {
   // The protection removed (FARMEM_TIER_FAULT=accept_short): a short completion is taken as the
   // whole operation, so a read returns a stale tail and a write loses its tail.
   bool accept_short_io = false;
+  // The protection removed (FARMEM_TIER_FAULT=ignore_io_errors, IoRingFaults::ignore_errors): a
+  // file read or write that the kernel failed (EIO, ENOSPC) is taken as complete, so a cold read
+  // returns the bounce buffer's bytes, a cold write or write-back is lost and a promotion maps
+  // a frame the file never filled.
+  bool ignore_io_errors = false;
 };
 
 struct TierOptions {
@@ -152,6 +157,7 @@ struct TierStats {
   uint64_t cached_read_hits = 0;      // cold reads served by a buffered RWF_NOWAIT read
   uint64_t cached_read_misses = 0;    // ... that fell back to O_DIRECT (not all pages cached)
   uint64_t io_short_completions = 0;  // file IOs that moved fewer bytes than asked (continued)
+  uint64_t io_errors = 0;  // file IOs that failed (EIO, ENOSPC, a cut file); the caller got it
 };
 
 // What RunPeriod did.

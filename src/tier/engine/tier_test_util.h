@@ -131,8 +131,8 @@ class TinyExt4 {
 };
 
 // FARMEM_TIER_FAULT=writeback: demotions go on after a failed write-back; =no_grace: demotions
-// never call the grace hook; =sync_miss: the service reads TIER_READ misses on the RPC worker
-// (tier_store.h TierStoreFaults).
+// never call the grace hook; =sync_miss: the service reads TIER_READ misses on the RPC worker;
+// =ignore_io_errors: failed file IO is taken as complete (tier_store.h TierStoreFaults).
 inline TierStoreFaults TierFaultsFromEnv() {
   TierStoreFaults f;
   const char* e = std::getenv("FARMEM_TIER_FAULT");
@@ -142,8 +142,9 @@ inline TierStoreFaults TierFaultsFromEnv() {
   f.sync_miss_io = v == "sync_miss";
   f.sync_write_io = v == "sync_write";
   f.accept_short_io = v == "accept_short";
+  f.ignore_io_errors = v == "ignore_io_errors";
   if (f.demote_despite_failed_writeback || f.skip_grace || f.sync_miss_io || f.sync_write_io ||
-      f.accept_short_io) {
+      f.accept_short_io || f.ignore_io_errors) {
     std::printf("[ fault    ] FARMEM_TIER_FAULT=%s\n", e);
   }
   return f;

@@ -514,6 +514,7 @@ nlohmann::json TierService::Stats() const {
   j["cached_read_hits"] = s.cached_read_hits;
   j["cached_read_misses"] = s.cached_read_misses;
   j["io_short_completions"] = s.io_short_completions;
+  j["io_errors"] = s.io_errors;
   j["periods"] = ld(periods_);
   j["period_errors"] = ld(period_errors_);
   j["counter_pushes"] = ld(counter_pushes_);
@@ -548,6 +549,9 @@ void TierService::metrics(MetricsWriter& w) const {
   w.counter("farmem_tier_io_read_bytes_total", "Backing file bytes read.", num("io_read_bytes"));
   w.counter("farmem_tier_io_write_bytes_total", "Backing file bytes written.",
             num("io_write_bytes"));
+  w.counter("farmem_tier_io_errors_total",
+            "Backing file reads and writes that failed (EIO, ENOSPC, a cut file).",
+            num("io_errors"));
   w.counter("farmem_tier_reads_dram_total", "Server-side read parts served from DRAM.",
             num("reads_dram"));
   w.counter("farmem_tier_reads_file_total", "Server-side read parts served from the file.",
