@@ -14,6 +14,7 @@
 //                         of one class's list (Stats, compaction's Collect))
 //   4. Store::pool_mu_   (the recycled Block structs)
 //   5. BlockAllocator::mu_ (inside BlockAllocator; leaf)
+//   5. MetaArena::mu_      (inside the metadata arena; leaf, never held with BlockAllocator::mu_)
 // Block::mu protects a block's metadata (occupancy, ID -> slot table, virtual blocks, owning
 // worker, per-slot owners):
 //   - exclusive: alloc into the block, free, free_owned, set_owner, release_ptr, compaction (both
