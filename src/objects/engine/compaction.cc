@@ -18,7 +18,7 @@ BlockSnapshot SnapshotLocked(const detail::Block& b) {
   BlockSnapshot s;
   s.mode = b.mode;
   s.capacity = b.capacity;
-  s.occupied = b.occupied;
+  s.occupied.assign(b.occupied.begin(), b.occupied.end());
   if (b.mode == ClassMode::kIds) {
     s.ids.reserve(b.live.load(std::memory_order_relaxed));
     for (uint32_t slot = 0; slot < b.slots; ++slot) {
@@ -388,7 +388,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     uint32_t from, to;
   };
   std::vector<Move> plan;
-  std::vector<uint8_t> taken = dst.occupied;
+  std::vector<uint8_t> taken(dst.occupied.begin(), dst.occupied.end());
   std::vector<uint8_t> planned(src.slots, 0);
   for (uint32_t s = 0; s < src.slots; ++s) {
     if (src.occupied[s] && !taken[s]) {
@@ -408,6 +408,11 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     taken[next_free] = 1;
   }
 
+  // Room for the source's virtual blocks in the destination's list, before anything changes
+  // (step 5 must not fail).
+  if (!dst.vblocks.Reserve(*store_.meta_, dst.vblocks.size() + src.vblocks.size())) {
+    return Status::ResourceExhausted("CoRM metadata arena exhausted (merge)");
+  }
   // 1. Lock every source object with the compaction bit. Writers hold the block lock for their
   //    whole critical section, so no lock bit can be set here.
   uint8_t* src_base = ba.VAddr(src.primary());
@@ -490,7 +495,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   // 5. Metadata: the source's virtual blocks and objects now belong to the destination.
   for (uint32_t v : src.vblocks) {
     store_.table_[v].store(&dst, std::memory_order_release);
-    dst.vblocks.push_back(v);
+    (void)dst.vblocks.PushBack(*store_.meta_, v);  // reserved above
   }
   if (!new_ids.empty()) {
     // Renames: the source's entries follow their objects' new IDs, and every re-drawn object
@@ -523,9 +528,11 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   }
   // 7. The source's physical pages are unreachable now: punch them.
   const uint32_t src_pblock = src.pblock;
-  src.vblocks.clear();
+  src.vblocks.Clear();
   store_.MarkDeadLocked(src);
   store_.DropSlotMetadataLocked(src);
+  // The source's arrays are free now: the destination's may move down into them or below.
+  if (!options_.fault_no_meta_relocate) store_.RelocateMetadataLocked(dst);
   Status punch = ba.ReleasePhysical(src_pblock);
   if (!punch.ok()) FARMEM_LOG_WARN("CoRM compaction: {}", punch.ToString());
   {

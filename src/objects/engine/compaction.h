@@ -49,6 +49,9 @@ struct CompactionOptions {
   // objects (docs/objects.md, "Merges that re-draw IDs"). Without it such merges are rejected:
   // with 16-bit IDs two half-full blocks of ~1,500 slots (issue 15's t3) always collide.
   bool redraw_ids = true;
+  // TEST ONLY (FARMEM_OBJECTS_FAULT=no_meta_relocate): a merge leaves the destination's
+  // per-block arrays where they are instead of moving them down in the metadata arena.
+  bool fault_no_meta_relocate = false;
   // TEST ONLY (FARMEM_OBJECTS_FAULT=reuse_old_ids in the tests): a re-draw prefers an ID that an
   // old pointer of the same home still carries, i.e. the rename invariant's protection removed
   // in its worst case. Old pointers then read another object's bytes. Never set outside tests.

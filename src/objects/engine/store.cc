@@ -106,20 +106,23 @@ bool RwLock::TryLock() {
 
 namespace detail {
 
-void IdTable::Reset(uint32_t slots, uint32_t capacity) {
+bool IdTable::Reset(MetaArena& a, uint32_t slots, uint32_t capacity) {
   slots_ = slots;
   count_ = 0;
   size_t size = 0;
   if (capacity > 0 && slots > kScanMaxSlots) size = std::bit_ceil(size_t{2} * capacity);
-  // Block structs are recycled across classes: drop a bigger table instead of keeping it.
-  if (entries_.size() != size) {
-    std::vector<uint16_t>(size).swap(entries_);
-    std::vector<uint64_t>((size + 63) / 64).swap(used_);
-  } else {
-    std::fill(used_.begin(), used_.end(), 0);
+  // Assign reallocates only for another size (structs are recycled across classes).
+  if (!entries_.Assign(a, size, 0) || !used_.Assign(a, (size + 63) / 64, 0)) {
+    entries_.Release(a);
+    used_.Release(a);
+    size = 0;
+    mask_ = 0;
+    shift_ = 32;
+    return false;
   }
   mask_ = size == 0 ? 0 : static_cast<uint32_t>(size - 1);
   shift_ = size == 0 ? 32 : 32 - std::countr_zero(size);
+  return true;
 }
 
 void IdTable::Clear() {
@@ -200,9 +203,8 @@ void Block::RemoveObject(uint32_t slot) {
 }
 
 uint64_t Block::SlotArrayBytes() const {
-  return occupied.capacity() * sizeof(uint8_t) + slot_id.capacity() * sizeof(uint16_t) +
-         slot_gen.capacity() * sizeof(uint16_t) + slot_owner.capacity() * sizeof(uint16_t) +
-         vblocks.capacity() * sizeof(uint32_t) + renames.MemoryBytes();
+  return occupied.MemoryBytes() + slot_id.MemoryBytes() + slot_gen.MemoryBytes() +
+         slot_owner.MemoryBytes() + vblocks.MemoryBytes() + renames.MemoryBytes();
 }
 
 int32_t Block::FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const {
@@ -264,6 +266,10 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
   bo.max_physical_bytes = options.max_physical_bytes;
   bo.vblock_quarantine = options.vblock_quarantine;
   FARMEM_ASSIGN_OR_RETURN(s->ba_, BlockAllocator::Create(bo));
+  // Per-block metadata never exceeds the block it describes (<= 11.25 B per slot of >= 16 B,
+  // plus a few units), so a range as large as the block reservation holds it; untouched
+  // address space costs nothing.
+  FARMEM_ASSIGN_OR_RETURN(s->meta_, MetaArena::Create(options.reserve_bytes));
   if (s->ba_->num_virtual_blocks() > kMaxHomeBlocks) {
     return Status::InvalidArgument("reservation has more than 2^" + std::to_string(hdr::kHomeBits) +
                                    " blocks (slot headers name their home block in " +
@@ -367,13 +373,21 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->owner = w.index();
   b->pblock = g.pblock;
   b->first_free = 0;
-  b->vblocks.assign(1, g.vblock);
-  b->occupied.assign(b->slots, 0);
-  b->slot_id.assign(b->slots, 0);
-  b->slot_gen.assign(b->slots, 0);
-  b->slot_owner.assign(b->slots, kPersistentOwner);
-  b->ids.Reset(b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
+  MetaArena& a = *meta_;
+  const bool meta_ok = b->vblocks.Assign(a, 1, g.vblock) && b->occupied.Assign(a, b->slots, 0) &&
+                       b->slot_id.Assign(a, b->slots, 0) && b->slot_gen.Assign(a, b->slots, 0) &&
+                       b->slot_owner.Assign(a, b->slots, kPersistentOwner) &&
+                       b->ids.Reset(a, b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
   b->renames.Release();  // (already freed when the struct's last block died)
+  if (!meta_ok) {
+    // The struct stays dead (never published); it goes back to the pool without arrays.
+    DropSlotMetadataLocked(*b);
+    b->mu.Unlock();
+    RecycleBlockStruct(b);
+    (void)ba_->ReleasePhysical(g.pblock);
+    (void)ba_->ReleaseVirtual(g.vblock);
+    return Status::ResourceExhausted("CoRM metadata arena exhausted");
+  }
   CountMetadataLocked(*b);
   b->live.store(0, std::memory_order_relaxed);
   b->dead.store(false, std::memory_order_release);
@@ -764,7 +778,7 @@ Status Store::RetireBlockLocked(detail::Block& b) {
     Status st = ba_->ReleaseVirtual(v);
     if (first.ok() && !st.ok()) first = st;
   }
-  b.vblocks.clear();
+  b.vblocks.Clear();
   Status st = ba_->ReleasePhysical(b.pblock);
   if (first.ok() && !st.ok()) first = st;
   MarkDeadLocked(b);
@@ -778,14 +792,28 @@ void Store::DropSlotMetadataLocked(detail::Block& b) {
   // compaction most blocks die together and their metadata stayed (issue 15: the 64 B trace at
   // 4 KiB blocks kept ~4 MiB of it for 0.6 MiB of blocks). A stale thread that locks the dead
   // struct re-checks `dead` or table_ before touching the arrays, as for a pooled struct.
-  std::vector<uint8_t>().swap(b.occupied);
-  std::vector<uint16_t>().swap(b.slot_id);
-  std::vector<uint16_t>().swap(b.slot_gen);
-  std::vector<uint16_t>().swap(b.slot_owner);
-  std::vector<uint32_t>().swap(b.vblocks);
+  MetaArena& a = *meta_;
+  b.occupied.Release(a);
+  b.slot_id.Release(a);
+  b.slot_gen.Release(a);
+  b.slot_owner.Release(a);
+  b.vblocks.Release(a);
   b.renames.Release();
-  b.ids.Reset(0, 0);
+  (void)b.ids.Reset(a, 0, 0);  // releasing cannot fail
   CountMetadataLocked(b);
+}
+
+void Store::RelocateMetadataLocked(detail::Block& b) {
+  // Lowest free runs first: after a merge the surviving block's arrays move into the holes its
+  // dead neighbours left, so the arena's live part stays at the bottom and the pages above it
+  // empty out (and go back to the OS).
+  MetaArena& a = *meta_;
+  b.vblocks.Relocate(a);
+  b.occupied.Relocate(a);
+  b.slot_id.Relocate(a);
+  b.slot_gen.Relocate(a);
+  b.slot_owner.Relocate(a);
+  b.ids.Relocate(a);
 }
 
 void Store::MarkDeadLocked(detail::Block& b) {
@@ -809,6 +837,10 @@ void Store::MarkDeadLocked(detail::Block& b) {
   last->list_pos = b.list_pos;
   lists.blocks.pop_back();
   b.list_pos = detail::kNoPos;
+  // After compaction most blocks are gone: lists sized for the peak would stay (issue 15).
+  for (auto* v : {&lists.blocks, &lists.avail}) {
+    if (v->capacity() > 64 && v->size() < v->capacity() / 4) v->shrink_to_fit();
+  }
   w.dead_.push_back(&b);
 }
 
@@ -878,7 +910,7 @@ Status Store::MaybeReleaseAliasLocked(detail::Block& b, uint32_t v) {
   auto it = std::find(b.vblocks.begin(), b.vblocks.end(), v);
   if (it == b.vblocks.end()) return Status::Internal("alias virtual block not in its block");
   table_[v].store(nullptr, std::memory_order_release);
-  b.vblocks.erase(it);
+  b.vblocks.Erase(it);
   return ba_->ReleaseVirtual(v);
 }
 
@@ -1072,6 +1104,10 @@ MetadataStats Store::Metadata() {
                           ba_->Stats().metadata_bytes);
   m.per_slot = slot_meta_bytes_.load(std::memory_order_relaxed);
   m.id_tables = id_meta_bytes_.load(std::memory_order_relaxed);
+  const MetaArenaStats as = meta_->Stats();
+  m.arena_slack =
+      (as.resident_bytes > as.allocated_bytes ? as.resident_bytes - as.allocated_bytes : 0) +
+      as.bookkeeping_bytes;
   return m;
 }
 

@@ -14,6 +14,7 @@
 //                         of one class's list (Stats, compaction's Collect))
 //   4. Store::pool_mu_   (the recycled Block structs)
 //   5. BlockAllocator::mu_ (inside BlockAllocator; leaf)
+//   5. MetaArena::mu_      (inside the metadata arena; leaf, never held with BlockAllocator::mu_)
 // Block::mu protects a block's metadata (occupancy, ID -> slot table, virtual blocks, owning
 // worker, per-slot owners):
 //   - exclusive: alloc into the block, free, free_owned, set_owner, release_ptr, compaction (both
@@ -63,6 +64,7 @@
 
 #include "farmem/status.h"
 #include "objects/engine/block_allocator.h"
+#include "objects/engine/meta_arena.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/size_classes.h"
 
@@ -140,8 +142,13 @@ struct MetadataStats {
   // allocator's per-virtual-block arrays; plus its per-physical-block array and free lists.
   uint64_t per_vblock = 0;
   uint64_t per_owner = 0;  // fixed: owned_ and owner_pending_ (65536 entries each)
+  // The metadata arena's cost beyond per_slot and id_tables: the free parts of its resident
+  // pages and its bitmap / per-page counts (MetaArena).
+  uint64_t arena_slack = 0;
   // What grows with the objects (everything but the fixed tables).
-  uint64_t dynamic() const { return block_structs + per_slot + id_tables + owner_lists; }
+  uint64_t dynamic() const {
+    return block_structs + per_slot + id_tables + owner_lists + arena_slack;
+  }
   uint64_t total() const { return dynamic() + per_vblock + per_owner; }
   bool operator==(const MetadataStats&) const = default;
 };
@@ -190,8 +197,14 @@ class IdTable {
   static constexpr uint32_t kNotFound = UINT32_MAX;
 
   // Empties the table and sizes it for a block of `slots` slots holding at most `capacity` IDs
-  // (capacity 0: no IDs, no table). Memory of a bigger previous size is released.
-  void Reset(uint32_t slots, uint32_t capacity);
+  // (capacity 0: no IDs, no table), in arena `a`. Memory of another previous size is released.
+  // False when the arena is full (the table is then released).
+  bool Reset(MetaArena& a, uint32_t slots, uint32_t capacity);
+  // Moves the table's memory down in the arena when a lower run is free (ArenaArray::Relocate).
+  void Relocate(MetaArena& a) {
+    entries_.Relocate(a);
+    used_.Relocate(a);
+  }
   // Drops every entry, keeps the size.
   void Clear();
   // Slot holding `id`, or kNotFound. slot_id / occupied are the block's per-slot arrays.
@@ -204,9 +217,7 @@ class IdTable {
   bool Erase(uint32_t slot, std::span<const uint16_t> slot_id);
   bool scanning() const { return entries_.empty(); }
   size_t size() const { return count_; }
-  size_t MemoryBytes() const {
-    return entries_.capacity() * sizeof(uint16_t) + used_.capacity() * sizeof(uint64_t);
-  }
+  size_t MemoryBytes() const { return entries_.MemoryBytes() + used_.MemoryBytes(); }
 
  private:
   uint32_t Home(uint16_t id) const { return (uint32_t{id} * 2654435769u) >> shift_; }
@@ -223,8 +234,8 @@ class IdTable {
   uint32_t mask_ = 0;   // entries_.size() - 1
   int shift_ = 32;      // 32 - log2(entries_.size())
   size_t count_ = 0;
-  std::vector<uint16_t> entries_;  // slot numbers
-  std::vector<uint64_t> used_;     // bit per entry
+  ArenaArray<uint16_t> entries_;  // slot numbers
+  ArenaArray<uint64_t> used_;     // bit per entry
 };
 
 inline constexpr uint32_t kNoPos = UINT32_MAX;
@@ -293,16 +304,17 @@ struct Block {
   bool in_avail = false;  // in the owner's free-slot list
   uint32_t owner = 0;     // worker index
   uint32_t pblock = 0;
-  uint32_t first_free = 0;        // no free slot below this index (first-fit search start)
-  std::vector<uint32_t> vblocks;  // [0] = primary (used for new allocations), then aliases
-  std::vector<uint8_t> occupied;  // per slot
-  std::vector<uint16_t> slot_id;  // per slot (valid when occupied)
+  uint32_t first_free = 0;  // no free slot below this index (first-fit search start)
+  // Per-block arrays live in the Store's MetaArena (docs/objects.md, "Metadata accounting").
+  ArenaArray<uint32_t> vblocks;  // [0] = primary (used for new allocations), then aliases
+  ArenaArray<uint8_t> occupied;  // per slot
+  ArenaArray<uint16_t> slot_id;  // per slot (valid when occupied)
   // Generation of the object in each slot (of the last one when free); moves with the object
   // in a merge. The header holds only its low bits (TagOf); the RPC paths compare all 16.
-  std::vector<uint16_t> slot_gen;
+  ArenaArray<uint16_t> slot_gen;
   // OwnerId of the object in each slot (kPersistentOwner when free); like slot_gen it moves with
   // the object in a merge, and release_ptr (same slot) keeps it.
-  std::vector<uint16_t> slot_owner;
+  ArenaArray<uint16_t> slot_owner;
   IdTable ids;  // kIds only
   // IDs re-drawn by merges whose objects still live here (kIds only; usually empty).
   RenameList renames;
@@ -377,6 +389,8 @@ class Store {
   const StoreOptions& options() const { return options_; }
   const SizeClasses& classes() const { return classes_; }
   BlockAllocator& blocks() { return *ba_; }
+  // Where the per-block arrays live (stats; tests switch its page release off).
+  MetaArena& meta_arena() { return *meta_; }
   const BlockAllocator& blocks() const { return *ba_; }
   uint32_t workers() const { return static_cast<uint32_t>(workers_.size()); }
   ClassMode ModeOf(uint32_t size_class) const { return class_mode_[size_class]; }
@@ -490,6 +504,9 @@ class Store {
   uint16_t IssueGenLocked(uint32_t v, uint16_t id, uint16_t id_mask, uint16_t prev_tag);
   // Frees a dead block's per-slot arrays, vblocks and ID table (exclusive lock held, b dead).
   void DropSlotMetadataLocked(detail::Block& b);
+  // Moves b's per-block arrays to lower free runs of the metadata arena (exclusive lock held;
+  // compaction calls it for a merge's destination).
+  void RelocateMetadataLocked(detail::Block& b);
   // Brings the metadata counters up to date with b's per-slot arrays and ID table after they
   // were resized (exclusive lock held). Every resize site calls it (docs/objects.md, "Metadata").
   void CountMetadataLocked(detail::Block& b);
@@ -504,6 +521,9 @@ class Store {
   std::vector<ClassMode> class_mode_;
   std::vector<uint32_t> class_capacity_;
   std::unique_ptr<BlockAllocator> ba_;
+  // Per-block arrays (Block::occupied .. vblocks, IdTable): address-ordered, pages returned as
+  // they empty (meta_arena.h).
+  std::unique_ptr<MetaArena> meta_;
   std::unique_ptr<std::atomic<detail::Block*>[]> table_;  // per virtual block
   // Per virtual block: the next generation of an object homed there. One sequence per virtual
   // block, never reset (it survives the block's release and reuse), so (home, generation) names

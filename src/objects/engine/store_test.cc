@@ -302,8 +302,10 @@ void CheckIdTableAllIds(uint32_t id_bits, uint32_t slots) {
   std::copy_n(perm.begin(), n, slot_of.begin());
   std::vector<uint16_t> slot_id(slots, 0);
   std::vector<uint8_t> occupied(slots, 0);
+  auto arena = MetaArena::Create(size_t{64} << 20);
+  ASSERT_TRUE(arena.ok());
   detail::IdTable t;
-  t.Reset(slots, n);
+  ASSERT_TRUE(t.Reset(**arena, slots, n));
   ASSERT_FALSE(t.scanning());
   auto add = [&](uint32_t id) {
     slot_id[slot_of[id]] = static_cast<uint16_t>(id);
@@ -364,8 +366,10 @@ TEST(IdTable, RandomOpsMatchReference) {
   for (uint32_t slots : {20u, 64u, 300u}) {
     SCOPED_TRACE("slots " + std::to_string(slots));
     const uint32_t capacity = std::min(slots, 40u);
+    auto arena = MetaArena::Create(size_t{1} << 20);
+    ASSERT_TRUE(arena.ok());
     detail::IdTable t;
-    t.Reset(slots, capacity);
+    ASSERT_TRUE(t.Reset(**arena, slots, capacity));
     EXPECT_EQ(t.scanning(), slots <= detail::IdTable::kScanMaxSlots);
     std::vector<uint16_t> slot_id(slots, 0);
     std::vector<uint8_t> occupied(slots, 0);
@@ -397,8 +401,9 @@ TEST(IdTable, RandomOpsMatchReference) {
     // Reset for another shape releases the old size; Clear empties.
     t.Clear();
     EXPECT_EQ(t.size(), 0u);
-    t.Reset(0, 0);
+    ASSERT_TRUE(t.Reset(**arena, 0, 0));
     EXPECT_EQ(t.MemoryBytes(), 0u);
+    EXPECT_EQ((*arena)->Stats().allocated_bytes, 0u);
   }
 }
 

@@ -632,10 +632,15 @@ nlohmann::json ObjectService::Stats() const {
   // and the tables fixed at start (sized by the reservation and the session-ID space).
   const corm::MetadataStats& md = ss.metadata;
   j["metadata_bytes"] = md.total();
-  j["metadata"] = {{"block_structs", md.block_structs}, {"per_slot", md.per_slot},
-                   {"id_tables", md.id_tables},         {"owner_lists", md.owner_lists},
-                   {"per_vblock", md.per_vblock},       {"per_owner", md.per_owner},
-                   {"dynamic", md.dynamic()},           {"total", md.total()}};
+  j["metadata"] = {{"block_structs", md.block_structs},
+                   {"per_slot", md.per_slot},
+                   {"id_tables", md.id_tables},
+                   {"owner_lists", md.owner_lists},
+                   {"per_vblock", md.per_vblock},
+                   {"per_owner", md.per_owner},
+                   {"arena_slack", md.arena_slack},
+                   {"dynamic", md.dynamic()},
+                   {"total", md.total()}};
   j["physical_blocks_in_use"] = bs.physical_blocks_in_use;
   j["physical_blocks_free"] = bs.physical_blocks_free;
   j["virtual_blocks_in_use"] = bs.virtual_blocks_in_use;
