@@ -25,6 +25,7 @@
 
 #include "farmem/regionfs.h"
 #include "farmem/regions.h"
+#include "regions/format/region_layout.h"
 
 namespace farmem {
 namespace {
@@ -266,6 +267,45 @@ TEST_F(RmmapMountTest, BadInput) {
   close(e);
   EXPECT_EQ(rmmap(dir_ + "/empty").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(rmmap(-1).status().code(), Code::kInvalidArgument);
+}
+
+// The descriptor comes from a file system: a reader must refuse one whose indexes point outside
+// it (faults would otherwise index past the unit table).
+TEST(MapDescriptorTest, RoundTripsAndRefusesHostileBytes) {
+  regions::MapDescriptor d;
+  d.ino = 7;
+  d.size = 3 * regions::kChunkBytes;
+  d.token = "secret";
+  d.servers = {"127.0.0.1:1", "127.0.0.1:2"};
+  d.units = {{1, 0, 42, 4096}};
+  d.chunks = {regions::MapChunkWord(0, 3), 0, regions::MapChunkWord(0, 15)};
+  auto bytes = regions::EncodeMapDescriptor(d);
+  ASSERT_TRUE(bytes.ok());
+  auto back = regions::DecodeMapDescriptor(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->token, "secret");
+  EXPECT_EQ(back->servers, d.servers);
+  EXPECT_EQ(back->chunks, d.chunks);
+  ASSERT_EQ(back->units.size(), 1u);
+  EXPECT_EQ(back->units[0].key, 42u);
+  EXPECT_EQ(back->units[0].offset, 4096u);
+  // A chunk of a unit that is not there, a unit of a server that is not there, a cut value.
+  auto bad = d;
+  bad.chunks[1] = regions::MapChunkWord(1, 0);
+  EXPECT_EQ(regions::DecodeMapDescriptor(*regions::EncodeMapDescriptor(bad)).status().code(),
+            Code::kInvalidArgument)
+      << "a chunk word naming a unit past the table was accepted";
+  bad = d;
+  bad.units[0].server = 2;
+  EXPECT_EQ(regions::DecodeMapDescriptor(*regions::EncodeMapDescriptor(bad)).status().code(),
+            Code::kInvalidArgument)
+      << "a unit naming a server past the list was accepted";
+  EXPECT_EQ(regions::DecodeMapDescriptor(bytes->substr(0, bytes->size() - 1)).status().code(),
+            Code::kInvalidArgument);
+  // Larger than an xattr value can be: refused at encoding.
+  bad = d;
+  bad.chunks.assign(regions::kMaxMapDescriptorBytes / 4, 0);
+  EXPECT_EQ(regions::EncodeMapDescriptor(bad).status().code(), Code::kResourceExhausted);
 }
 
 }  // namespace
