@@ -25,6 +25,7 @@
 
 #include "farmem/regionfs.h"
 #include "farmem/regions.h"
+#include "farmem/server.h"
 #include "regions/format/region_layout.h"
 
 namespace farmem {
@@ -267,6 +268,71 @@ TEST_F(RmmapMountTest, BadInput) {
   close(e);
   EXPECT_EQ(rmmap(dir_ + "/empty").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(rmmap(-1).status().code(), Code::kInvalidArgument);
+}
+
+// A mount on a farmemd of the test's own, which then stops: rmmap must fail (within the
+// transport's connect timeout), not map a file whose faults could never be served.
+TEST(RmmapMountServerTest, UnreachableServersAreAnErrorNotAHang) {
+  if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
+  ServerConfig sc;
+  sc.memory_bytes = 16ull << 20;
+  sc.pool_bytes = 16ull << 20;
+  sc.node.name = "rmmap-test-farmemd";
+  sc.node.transport.cluster_token = "rmmap-test-token";
+  sc.services = {"pools"};
+  auto server = MemoryServer::Create(sc);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_TRUE((*server)->start().ok());
+  char tmpl[] = "/tmp/farmem-rmmapfs-srv.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, file = dir + "/f";
+  RegionFsOptions o;
+  o.mountpoint = dir;
+  o.servers = {(*server)->node().bootstrap_address()};
+  o.token = "rmmap-test-token";
+  o.cluster_url = "memory://rmmap-unreachable";
+  o.threads = 2;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ready = false;
+  std::optional<Status> result;
+  o.on_ready = [&] {
+    std::lock_guard lock(mu);
+    ready = true;
+    cv.notify_all();
+  };
+  std::thread mount([&, o] {
+    Status st = RunRegionFs(o);
+    std::lock_guard lock(mu);
+    result = st;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, 20s, [&] { return ready || result.has_value(); });
+  }
+  if (ready) {
+    int fd = open(file.c_str(), O_CREAT | O_WRONLY, 0644);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(write(fd, "hello", 5), 5);
+    EXPECT_EQ(fsync(fd), 0);
+    close(fd);
+    (*server)->stop();
+    auto p = rmmap(file);
+    EXPECT_FALSE(p.ok()) << "rmmap succeeded with its memory server stopped";
+    if (p.ok()) {
+      (void)rmunmap(*p);
+    } else {
+      EXPECT_TRUE(p.status().code() == Code::kUnavailable || p.status().code() == Code::kTimedOut)
+          << p.status().ToString();
+    }
+    if (std::system(("fusermount3 -u " + dir + " 2>/dev/null").c_str()) != 0)
+      (void)std::system(("fusermount3 -uz " + dir + " 2>/dev/null").c_str());
+  } else {
+    ADD_FAILURE() << "mount failed: " << (result ? result->ToString() : "not ready in 20 s");
+  }
+  mount.join();
+  rmdir(dir.c_str());
 }
 
 // The descriptor comes from a file system: a reader must refuse one whose indexes point outside
