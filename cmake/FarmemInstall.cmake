@@ -23,6 +23,7 @@ endif()
 # (include/farmem/regionfs.h) brings libfuse3.
 set(FARMEM_INSTALLED_LIBS
     farmem_regions_fs
+    farmem_regions_mmap
     farmem_regions_engine
     farmem_regions_format
     farmem_regions_sync

@@ -130,6 +130,23 @@ struct RmmapStats {
 // fails within its op_timeout) makes the faulting access raise SIGBUS. `store` must outlive the
 // mapping. Any thread may use the mapping and call the functions below.
 Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t length = 0);
+// Maps a file of a farmem mount (`farmem mount DIR`) from any process: the mount answers the
+// read-only xattr "user.region.map" (to root and the mount's user only) with the file's size,
+// where its chunks live and the servers' cluster token; faults are then read one-sidedly from
+// farmemd through a process-wide client Node (one per token), exactly as the store-backed rmmap.
+// The mapping keeps the file open (its chunks stay pinned as for any open file). rsync writes
+// pages over allocated chunks one-sidedly, pages over holes or past the size through the file
+// (pwrite: the mount allocates), then re-reads the descriptor. rclearcache re-reads it too.
+// Errors: InvalidArgument (not a regular file of a farmem mount, an empty file and no length,
+// a file whose descriptor exceeds an xattr: about 1.5 GiB of chunks), PermissionDenied (another
+// user than the mount's or root), Unavailable / TimedOut (servers unreachable, within the
+// transport's connect timeout), the errno of open(2) otherwise. The file is opened read-write
+// when allowed, else read-only (rsync then returns PermissionDenied). Mappings are not inherited
+// by fork.
+Result<void*> rmmap(std::string_view path, size_t length = 0);
+// The same for an open file of a mount (`fd` stays the caller's: the mapping reopens the file
+// through /proc/self/fd).
+Result<void*> rmmap(int fd, size_t length = 0);
 // Ends the handler and unmaps (dirty pages not rsync'ed are lost). NotFound unless `addr` is a
 // start rmmap returned.
 Status rmunmap(void* addr);

@@ -1560,4 +1560,29 @@ Result<std::string> RegionStore::report(std::string_view name) {
   return o.str();
 }
 
+Result<MapDescriptor> RegionStore::map_descriptor(uint64_t ino) {
+  std::lock_guard lk(mu_);
+  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+  if (!in->is_reg()) return Err(EINVAL, "map of a non-file");
+  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
+  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+  MapDescriptor d;
+  d.ino = ino;
+  d.size = in->rec.h.size;
+  for (const auto& s : servers_) d.servers.push_back(s->address);
+  std::map<uint32_t, uint32_t> index;  // gid -> position in d.units
+  d.chunks.assign(std::min<uint64_t>(in->rec.map.size(), ChunksFor(d.size)), 0);
+  for (size_t c = 0; c < d.chunks.size(); ++c) {
+    const MapEntry e = in->rec.map[c];
+    if (e == kHole || in->Fresh(c)) continue;
+    auto u = units_.find(EntryGid(e));
+    if (u == units_.end()) return Err(EIO, "map entry of an unknown unit");
+    auto [it, fresh] = index.emplace(EntryGid(e), static_cast<uint32_t>(d.units.size()));
+    if (fresh)
+      d.units.push_back(MapUnit{u->second->server, 0, u->second->base.key, u->second->base.offset});
+    d.chunks[c] = MapChunkWord(it->second, EntryUnitOffset(e) >> kChunkShift);
+  }
+  return d;
+}
+
 }  // namespace farmem::regions

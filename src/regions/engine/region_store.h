@@ -287,6 +287,13 @@ class RegionStore {
 
   std::atomic<uint64_t> remote_reads_{0}, remote_writes_{0}, units_freed_{0}, alloc_failures_{0},
       orphans_dropped_{0};
+
+ public:
+  // rmmap of a file in a mount (docs/regions_mmap.md): where the chunks of regular file `ino` live
+  // now, for the xattr "user.region.map" (the token is left empty: the mount adds it). Chunks
+  // within the size only; those a write in flight allocated are holes, as for read. EINVAL for a
+  // directory or symlink, EIO for a revoked region.
+  Result<MapDescriptor> map_descriptor(uint64_t ino);
 };
 
 }  // namespace farmem::regions

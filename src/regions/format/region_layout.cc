@@ -134,4 +134,72 @@ Result<UnitRecord> DecodeUnit(std::string_view bytes) {
   return r;
 }
 
+Result<std::string> EncodeMapDescriptor(const MapDescriptor& d) {
+  std::string addresses;
+  for (size_t i = 0; i < d.servers.size(); ++i) addresses += (i ? "," : "") + d.servers[i];
+  const uint64_t total = sizeof(MapDescriptorHeader) + d.token.size() + addresses.size() +
+                         d.units.size() * sizeof(MapUnit) + d.chunks.size() * sizeof(uint32_t);
+  if (total > kMaxMapDescriptorBytes)
+    return Status::ResourceExhausted("E2BIG: map descriptor of " + std::to_string(total) +
+                                     " bytes is larger than an xattr value (64 KiB)");
+  MapDescriptorHeader h{};
+  h.magic = kMapMagic;
+  h.version = kMapVersion;
+  h.servers = static_cast<uint16_t>(d.servers.size());
+  h.ino = d.ino;
+  h.size = d.size;
+  h.chunk_bytes = static_cast<uint32_t>(kChunkBytes);
+  h.units = static_cast<uint32_t>(d.units.size());
+  h.chunks = static_cast<uint32_t>(d.chunks.size());
+  h.token_len = static_cast<uint32_t>(d.token.size());
+  h.addresses_len = static_cast<uint32_t>(addresses.size());
+  std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
+  out += d.token;
+  out += addresses;
+  out.append(reinterpret_cast<const char*>(d.units.data()), d.units.size() * sizeof(MapUnit));
+  out.append(reinterpret_cast<const char*>(d.chunks.data()), d.chunks.size() * sizeof(uint32_t));
+  return out;
+}
+
+Result<MapDescriptor> DecodeMapDescriptor(std::string_view bytes) {
+  MapDescriptorHeader h;
+  if (bytes.size() < sizeof(h))
+    return Status::InvalidArgument("map descriptor: shorter than its header");
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (h.magic != kMapMagic) return Status::InvalidArgument("map descriptor: bad magic");
+  if (h.version != kMapVersion) return Status::InvalidArgument("map descriptor: bad version");
+  if (h.chunk_bytes != kChunkBytes)
+    return Status::InvalidArgument("map descriptor: another chunk size");
+  if (h.size > kMaxRegionBytes) return Status::InvalidArgument("map descriptor: size too large");
+  if (h.servers == 0) return Status::InvalidArgument("map descriptor: no server");
+  const uint64_t want = sizeof(h) + uint64_t{h.token_len} + h.addresses_len +
+                        uint64_t{h.units} * sizeof(MapUnit) + uint64_t{h.chunks} * sizeof(uint32_t);
+  if (bytes.size() != want) return Status::InvalidArgument("map descriptor: length mismatch");
+  MapDescriptor d;
+  d.ino = h.ino;
+  d.size = h.size;
+  size_t at = sizeof(h);
+  d.token.assign(bytes.data() + at, h.token_len);
+  at += h.token_len;
+  std::string_view addresses = bytes.substr(at, h.addresses_len);
+  at += h.addresses_len;
+  if (!CheckHostalloc(addresses).ok())
+    return Status::InvalidArgument("map descriptor: malformed server list");
+  d.servers = SplitHostalloc(addresses);
+  if (d.servers.size() != h.servers)
+    return Status::InvalidArgument("map descriptor: server count mismatch");
+  d.units.resize(h.units);
+  if (h.units) std::memcpy(d.units.data(), bytes.data() + at, h.units * sizeof(MapUnit));
+  at += h.units * sizeof(MapUnit);
+  d.chunks.resize(h.chunks);
+  if (h.chunks) std::memcpy(d.chunks.data(), bytes.data() + at, h.chunks * sizeof(uint32_t));
+  for (const MapUnit& u : d.units)
+    if (u.server >= d.servers.size())
+      return Status::InvalidArgument("map descriptor: unit of an unknown server");
+  for (uint32_t w : d.chunks)
+    if (w != 0 && ((w >> 4) == 0 || (w >> 4) > d.units.size() || (w & 15) >= kChunksPerStep))
+      return Status::InvalidArgument("map descriptor: chunk word outside any unit");
+  return d;
+}
+
 }  // namespace farmem::regions

@@ -150,4 +150,55 @@ Result<InodeRecord> DecodeInode(std::string_view bytes);
 std::string EncodeUnit(const UnitRecord& r);
 Result<UnitRecord> DecodeUnit(std::string_view bytes);
 
+// ---- Map descriptor: the xattr "user.region.map" of a file in a mount (docs/regions_mmap.md) ----
+// What a process needs to rmmap a mounted file without the mount's RegionStore: the file's size,
+// the servers and the cluster token to reach them, and where each chunk lives. Layout: this
+// header, `token_len` bytes of cluster token, `addresses_len` bytes of server bootstrap addresses
+// ("host:port,host:port"; server i is the i-th), `units` MapUnit records, then `chunks` uint32
+// chunk words: 0 for a hole, else (unit index + 1) << 4 | the chunk's slot in that unit.
+inline constexpr uint32_t kMapMagic = 0x504d4752;  // "RGMP"
+inline constexpr uint16_t kMapVersion = 1;
+// A getxattr value is at most 64 KiB (XATTR_SIZE_MAX): about 1.5 GiB of allocated chunks.
+inline constexpr size_t kMaxMapDescriptorBytes = 65536;
+struct MapDescriptorHeader {
+  uint32_t magic;  // kMapMagic
+  uint16_t version;
+  uint16_t servers;  // entries in the address list
+  uint64_t ino;
+  uint64_t size;         // the file's size in bytes when the descriptor was made
+  uint32_t chunk_bytes;  // kChunkBytes (a reader refuses another chunk size)
+  uint32_t units;
+  uint32_t chunks;
+  uint32_t token_len;
+  uint32_t addresses_len;
+  uint32_t reserved;  // 0
+};
+static_assert(sizeof(MapDescriptorHeader) == 48, "map descriptor header is 48 bytes");
+// A 2 MiB allocation unit: pool `key` of server `server`, starting at `offset`.
+struct MapUnit {
+  uint32_t server;
+  uint32_t reserved;  // 0
+  uint64_t key;
+  uint64_t offset;
+};
+static_assert(sizeof(MapUnit) == 24, "map unit record is 24 bytes");
+static_assert(kChunksPerStep <= 16, "a chunk word keeps the slot in its low 4 bits");
+
+struct MapDescriptor {
+  uint64_t ino = 0;
+  uint64_t size = 0;
+  std::string token;
+  std::vector<std::string> servers;
+  std::vector<MapUnit> units;
+  std::vector<uint32_t> chunks;  // words as above; chunks past the end of the vector are holes
+};
+constexpr uint32_t MapChunkWord(uint32_t unit_index, uint64_t slot) {
+  return ((unit_index + 1) << 4) | static_cast<uint32_t>(slot);
+}
+// ResourceExhausted ("E2BIG") when the encoding exceeds kMaxMapDescriptorBytes.
+Result<std::string> EncodeMapDescriptor(const MapDescriptor& d);
+// InvalidArgument (naming the field) for anything malformed: unit or server indexes out of range,
+// a slot past a unit, lengths that do not add up, another version or chunk size.
+Result<MapDescriptor> DecodeMapDescriptor(std::string_view bytes);
+
 }  // namespace farmem::regions

@@ -73,7 +73,8 @@ struct FsState {
   std::string mountpoint;
   uint32_t threads = 0;
   size_t servers = 0;
-  std::mutex mu;  // guards intro and next_intro (any worker thread)
+  std::string token;  // the servers' cluster token, handed out in user.region.map
+  std::mutex mu;      // guards intro and next_intro (any worker thread)
   // Open .regions/ files: handle -> the report's text, taken at open (a consistent snapshot).
   std::unordered_map<uint64_t, std::string> intro;
   uint64_t next_intro = 1;
@@ -559,10 +560,28 @@ void Setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* valu
   ReplyStatus(req, Store(req).setxattr(ino, name, std::string_view(value, size)));
 }
 
+// ---- user.region.map: the map descriptor rmmap(path) reads (docs/regions_mmap.md) ----
+// Read-only, not listed. It holds the cluster token, which lets a process read and write any
+// memory of the servers, so only root and the mount's own user get it (EACCES otherwise; the
+// kernel checks read permission on the file first). FARMEM_REGIONS_FAULT=open_map drops the uid
+// check (test only).
+constexpr std::string_view kMapXattr = "user.region.map";
+bool MapAllowed(fuse_req_t req) {
+  uid_t uid = fuse_req_ctx(req)->uid;
+  return uid == 0 || uid == geteuid() || FsFault("open_map");
+}
+
 void Getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   if (IsIntro(ino)) return (void)fuse_reply_err(req, ENODATA);
   Result<std::string> v = Status::OK();
-  if (IsDefaultName(ino, name)) {
+  if (name == kMapXattr) {
+    if (!MapAllowed(req)) return (void)fuse_reply_err(req, EACCES);
+    auto d = Store(req).map_descriptor(ino);
+    if (!d.ok()) return ReplyStatus(req, d.status());
+    d->token = State(req).token;
+    v = regions::EncodeMapDescriptor(*d);
+    if (!v.ok()) return (void)fuse_reply_err(req, E2BIG);
+  } else if (IsDefaultName(ino, name)) {
     auto d = CallerDefaults(req);
     v = RegionStore::DefaultAttr(
         d ? *d : regions::AttrDefaults{},
@@ -710,8 +729,9 @@ std::string RandomToken() {
 // Mounts, serves until unmount or signal, unmounts. `unblocked` is the signal mask the loop runs
 // with: RunRegionFs blocks SIGINT/SIGTERM/SIGHUP before it starts any thread, so only this thread
 // (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
-Status Serve(RegionStore& store, const RegionFsOptions& o, const sigset_t& unblocked) {
-  FsState state{store, o.mountpoint, o.threads, o.servers.empty() ? 1 : o.servers.size()};
+Status Serve(RegionStore& store, const RegionFsOptions& o, const std::string& token,
+             const sigset_t& unblocked) {
+  FsState state{store, o.mountpoint, o.threads, o.servers.empty() ? 1 : o.servers.size(), token};
   std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
   if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
   if (getuid() == 0) argv_s.back() += ",allow_other";
@@ -884,7 +904,7 @@ Status RunRegionFs(const RegionFsOptions& o) {
     if (!store.ok()) {
       result = store.status();
     } else {
-      result = Serve(**store, o, signals.old());
+      result = Serve(**store, o, token, signals.old());
     }
   }
   node->stop();

@@ -1,7 +1,8 @@
-// rmmap: a region of a RegionStore mapped into the process as a write-back cache built on
-// userfaultfd (docs/regions_mmap.md). Threads: one fault-handler thread per mapping serves
-// missing-page and write-protect faults; any application thread calls rmarkdirty / rsync /
-// rclearcache / rmunmap.
+// rmmap: a region mapped into the process as a write-back cache built on userfaultfd
+// (docs/regions_mmap.md), backed either by a RegionStore of this process or by a file of a farmem
+// mount (its map descriptor, read one-sidedly through a client Node). Threads: one fault-handler
+// thread per mapping serves missing-page and write-protect faults; any application thread calls
+// rmarkdirty / rsync / rclearcache / rmunmap.
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,13 +24,17 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "farmem/regions.h"
 #include "regions/engine/region_store.h"
+#include "regions/mmap/backing.h"
 
 namespace farmem {
 namespace {
+
+using rmmap_internal::Backing;
 
 constexpr size_t kPage = 4096;
 
@@ -45,15 +51,32 @@ MmapFault FaultFromEnv() {
   return MmapFault::kNone;
 }
 
+// A region of a RegionStore in this process; the write handle pins its chunks until rmunmap.
+class StoreBacking : public Backing {
+ public:
+  StoreBacking(regions::RegionStore& store, uint64_t ino, uint64_t handle)
+      : store_(store), ino_(ino), handle_(handle) {}
+  ~StoreBacking() override { (void)store_.release(handle_); }
+  Result<size_t> read(uint64_t offset, std::span<std::byte> out) override {
+    return store_.read(ino_, offset, out);
+  }
+  Status write(uint64_t offset, std::span<const std::byte> data) override {
+    return store_.write(ino_, offset, data);
+  }
+
+ private:
+  regions::RegionStore& store_;
+  const uint64_t ino_;
+  const uint64_t handle_;
+};
+
 // One mapping. Invariants: `dirty[i]` is set by rmarkdirty or by the handler on a write fault
 // (write-protect tracking: a page not dirty is installed or re-protected write-protected, so its
 // first store faults); rsync write-protects a run *before* clearing its bits and copying it, so a
 // store racing the copy re-dirties the page. `dirty` is atomic (the handler sets bits without a
 // lock: rsync's copy may need the handler); `mu` serialises rmarkdirty / rsync / rclearcache.
 struct Mapping {
-  regions::RegionStore* store = nullptr;
-  uint64_t ino = 0;
-  uint64_t handle = 0;
+  std::unique_ptr<Backing> backing;
   std::byte* base = nullptr;
   size_t length = 0;  // bytes of the region mapped (the VMA is rounded up to whole pages)
   size_t vma_len = 0;
@@ -146,9 +169,9 @@ void ServeFault(Mapping& m, uintptr_t addr) {
   size_t got = 0;
   if (off < m.length && m.fault != MmapFault::kNoFetch) {
     size_t want = std::min<size_t>(kPage, m.length - off);
-    // The store reads holes as zeros without a remote read and bounds every read by its
-    // op_timeout, so this never blocks forever.
-    auto r = m.store->read(m.ino, off, std::span<std::byte>(buf, want));
+    // Backings read holes as zeros without a remote read and bound every read by the
+    // transport's op_timeout, so this never blocks forever.
+    auto r = m.backing->read(off, std::span<std::byte>(buf, want));
     if (!r.ok()) {
       m.fetch_errors.fetch_add(1, std::memory_order_relaxed);
       Poison(m, page);
@@ -206,7 +229,7 @@ void Teardown(Mapping& m) {
   if (m.base != nullptr) munmap(m.base, m.vma_len);
   if (m.uffd >= 0) close(m.uffd);
   if (m.stop_fd >= 0) close(m.stop_fd);
-  if (m.handle != 0) (void)m.store->release(m.handle);
+  m.backing.reset();  // after the handler: it may be reading through it
 }
 
 Result<uint64_t> Resolve(regions::RegionStore& store, std::string_view path) {
@@ -226,16 +249,11 @@ Result<uint64_t> Resolve(regions::RegionStore& store, std::string_view path) {
 
 }  // namespace
 
-Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t length) {
-  FARMEM_ASSIGN_OR_RETURN(uint64_t ino, Resolve(store, path));
-  FARMEM_ASSIGN_OR_RETURN(auto attr, store.getattr(ino));
-  if ((attr.mode & S_IFMT) != S_IFREG)
-    return Status::InvalidArgument("rmmap: " + std::string(path) + " is not a regular region");
-  if (length == 0) length = attr.size;
-  if (length == 0) return Status::InvalidArgument("rmmap: empty region and no length given");
+namespace rmmap_internal {
+
+Result<void*> MapBacking(std::unique_ptr<Backing> backing, size_t length) {
   auto m = std::make_shared<Mapping>();
-  m->store = &store;
-  m->ino = ino;
+  m->backing = std::move(backing);
   m->length = length;
   m->vma_len = (length + kPage - 1) & ~(kPage - 1);
   m->dirty = std::make_unique<std::atomic<bool>[]>(m->vma_len / kPage);
@@ -244,7 +262,6 @@ Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t l
     Teardown(*m);
     return s;
   };
-  FARMEM_ASSIGN_OR_RETURN(m->handle, store.open(ino, /*write=*/true));
   m->uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
   if (m->uffd < 0) return fail(Status::FromErrno("rmmap: userfaultfd", errno));
   uffdio_api api{};
@@ -271,6 +288,19 @@ Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t l
   std::lock_guard lk(g_mu);
   g_maps[reinterpret_cast<uintptr_t>(p)] = m;
   return p;
+}
+
+}  // namespace rmmap_internal
+
+Result<void*> rmmap(regions::RegionStore& store, std::string_view path, size_t length) {
+  FARMEM_ASSIGN_OR_RETURN(uint64_t ino, Resolve(store, path));
+  FARMEM_ASSIGN_OR_RETURN(auto attr, store.getattr(ino));
+  if ((attr.mode & S_IFMT) != S_IFREG)
+    return Status::InvalidArgument("rmmap: " + std::string(path) + " is not a regular region");
+  if (length == 0) length = attr.size;
+  if (length == 0) return Status::InvalidArgument("rmmap: empty region and no length given");
+  FARMEM_ASSIGN_OR_RETURN(uint64_t handle, store.open(ino, /*write=*/true));
+  return rmmap_internal::MapBacking(std::make_unique<StoreBacking>(store, ino, handle), length);
 }
 
 Status rmunmap(void* addr) {
@@ -367,8 +397,7 @@ Status rprefetch(void* addr, size_t len) {
     std::memset(buf.get(), 0, n * kPage);  // past the region's size: zeros, as a fault gives
     if (off < m->length) {
       const size_t want = std::min<size_t>(n * kPage, m->length - off);
-      FARMEM_RETURN_IF_ERROR(
-          m->store->read(m->ino, off, std::span<std::byte>(buf.get(), want)).status());
+      FARMEM_RETURN_IF_ERROR(m->backing->read(off, std::span<std::byte>(buf.get(), want)).status());
     }
     FARMEM_ASSIGN_OR_RETURN(
         size_t installed, InstallRun(*m, reinterpret_cast<uintptr_t>(m->base) + off, buf.get(), n));
@@ -407,7 +436,7 @@ Status rsync(void* addr, size_t len) {
     size_t n = std::min((j + 1) * kPage, m->length) - off;
     buf.resize(n);
     std::memcpy(buf.data(), m->base + off, n);
-    if (Status st = m->store->write(m->ino, off, buf); !st.ok()) {
+    if (Status st = m->backing->write(off, buf); !st.ok()) {
       for (size_t k = i; k <= j; ++k) m->dirty[k] = true;  // still to be written back
       return st;
     }
@@ -427,7 +456,9 @@ Status rclearcache(void* addr, size_t len) {
     if (m->dirty[i])
       return Status::FailedPrecondition("rclearcache: range holds dirty pages (rsync first)");
   // Dropping the pages of a userfaultfd-registered anonymous range makes the next access a
-  // missing fault again, fetched afresh from the store.
+  // missing fault again, fetched afresh; the backing first re-reads its layout (a mount's file
+  // may have grown or shrunk since), so those fetches see it.
+  FARMEM_RETURN_IF_ERROR(m->backing->refresh());
   if (madvise(m->base + first * kPage, (last - first + 1) * kPage, MADV_DONTNEED) != 0)
     return Status::FromErrno("rclearcache: madvise", errno);
   return Status::OK();
