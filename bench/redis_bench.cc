@@ -91,10 +91,14 @@ Status WaitForPing(pid_t pid, uint16_t port, std::chrono::milliseconds timeout) 
 }  // namespace
 
 Result<RedisConn> RedisConnect(uint16_t port) {
-  RedisConn c(redisConnectWithTimeout("127.0.0.1", port, kRedisTimeout));
+  return RedisConnect("127.0.0.1", port);
+}
+
+Result<RedisConn> RedisConnect(const std::string& host, uint16_t port) {
+  RedisConn c(redisConnectWithTimeout(host.c_str(), port, kRedisTimeout));
   if (!c) return Status::ResourceExhausted("hiredis: cannot allocate a context");
   if (c->err)
-    return Status::Unavailable(fmt::format("redis connect to port {}: {}", port, c->errstr));
+    return Status::Unavailable(fmt::format("redis connect to {}:{}: {}", host, port, c->errstr));
   if (redisSetTimeout(c.get(), kRedisTimeout) != REDIS_OK)
     return Status::Internal(fmt::format("redis set timeout: {}", c->errstr));
   return c;

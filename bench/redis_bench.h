@@ -27,6 +27,8 @@ using RedisReplyPtr = std::unique_ptr<redisReply, RedisReplyDeleter>;
 
 // A connection to 127.0.0.1:`port` whose every call returns within 5 s.
 Result<RedisConn> RedisConnect(uint16_t port);
+// The same to `host`:`port` (a redis-server in another network namespace: bench tx --redis).
+Result<RedisConn> RedisConnect(const std::string& host, uint16_t port);
 // The next reply; an error reply is kInternal with its text.
 Result<RedisReplyPtr> RedisGetReply(redisContext* c);
 

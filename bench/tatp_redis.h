@@ -5,14 +5,17 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "farmem/status.h"
 #include "tatp_workload.h"
 
 namespace farmem::bench::tatp {
 
-// Loads the population of `subscribers` (Populate(s_id, seed)) into the redis-server on `port`.
-Status RedisTatpLoad(uint16_t port, uint64_t subscribers, uint64_t seed);
+// Loads the population of `subscribers` (Populate(s_id, seed)) into the redis-server on
+// `host`:`port` (another host: `farmem bench tx --servers ... --redis`).
+Status RedisTatpLoad(uint16_t port, uint64_t subscribers, uint64_t seed,
+                     const std::string& host = "127.0.0.1");
 
 enum class RedisMode : uint8_t {
   kLua,             // EVALSHA of one script per transaction type; `inflight` pipelined per thread
@@ -24,6 +27,7 @@ const char* RedisModeName(RedisMode m);
 // pipelined on it, WATCH/MULTI/EXEC runs one at a time (a WATCH belongs to its connection).
 // Warm-up, then `seconds` counted.
 Result<Counts> RunRedisTatp(uint16_t port, RedisMode mode, uint64_t subscribers, int threads,
-                            int inflight, double warmup_s, double seconds, uint64_t seed);
+                            int inflight, double warmup_s, double seconds, uint64_t seed,
+                            const std::string& host = "127.0.0.1");
 
 }  // namespace farmem::bench::tatp

@@ -1,11 +1,13 @@
 // `farmem bench tx` (see tx_bench.h). Per backend: a farmemd pinned to CPU 0 holding the KV table
 // (width 1, load alpha), then a default farmemd holding the five TATP tables; a Redis child for
-// the baselines. Threads: main (set-up, latency runs, output) and the client threads of each
-// measured run (one Scheduler each, `inflight` coroutines), joined before the next run.
+// the baselines. With --servers the same parts run against running farmemds and redis-server.
+// Threads: main (set-up, latency runs, output) and the client threads of each measured run (one
+// Scheduler each, `inflight` coroutines), joined before the next run.
 #include "tx_bench.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -228,22 +231,32 @@ struct Throughput {
   double server_cpu_per_m = std::nan("");  // farmemd CPU seconds per million lookups
 };
 
+// The KV table's servers as the lookups see them: one farmemd child pinned to a core (the
+// one-machine run), or the running --servers (one partition each, unpinned).
+struct KvServers {
+  std::vector<std::string> addrs;
+  bool pinned = false;            // client threads keep off the server's CPU
+  std::function<double()> cpu;    // their utime+stime in seconds (NaN: not known)
+  std::function<Status()> alive;  // an error once a server has gone
+  std::string where;              // for target names: "server 1 core" or ""
+};
+
 Result<Throughput> KvThroughput(Node& node, TxClient& client, uint16_t table, uint64_t keys,
                                 const ZipfGenerator* zipf, const TxBenchOptions& o,
-                                const bench::Farmemd& server, uint64_t seed) {
+                                const KvServers& server, uint64_t seed) {
   RunShared sh;
-  const double cpu0 = server.CpuSeconds();
+  const double cpu0 = server.cpu();
   const auto t0 = Clock::now();
   sh.end =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
-  FARMEM_RETURN_IF_ERROR(RunClientThreads(node, o.threads, true, [&](Scheduler& s, int t) {
+  FARMEM_RETURN_IF_ERROR(RunClientThreads(node, o.threads, server.pinned, [&](Scheduler& s, int t) {
     for (int c = 0; c < o.inflight; ++c)
       s.spawn(LookupWorker(&client, &s, table, keys, zipf,
                            seed * 1000 + static_cast<uint64_t>(t * 64 + c), &sh));
   }));
   FARMEM_RETURN_IF_ERROR(sh.err.error);
   const double secs = Since(t0);
-  const double cpu = server.CpuSeconds() - cpu0;
+  const double cpu = server.cpu() - cpu0;
   Throughput r;
   r.ops_per_s = static_cast<double>(sh.ops.load()) / secs;
   if (sh.ops.load() > 0) r.server_cpu_per_m = cpu / (static_cast<double>(sh.ops.load()) / 1e6);
@@ -260,11 +273,11 @@ struct KvShares {
 
 // Reads every key once in a random order.
 Result<KvShares> KvSweep(Node& node, TxClient& client, uint16_t table,
-                         const std::vector<uint64_t>& order, const TxBenchOptions& o) {
+                         const std::vector<uint64_t>& order, const TxBenchOptions& o, bool pin) {
   const TxClientStats before = client.stats();
   RunShared sh;
   sh.order = &order;
-  FARMEM_RETURN_IF_ERROR(RunClientThreads(node, o.threads, true, [&](Scheduler& s, int) {
+  FARMEM_RETURN_IF_ERROR(RunClientThreads(node, o.threads, pin, [&](Scheduler& s, int) {
     for (int c = 0; c < o.inflight; ++c) s.spawn(SweepWorker(&client, &s, table, &sh));
   }));
   FARMEM_RETURN_IF_ERROR(sh.err.error);
@@ -613,7 +626,8 @@ nlohmann::json ReadsJson(const TxClientStats& before, const TxClientStats& after
 struct Ctx {
   const TxBenchOptions& o;
   std::string farmemd_bin;
-  bench::TargetProcess* redis = nullptr;
+  bool redis = false;  // the Redis baselines run (a child's, or --redis with --servers)
+  std::string redis_host = "127.0.0.1";
   uint16_t redis_port = 0;
   std::vector<TargetRecord> targets;
   nlohmann::json results = nlohmann::json::object();
@@ -639,27 +653,67 @@ Result<std::unique_ptr<TxClient>> ConnectTx(Node& node, const std::vector<std::s
   return TxClient::Connect(node, servers, opt);
 }
 
+// The KV table over `partitions` servers: buckets per partition (load --alpha, width 1) and the
+// overflow buckets it needs, percent of them (the farmemd --tx-overflow-percent).
+struct KvGeometry {
+  uint64_t buckets = 0;
+  int overflow_pct = 0;
+};
+
+KvGeometry KvTableGeometry(const TxBenchOptions& o, int partitions) {
+  KvGeometry g;
+  g.buckets = static_cast<uint64_t>(
+      std::ceil(static_cast<double>(o.kv_keys) / o.alpha / static_cast<double>(partitions)));
+  // Keys beyond their main bucket go to overflow: n - B(1 - e^-alpha) of them, plus a margin.
+  const double overflow_share = (static_cast<double>(o.kv_keys) / partitions -
+                                 static_cast<double>(g.buckets) * (1 - std::exp(-o.alpha))) /
+                                static_cast<double>(g.buckets);
+  g.overflow_pct = std::max(25, static_cast<int>(std::ceil(overflow_share * 130)));
+  return g;
+}
+
+Status KvRounds(Ctx& ctx, const std::string& spec, Node& node, const KvServers& servers,
+                const KvGeometry& geo, nlohmann::json& out);
+
+// The KV part on a farmemd child pinned to CPU 0 holding the whole table.
 Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
              const std::string& provider, Node& node, nlohmann::json& out) {
   const TxBenchOptions& o = ctx.o;
-  const uint64_t buckets =
-      static_cast<uint64_t>(std::ceil(static_cast<double>(o.kv_keys) / o.alpha));
-  // Keys beyond their main bucket go to overflow: n - B(1 - e^-alpha) of them, plus a margin.
-  const double overflow_share =
-      (static_cast<double>(o.kv_keys) - static_cast<double>(buckets) * (1 - std::exp(-o.alpha))) /
-      static_cast<double>(buckets);
-  const int overflow_pct = std::max(25, static_cast<int>(std::ceil(overflow_share * 130)));
+  const KvGeometry geo = KvTableGeometry(o, 1);
   std::vector<std::string> flags = ServerFlags(o, backend, provider);
-  flags.insert(flags.end(), {"--tx-table", fmt::format("kv:8:8:{}:1", buckets),
-                             "--tx-overflow-percent", std::to_string(overflow_pct)});
+  flags.insert(flags.end(), {"--tx-table", fmt::format("kv:8:8:{}:1", geo.buckets),
+                             "--tx-overflow-percent", std::to_string(geo.overflow_pct)});
   bench::Farmemd server;
   FARMEM_RETURN_IF_ERROR(server.Start(ctx.farmemd_bin, 30s, flags, kServerCpu));
   fmt::print("[{}] KV: farmemd pid {} pinned to CPU {}: {} ({} keys, alpha {})\n", spec,
              server.pid(), kServerCpu, fmt::join(server.args(), " "), o.kv_keys, o.alpha);
-  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, {server.bootstrap()}, false, true));
-  FARMEM_ASSIGN_OR_RETURN(auto oversub, ConnectTx(node, {server.bootstrap()}, true, false));
-  FARMEM_ASSIGN_OR_RETURN(auto perfect, ConnectTx(node, {server.bootstrap()}, true, true));
-  FARMEM_ASSIGN_OR_RETURN(const uint16_t table, rpc->table("kv"));
+  KvServers s;
+  s.addrs = {server.bootstrap()};
+  s.pinned = true;
+  s.cpu = [&server] { return server.CpuSeconds(); };
+  s.alive = [&server] {
+    return server.Alive() ? Status::OK()
+                          : Status::Unavailable("farmemd exited: " + server.LogTail());
+  };
+  s.where = ", server 1 core";
+  FARMEM_RETURN_IF_ERROR(KvRounds(ctx, spec, node, s, geo, out));
+  out["kv"]["server_cmd"] = server.args();
+  return Status::OK();
+}
+
+// Loads the KV table held by `servers`, measures the cold and warm one-sided shares, then
+// interleaved rounds of latency and throughput per configuration; targets into ctx.
+Status KvRounds(Ctx& ctx, const std::string& spec, Node& node, const KvServers& servers,
+                const KvGeometry& geo, nlohmann::json& out) {
+  const TxBenchOptions& o = ctx.o;
+  FARMEM_ASSIGN_OR_RETURN(auto rpc, ConnectTx(node, servers.addrs, false, true));
+  FARMEM_ASSIGN_OR_RETURN(auto oversub, ConnectTx(node, servers.addrs, true, false));
+  FARMEM_ASSIGN_OR_RETURN(auto perfect, ConnectTx(node, servers.addrs, true, true));
+  auto kv_table = rpc->table("kv");
+  if (!kv_table.ok())
+    return kv_table.status().WithContext(
+        "the servers hold no 'kv' table (give them the --tx-table of --print-kv-table)");
+  const uint16_t table = *kv_table;
   const auto t0 = Clock::now();
   KvInsertStep step{table, o.kv_keys};
   FARMEM_RETURN_IF_ERROR(
@@ -671,8 +725,10 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
   std::iota(order.begin(), order.end(), 0);
   SplitMix64 rng(o.seed);
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
-  FARMEM_ASSIGN_OR_RETURN(const KvShares cold_shares, KvSweep(node, *perfect, table, order, o));
-  FARMEM_ASSIGN_OR_RETURN(const KvShares warm_shares, KvSweep(node, *perfect, table, order, o));
+  FARMEM_ASSIGN_OR_RETURN(const KvShares cold_shares,
+                          KvSweep(node, *perfect, table, order, o, servers.pinned));
+  FARMEM_ASSIGN_OR_RETURN(const KvShares warm_shares,
+                          KvSweep(node, *perfect, table, order, o, servers.pinned));
   const double cold = cold_shares.guessed, warm = warm_shares.with_chains;
   const double model = 100.0 * (1 - std::exp(-o.alpha)) / o.alpha;
   fmt::print(
@@ -715,7 +771,7 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
                     bench::FormatMicros(*p_rpc), bench::FormatMicros(*p_os));
     for (size_t c = 0; c < configs.size(); ++c) {
       FARMEM_ASSIGN_OR_RETURN(Throughput r, KvThroughput(node, *configs[c].client, table, o.kv_keys,
-                                                         configs[c].zipf, o, server, seed + c));
+                                                         configs[c].zipf, o, servers, seed + c));
       tput[c].push_back(r.ops_per_s);
       cpu[c].push_back(r.server_cpu_per_m);
       line += fmt::format("; {} {} ({:.2f} CPU-s/M)", configs[c].name,
@@ -723,7 +779,7 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
     }
     fmt::print("{}\n", line);
   }
-  if (!server.Alive()) return Status::Unavailable("farmemd exited: " + server.LogTail());
+  FARMEM_RETURN_IF_ERROR(servers.alive());
 
   const bool shm = IsShm(spec);
   ctx.targets.push_back(JudgeRounds(fmt::format("[{}] kv lookup p50 one-sided / RPC", spec), lat_os,
@@ -742,26 +798,30 @@ Status RunKv(Ctx& ctx, const std::string& spec, const std::string& backend,
     t.result = warm >= 99.0 ? TargetResult::kPass : TargetResult::kMiss;
     ctx.targets.push_back(t);
   }
-  ctx.targets.push_back(JudgeRounds(
-      fmt::format("[{}] kv server CPU per M lookups RPC-only / one-two-sided", spec), cpu[0],
-      cpu[1], shm ? 5.0 : 1.3, false, "farmemd utime+stime from /proc during the runs"));
   ctx.targets.push_back(
-      JudgeRounds(fmt::format("[{}] kv throughput one-two-sided / RPC-only, server 1 core", spec),
+      JudgeRounds(fmt::format("[{}] kv server CPU per M lookups RPC-only / one-two-sided", spec),
+                  cpu[0], cpu[1], shm ? 5.0 : 1.3, false,
+                  servers.addrs.size() == 1
+                      ? "farmemd utime+stime from /proc during the runs"
+                      : fmt::format("utime+stime of the {} farmemds from /proc during the runs",
+                                    servers.addrs.size())));
+  ctx.targets.push_back(
+      JudgeRounds(fmt::format("[{}] kv throughput one-two-sided / RPC-only{}", spec, servers.where),
                   tput[1], tput[0], 1.4, false));
   ctx.targets.push_back(
-      JudgeRounds(fmt::format("[{}] kv throughput perfect / RPC-only, server 1 core", spec),
+      JudgeRounds(fmt::format("[{}] kv throughput perfect / RPC-only{}", spec, servers.where),
                   tput[2], tput[0], 1.8, false));
   out["kv"] = {{"keys", o.kv_keys},
                {"alpha", o.alpha},
-               {"buckets", buckets},
-               {"overflow_percent", overflow_pct},
+               {"buckets", geo.buckets},  // per server
+               {"servers", servers.addrs},
+               {"overflow_percent", geo.overflow_pct},
                {"cold_share_pct", cold},
                {"warm_share_pct", warm},
                {"cold_share_with_chains_pct", cold_shares.with_chains},
                {"model_share_pct", model},
                {"p50_us_rpc", lat_rpc},
-               {"p50_us_one_sided", lat_os},
-               {"server_cmd", server.args()}};
+               {"p50_us_one_sided", lat_os}};
   for (size_t c = 0; c < configs.size(); ++c) {
     out["kv"]["throughput"][configs[c].name] = tput[c];
     out["kv"]["server_cpu_s_per_m"][configs[c].name] = cpu[c];
@@ -821,7 +881,7 @@ Status TatpRounds(Ctx& ctx, const std::string& spec, Node& node,
 
   enum Cfg { kOneTwo, kRpc, kLua, kWme, kCfgs };
   const char* names[kCfgs] = {"one-two-sided", "rpc-only", "redis-lua", "redis-watch-multi-exec"};
-  const bool redis = ctx.redis != nullptr;
+  const bool redis = ctx.redis;
   std::vector<double> tps[kCfgs];
   tatp::Counts totals[kCfgs];
   double secs_total[kCfgs] = {};
@@ -838,9 +898,9 @@ Status TatpRounds(Ctx& ctx, const std::string& spec, Node& node,
       if (c == kOneTwo) r = RunFarmemTatp(node, *os, t, o, warm, seed);
       if (c == kRpc) r = RunFarmemTatp(node, *rpc, t, o, warm, seed);
       if (c == kLua || c == kWme)
-        r = tatp::RunRedisTatp(ctx.redis_port,
-                               c == kLua ? tatp::RedisMode::kLua : tatp::RedisMode::kWatchMultiExec,
-                               o.subscribers, o.threads, o.inflight, warm, o.seconds, seed);
+        r = tatp::RunRedisTatp(
+            ctx.redis_port, c == kLua ? tatp::RedisMode::kLua : tatp::RedisMode::kWatchMultiExec,
+            o.subscribers, o.threads, o.inflight, warm, o.seconds, seed, ctx.redis_host);
       FARMEM_RETURN_IF_ERROR(r.status().WithContext(names[c]));
       tps[c].push_back(Tps(*r, o.seconds));
       secs_total[c] += o.seconds;
@@ -932,7 +992,7 @@ int Finish(const Ctx& ctx, nlohmann::json machine, Clock::time_point t_start) {
                   {"threads", o.threads},       {"inflight", o.inflight},
                   {"kv_keys", o.kv_keys},       {"alpha", o.alpha},
                   {"zipf_theta", o.zipf_theta}, {"subscribers", o.subscribers},
-                  {"tatp_alpha", o.tatp_alpha}, {"redis", ctx.redis != nullptr},
+                  {"tatp_alpha", o.tatp_alpha}, {"redis", ctx.redis},
                   {"servers", o.servers},       {"seed", o.seed}};
   j["results"] = ctx.results;
   j["targets"] = bench::TargetsJson(ctx.targets);
@@ -944,8 +1004,16 @@ int Finish(const Ctx& ctx, nlohmann::json machine, Clock::time_point t_start) {
   return 0;
 }
 
-// --servers: TATP against running farmemds (no children, no Redis), from a node listening on
-// --data-host with their token.
+// The sum of the utime+stime of `pids` (NaN when there are none or one has gone).
+double PidsCpuSeconds(const std::vector<int>& pids) {
+  if (pids.empty()) return std::nan("");
+  double sum = 0;
+  for (int pid : pids) sum += bench::ProcessCpuSeconds(static_cast<pid_t>(pid));
+  return sum;
+}
+
+// --servers: the KV part and TATP against running farmemds, the Redis baselines against
+// --redis, from a node listening on --data-host with their token.
 int RunTxBenchOnServers(const TxBenchOptions& o) {
   const std::string& spec_backend = o.backends.front();
   std::string backend, provider;
@@ -953,6 +1021,21 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
   const nlohmann::json machine = bench::MachineInfo();
   bench::QuietBenchLogging();
   const auto t_start = Clock::now();
+  Ctx ctx{o, ""};
+  if (!o.redis_addr.empty() && o.only != "kv") {
+    const size_t colon = o.redis_addr.rfind(':');  // checked by the caller
+    ctx.redis_host = o.redis_addr.substr(0, colon);
+    ctx.redis_port = static_cast<uint16_t>(std::stoi(o.redis_addr.substr(colon + 1)));
+    const auto t0 = Clock::now();
+    if (Status st = tatp::RedisTatpLoad(ctx.redis_port, o.subscribers, o.seed, ctx.redis_host);
+        !st.ok()) {
+      fmt::print(stderr, "{}: loading Redis at {}: {}\n", kProg, o.redis_addr, st.ToString());
+      return 1;
+    }
+    ctx.redis = true;
+    fmt::print("Redis at {}: loaded {} TATP subscribers in {:.1f} s\n", o.redis_addr, o.subscribers,
+               Since(t0));
+  }
   NodeConfig c;
   c.name = "tx-bench";
   c.bootstrap_host = o.data_host;
@@ -964,20 +1047,61 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
   auto node = Node::Create(c);
   Status st = node.status();
   if (st.ok()) st = (*node)->start().WithContext("starting the client node");
-  Ctx ctx{o, ""};
   const std::string spec = fmt::format("{}, {} server{}", spec_backend, o.servers.size(),
                                        o.servers.size() == 1 ? "" : "s");
-  fmt::print("[{}] TATP against {} (client node on {})\n", spec, fmt::join(o.servers, " "),
-             o.data_host);
+  fmt::print(
+      "[{}] against {} (client node on {}{})\n", spec, fmt::join(o.servers, " "), o.data_host,
+      o.server_pids.empty() ? ", server CPU not known: no --server-pids"
+                            : fmt::format(", server pids {}", fmt::join(o.server_pids, " ")));
+  nlohmann::json& out = ctx.results[spec];
+  if (st.ok() && o.only != "tatp") {
+    KvServers s;
+    s.addrs = o.servers;
+    s.cpu = [&o] { return PidsCpuSeconds(o.server_pids); };
+    s.alive = [&o] {
+      for (size_t i = 0; i < o.server_pids.size(); ++i)
+        if (::kill(o.server_pids[i], 0) != 0)
+          return Status::Unavailable(
+              fmt::format("farmemd {} (pid {}) has gone", o.servers[i], o.server_pids[i]));
+      return Status::OK();
+    };
+    st =
+        KvRounds(ctx, spec, **node, s, KvTableGeometry(o, static_cast<int>(o.servers.size())), out);
+  }
   // The figure for the 3 namespaces is 1.15x whatever the backend (1.3x is fabric shm's
   // on one machine): judged as non-shm.
-  if (st.ok()) st = TatpRounds(ctx, spec, **node, o.servers, false, ctx.results[spec]);
+  if (st.ok() && o.only != "kv") st = TatpRounds(ctx, spec, **node, o.servers, false, out);
   if (node.ok()) (*node)->stop();
   if (!st.ok()) {
     fmt::print(stderr, "{}: [{}] {}\n", kProg, spec, st.ToString());
     return 1;
   }
   return Finish(ctx, machine, t_start);
+}
+
+// The --servers-only flags: "" when they are consistent, else why not.
+std::string CheckServerFlags(const TxBenchOptions& o) {
+  const bool remote = !o.servers.empty();
+  if (!remote && !o.server_pids.empty()) return "--server-pids goes with --servers";
+  if (!remote && !o.redis_addr.empty())
+    return "--redis goes with --servers (the one-machine run starts its own redis-server)";
+  if (!o.server_pids.empty() && o.server_pids.size() != o.servers.size())
+    return fmt::format("--server-pids names {} processes for {} servers", o.server_pids.size(),
+                       o.servers.size());
+  for (int pid : o.server_pids)
+    if (pid <= 0 || std::isnan(bench::ProcessCpuSeconds(static_cast<pid_t>(pid))))
+      return fmt::format("--server-pids: no process {} here", pid);
+  if (!o.redis_addr.empty()) {
+    const size_t colon = o.redis_addr.rfind(':');
+    const std::string port =
+        colon == std::string::npos ? std::string() : o.redis_addr.substr(colon + 1);
+    const bool digits =
+        !port.empty() && port.size() <= 5 &&
+        std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (colon == 0 || !digits || std::stoi(port) == 0 || std::stoi(port) > 65535)
+      return fmt::format("--redis wants HOST:PORT, not '{}'", o.redis_addr);
+  }
+  return "";
 }
 
 }  // namespace
@@ -993,13 +1117,22 @@ int RunTxBench(TxBenchOptions o) {
     fmt::print("{}\n", TatpTableSpec(o, o.print_tatp_tables));
     return 0;
   }
+  if (o.print_kv_table > 0) {
+    const KvGeometry g = KvTableGeometry(o, o.print_kv_table);
+    fmt::print("kv:8:8:{}:1 {}\n", g.buckets, g.overflow_pct);
+    return 0;
+  }
+  if (std::string why = CheckServerFlags(o); !why.empty()) {
+    fmt::print(stderr, "{}: {}\n", kProg, why);
+    return 2;
+  }
   const bool remote = !o.servers.empty();
   if (o.backends.empty())
     o.backends =
         remote ? std::vector<std::string>{"tcp"} : std::vector<std::string>{"tcp", "fabric:shm"};
-  if (remote && (o.backends.size() != 1 || o.only == "kv")) {
-    fmt::print(stderr, "{}: --servers runs TATP on one backend (the servers'): {}\n", kProg,
-               o.only == "kv" ? "--only kv needs farmemd children" : "give one --backend");
+  if (remote && o.backends.size() != 1) {
+    fmt::print(stderr, "{}: --servers runs on one backend (the servers'): give one --backend\n",
+               kProg);
     return 2;
   }
   for (const auto& b : o.backends) {
@@ -1043,7 +1176,7 @@ int RunTxBench(TxBenchOptions o) {
       return 1;
     }
     std::memcpy(&ctx.redis_port, port->data(), sizeof(uint16_t));
-    ctx.redis = redis.get();
+    ctx.redis = true;
     const auto t0 = Clock::now();
     if (Status st = tatp::RedisTatpLoad(ctx.redis_port, o.subscribers, o.seed); !st.ok()) {
       fmt::print(stderr, "{}: loading Redis: {}\n", kProg, st.ToString());

@@ -1,9 +1,9 @@
 // `farmem bench tx`: Storm transactions on farmemd tx tables, per backend (native TCP, fabric shm):
 // KV lookups (latency one at a time, one-sided share cold and warm against the model, server CPU
 // per lookup and throughput with farmemd pinned to one core; RPC-only, one-two-sided, perfect)
-// and TATP (one-two-sided vs RPC-only vs Redis Lua and WATCH/MULTI/EXEC). With --servers: TATP
-// only, against running farmemds that hold the tables' partitions (scripts/bench_tx_netns: one per
-// network namespace), one-two-sided vs RPC-only. Main thread drives.
+// and TATP (one-two-sided vs RPC-only vs Redis Lua and WATCH/MULTI/EXEC). With --servers: the
+// same parts against running farmemds that hold the tables' partitions (scripts/bench_tx_netns: one
+// per network namespace), their CPU read from /proc by pid, Redis at --redis. Main thread drives.
 #pragma once
 
 #include <cstdint>
@@ -33,14 +33,22 @@ struct TxBenchOptions {
   // Extra flags for every farmemd (e.g. --tx-lease-ms=10000); the targets are for the defaults.
   std::vector<std::string> farmemd_args;
   std::string json_path = "tx.json";
-  // Running farmemds ("host:port") holding partitions 0..n-1 of the TATP tables (their --tx-table
-  // from `print_tatp_tables`): no farmemd children, no Redis, TATP only.
+  // Running farmemds ("host:port") holding partitions 0..n-1 of the TATP tables and of the KV
+  // table (their --tx-table from `print_tatp_tables` and `print_kv_table`): no farmemd children.
   std::vector<std::string> servers;
+  // With `servers`: their pids, in the same order (same machine, any network namespace): their
+  // utime+stime from /proc gives the KV server-CPU target. Empty: that target is not judged.
+  std::vector<int> server_pids;
+  // With `servers`: "HOST:PORT" of a running redis-server for the Redis baselines ("" = none).
+  std::string redis_addr;
   std::string data_host = "127.0.0.1";  // with `servers`: where this client's node listens
   std::string token = "farmem";         // with `servers`: their cluster token
   // > 0: print the --tx-table value of the TATP tables split over this many servers (for the
   // sizes these options give) and exit; scripts/bench_tx_netns starts its farmemds with it.
   int print_tatp_tables = 0;
+  // > 0: print "--tx-table value of the KV table split over this many servers, then the
+  // --tx-overflow-percent it needs" (one line, space separated) and exit.
+  int print_kv_table = 0;
 };
 
 // Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.

@@ -58,9 +58,15 @@ inline CLI::App* AddTxBenchCommand(CLI::App& bench, TxBenchOptions& o) {
          "extra flag for every farmemd (repeatable, e.g. --farmemd-arg=--tx-lease-ms=10000)")
       ->allow_extra_args(false);
   cmd->add_option("--servers", o.servers,
-                  "running farmemds holding the TATP tables' partitions (ADDR,ADDR,...): TATP "
-                  "one-two-sided vs RPC-only against them (scripts/bench_tx_netns)")
+                  "running farmemds holding the KV and TATP tables' partitions (ADDR,ADDR,...): "
+                  "the benchmark against them (scripts/bench_tx_netns)")
       ->delimiter(',');
+  cmd->add_option("--server-pids", o.server_pids,
+                  "with --servers: their pids in the same order (PID,PID,...), for the KV "
+                  "server CPU from /proc")
+      ->delimiter(',');
+  cmd->add_option("--redis", o.redis_addr,
+                  "with --servers: HOST:PORT of a running redis-server for the Redis baselines");
   cmd->add_option("--data-host", o.data_host,
                   "with --servers: IP this client's node listens on (reachable by them)")
       ->capture_default_str();
@@ -68,6 +74,10 @@ inline CLI::App* AddTxBenchCommand(CLI::App& bench, TxBenchOptions& o) {
   cmd->add_option("--print-tatp-tables", o.print_tatp_tables,
                   "print the farmemd --tx-table value of the TATP tables split over N servers "
                   "(sized by --subscribers/--quick, --tatp-alpha) and exit")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--print-kv-table", o.print_kv_table,
+                  "print the farmemd --tx-table value of the KV table split over N servers and "
+                  "the --tx-overflow-percent it needs (sized by --kv-keys/--quick, --alpha), exit")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;

@@ -2,7 +2,8 @@
 # Plot or tabulate the JSON written by `farmem bench tx`: per backend, KV lookup throughput per
 # configuration (server pinned to one core), server CPU per million lookups, TATP tx/s of farmem
 # one-two-sided / RPC-only / Redis Lua / Redis WATCH-MULTI-EXEC, and the success rates per type.
-# A TATP-only run (--servers, scripts/bench_tx_netns) gets per-round tx/s instead of the KV panels.
+# A TATP-only run gets per-round tx/s instead of the KV panels; a --servers run (scripts/bench_tx_netns)
+# names its farmemds (one per namespace) instead of "1 core"; the load average is in the title.
 # Usage: plot_tx.py tx.json [out.png]   (without out.png or matplotlib: markdown tables)
 import json
 import statistics
@@ -52,6 +53,11 @@ def table(doc):
                   f"{c['p99_us']:.1f} | {c['conflicts_retried']} |")
 
 
+def kv_servers(kv):
+    n = len(kv.get("servers", [])) or 1
+    return "farmemd on 1 core" if n == 1 else f"{n} farmemds, one per namespace"
+
+
 def plot_kv(axes, spec, kv):
     names = ordered(list(kv.get("throughput", {}).keys()), KV_ORDER)
     colors = [KV_COLOR.get(n.replace(" zipf", ""), "#aaa") for n in names]
@@ -60,12 +66,12 @@ def plot_kv(axes, spec, kv):
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=20, fontsize=8)
     ax.set_ylabel("k lookups/s (median)")
-    ax.set_title(f"{spec}: KV throughput, farmemd on 1 core")
+    ax.set_title(f"{spec}: KV throughput, {kv_servers(kv)}", fontsize=10)
     ax = axes[1]
     ax.bar(range(len(names)), [med(kv["server_cpu_s_per_m"][n]) for n in names], color=colors)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=20, fontsize=8)
-    ax.set_ylabel("farmemd CPU-s per M lookups")
+    ax.set_ylabel("farmemd CPU-s per M lookups (all servers)")
     ax.set_title(f"{spec}: server CPU per lookup")
 
 
@@ -108,7 +114,10 @@ def plot(doc, out):
         for i, n in enumerate(cn):
             ax.text(i, med(cfgs[n]["round_tx_per_s"]) / 1e3, f"p99 {cfgs[n]['p99_us']:.0f} us",
                     ha="center", va="bottom", fontsize=7)
-    fig.suptitle("farmem bench tx — " + doc.get("machine", {}).get("date", ""))
+    m = doc.get("machine", {})
+    load = " → ".join(f"{m[k][0]:.1f}" for k in ("loadavg_at_start", "loadavg_at_end") if k in m)
+    fig.suptitle(f"farmem bench tx — {m.get('date', '')}"
+                 + (f", load average {load} on {m.get('nproc', '?')} CPUs" if load else ""))
     fig.tight_layout()
     fig.savefig(out, dpi=90)
 

@@ -1,9 +1,13 @@
 // Unit tests of `farmem bench tx --servers` (bench/tx_bench.h) that need no network namespaces:
-// the TATP table sizing scripts/bench_tx_netns starts its farmemds with, and the clear errors for
-// options that do not go with --servers or a server that is not there. Main thread only.
+// the TATP and KV table sizing scripts/bench_tx_netns starts its farmemds with, and the clear
+// errors for options that do not go with --servers or a server that is not there. Main thread.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
 
 #include "tatp_workload.h"
 #include "tx_bench.h"
@@ -28,23 +32,64 @@ TEST(TxBenchServers, PrintsTatpTablesSplitOverThePartitions) {
                   tatp::kSpecialFacilityBytes, tatp::kCallForwardingBytes));
 }
 
+TEST(TxBenchServers, PrintsKvTableSplitOverThePartitions) {
+  TxBenchOptions o;
+  o.kv_keys = 30000;
+  o.alpha = 0.5;
+  o.print_kv_table = 3;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(RunTxBench(o), 0);
+  // 10000 keys per partition at load 0.5: 20000 buckets; keys past their main bucket
+  // (10000 - 20000 (1 - e^-0.5) = 2131, 10.7 % of the buckets, x 1.3 = 14 %) fit the default 25 %.
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "kv:8:8:20000:1 25\n");
+  o.alpha = 1.0;  // 10000 buckets, 3679 past their bucket: 36.8 % x 1.3 -> 48 %
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(RunTxBench(o), 0);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "kv:8:8:10000:1 48\n");
+}
+
 TEST(TxBenchServers, RefusesOptionsThatNeedLocalServers) {
   TxBenchOptions o;
   o.servers = {"127.0.0.1:1"};
   o.json_path = "";
-  o.only = "kv";  // the KV part starts (and pins) its own farmemd
-  EXPECT_EQ(RunTxBench(o), 2);
-  o.only = "";
   o.backends = {"tcp", "fabric:shm"};  // the servers run one backend
   EXPECT_EQ(RunTxBench(o), 2);
   o.backends = {"udp"};
   EXPECT_EQ(RunTxBench(o), 2);
 }
 
+TEST(TxBenchServers, RefusesServerPidsAndRedisThatDoNotFit) {
+  TxBenchOptions o;
+  o.json_path = "";
+  o.server_pids = {static_cast<int>(::getpid())};
+  EXPECT_EQ(RunTxBench(o), 2);  // --server-pids without --servers
+  o.server_pids.clear();
+  o.redis_addr = "127.0.0.1:6379";
+  EXPECT_EQ(RunTxBench(o), 2);  // --redis without --servers: the local run starts its own
+  o.redis_addr.clear();
+  o.servers = {"127.0.0.1:1", "127.0.0.1:2"};
+  o.server_pids = {static_cast<int>(::getpid())};
+  EXPECT_EQ(RunTxBench(o), 2);  // one pid for two servers
+  o.servers = {"127.0.0.1:1"};
+  o.server_pids = {0};
+  EXPECT_EQ(RunTxBench(o), 2);  // not a process
+  o.server_pids.clear();
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:", ":6379", "127.0.0.1:70000", "h:0", "h:6x"}) {
+    o.redis_addr = bad;
+    EXPECT_EQ(RunTxBench(o), 2) << bad;
+  }
+}
+
 TEST(TxBenchServers, UnreachableServerIsAnErrorNotAHang) {
   TxBenchOptions o;
   o.servers = {"127.0.0.1:1"};  // nothing listens on port 1
   o.json_path = "";
+  EXPECT_EQ(RunTxBench(o), 1);
+  o.only = "kv";  // the KV part against the servers: the same clear error
+  o.server_pids = {static_cast<int>(::getpid())};
+  EXPECT_EQ(RunTxBench(o), 1);
+  o.only = "tatp";
+  o.redis_addr = "127.0.0.1:1";  // nor does Redis
   EXPECT_EQ(RunTxBench(o), 1);
 }
 
