@@ -21,7 +21,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/regions_fail_lib.sh"
 fail_test_start regions_fail_etcd etcd
 LOG_GLOBS="$WORK/etcd.log"
 
-start_etcd_mount
+META_TIMEOUT_MS=1500
+start_etcd_mount --meta-timeout "$META_TIMEOUT_MS"
 
 mkdir -p "$MNT/d/e" "$MNT/multi"
 python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.region.multihosted", b"1")' "$MNT/multi"
@@ -50,8 +51,9 @@ grep -q '^open' "$WORK/holder.out" || fail "the holder did not open gone: $(cat 
 rm "$MNT/gone"
 snapshot "$MNT" >"$WORK/before"
 
-# etcd that stops answering (SIGSTOP: connections stay open): a create waits for the cluster
-# call timeout (2 s), then fails with EIO; timeout(1) only bounds it. (Its inode record may still
+# etcd that stops answering (SIGSTOP: connections stay open): a create waits for the mount's
+# --meta-timeout, then fails with EIO; timeout(1) only bounds it, and the time is checked against
+# the configured timeout and the default 2000 ms (which timeout applied, not speed). (Its inode record may still
 # be written when etcd resumes: a record no name leads to, which the remount below drops.)
 kill -STOP "$ETCD_PID"
 t0=$(now_ms)
@@ -62,7 +64,9 @@ kill -CONT "$ETCD_PID"
 ((rc != 124)) || fail "a create hung for 60 s while etcd was stopped"
 ((rc == 1)) && [[ "$out" == *"Input/output error"* ]] ||
   fail "a create while etcd was stopped: rc $rc: $out (want EIO)"
-log "a create while etcd does not answer: EIO after $took ms"
+((took >= META_TIMEOUT_MS - 50 && took < 2000)) ||
+  fail "a create while etcd was stopped: EIO after $took ms (want the --meta-timeout $META_TIMEOUT_MS ms, under the default 2000 ms)"
+log "a create while etcd does not answer: EIO after $took ms (--meta-timeout $META_TIMEOUT_MS)"
 
 log "SIGKILL to etcd (pid $ETCD_PID)"
 kill -KILL "$ETCD_PID"

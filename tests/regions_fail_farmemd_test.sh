@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Remote regions, failure of the memory server (docs/regions.md "Failures"): two farmemds on
-# loopback and `farmem mount --cluster memory://... --server A --server B`. A file on B
-# (HOSTALLOC) is read after B was SIGSTOPped: EIO after the transport's operation timeout (5 s),
-# no hang. Then a helper writes 1 MiB blocks of a pattern of their own with O_DIRECT (every byte
+# loopback and `farmem mount --cluster memory://... --server A --server B --op-timeout 1500`
+# (out-of-range timeouts are refused first, and `--help` shows both). A file on B (HOSTALLOC) is
+# read after B was SIGSTOPped: EIO after the configured operation timeout (at least 1500 ms and
+# under the default 5000 ms: a bound on which timeout applied, not on speed), no hang. Then a helper writes 1 MiB blocks of a pattern of their own with O_DIRECT (every byte
 # goes to the daemon and farmemd) and reads each back, checking every byte against its model of
 # the file; A is SIGKILLed under it. The helper's reads and writes must then fail with EIO, never
 # hang, and never return a byte the model does not hold (also through the page cache); the mount
@@ -24,11 +25,26 @@ B_PID=$SERVER_PID
 B_ADDR=$SERVER_ADDR
 HELPER_PIDS+=("$B_PID")
 start_farmemd
-mount_regions "$MNT" mount "memory://regions-fail-$$" --server "$B_ADDR"
+
+# The timeouts are options of the mount, shown by --help and refused out of range.
+help="$("$FARMEM" mount --help 2>&1)"
+[[ "$help" == *"--op-timeout"*"--meta-timeout"* ]] || fail "farmem mount --help lacks the timeouts: $help"
+mkdir -p "$WORK/refused"
+for bad in "--op-timeout 0" "--op-timeout 999999999" "--meta-timeout 0" "--meta-timeout 50"; do
+  rc=0
+  # shellcheck disable=SC2086 # word splitting of $bad intended
+  out="$(timeout 30 "$FARMEM" mount "$WORK/refused" --cluster "memory://refused-$$" $bad 2>&1)" || rc=$?
+  ((rc == 2)) && [[ "$out" == *"range"* ]] || fail "farmem mount $bad: rc $rc: $out (want refused, exit 2)"
+  grep -qs " $WORK/refused " /proc/mounts && fail "farmem mount $bad mounted"
+done
+log "out-of-range timeouts refused: $(echo "$out" | tail -1)"
+
+OP_TIMEOUT_MS=1500
+mount_regions "$MNT" mount "memory://regions-fail-$$" --server "$B_ADDR" --op-timeout "$OP_TIMEOUT_MS"
 log "mounted (pid $MOUNT_PID), farmemds at $SERVER_ADDR (pid $SERVER_PID) and $B_ADDR (pid $B_PID)"
 
 # 1. B stops answering (SIGSTOP: its connections stay open, nothing is reset). An O_DIRECT read of
-# its file fails with EIO after the transport's operation timeout (5 s); timeout(1) only bounds it.
+# its file fails with EIO after the mount's --op-timeout; timeout(1) only bounds it.
 mkdir "$MNT/onb"
 python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.region.hostalloc", sys.argv[2].encode())' \
   "$MNT/onb" "$B_ADDR"
@@ -41,7 +57,11 @@ took=$(($(now_ms) - t0))
 ((rc != 124)) || fail "a read from a farmemd that stopped answering hung for 60 s"
 ((rc == 1)) && [[ "$out" == *"Input/output error"* ]] ||
   fail "a read from a farmemd that stopped answering: rc $rc: $out (want EIO)"
-log "a read from the stopped farmemd: EIO after $took ms"
+# Which timeout applied: not before the configured one, and below the default 5000 ms (which a
+# mount ignoring --op-timeout could not beat).
+((took >= OP_TIMEOUT_MS - 50 && took < 5000)) ||
+  fail "a read from the stopped farmemd: EIO after $took ms (want the --op-timeout $OP_TIMEOUT_MS ms, under the default 5000 ms)"
+log "a read from the stopped farmemd: EIO after $took ms (--op-timeout $OP_TIMEOUT_MS)"
 kill -KILL "$B_PID"
 wait "$B_PID" 2>/dev/null || true
 

@@ -80,11 +80,12 @@ fail_test_start() {
   if [[ -n "${FARMEM_REGIONS_FAULT:-}" ]]; then log "fault: FARMEM_REGIONS_FAULT=$FARMEM_REGIONS_FAULT"; fi
 }
 
-# Starts etcd and a farmemd and mounts MNT with its metadata in that etcd.
+# start_etcd_mount [ARG...]: starts etcd and a farmemd and mounts MNT with its metadata in that
+# etcd (ARG...: more `farmem mount` arguments).
 start_etcd_mount() {
   start_etcd
   start_farmemd
-  mount_regions "$MNT" mount1 "$CLUSTER_URL"
+  mount_regions "$MNT" mount1 "$CLUSTER_URL" "$@"
   log "mounted (pid $MOUNT_PID), farmemd at $SERVER_ADDR, etcd at $CLUSTER_URL"
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +86,21 @@ struct ClusterPutOptions {
   bool bind_to_lease = false;
 };
 
+// One condition of Cluster::commit: `key` holds exactly `value`, or (value unset) is absent.
+struct ClusterCompare {
+  std::string key;
+  std::optional<std::string> value;
+};
+
+// One write of Cluster::commit: put `key` = `value` (not bound to a lease), or remove it (absent
+// is fine).
+struct ClusterOp {
+  enum class Type { kPut, kRemove };
+  Type type = Type::kPut;
+  std::string key;
+  std::string value;
+};
+
 // Watches run until cancelled or destroyed; callbacks arrive on a thread of the Cluster's, one at a
 // time, in revision order. After cancel() returns no callback runs or is running.
 class ClusterWatch {
@@ -143,6 +159,12 @@ class Cluster {
                          const ClusterPutOptions& options = {});
   // NotFound if absent.
   Status remove(std::string_view key);
+  // Several writes at once (etcd's txn): if every compare holds, every op is applied in one
+  // revision, else nothing is written and the result is FailedPrecondition. A store lost during
+  // the call applied all of them or none. Each key at most once in `ops` (InvalidArgument);
+  // at most 64 ops. Returns the revision of the writes.
+  Result<int64_t> commit(const std::vector<ClusterCompare>& compares,
+                         const std::vector<ClusterOp>& ops);
   // Keys starting with `prefix` ("" = all of this cluster's metadata), sorted.
   Result<std::vector<ClusterKeyValue>> list(std::string_view prefix);
   // Changes to keys under `prefix` with revision >= from_revision (0: from now on).

@@ -25,14 +25,20 @@ struct RegionFsOptions {
   std::string token;  // cluster token of `servers`
   uint64_t memory_bytes = 1ull << 30;
   uint32_t threads = 4;  // FUSE worker threads at most
-  bool debug = false;    // libfuse's request log on stderr
+  // Every one-sided transfer and RPC to a farmemd gives up after this long (the call then fails
+  // with EIO): how long a read of data on a farmemd that stopped answering waits. 100..30000.
+  uint32_t op_timeout_ms = 5000;
+  // Every metadata-store (etcd) call gives up after this long (the change fails with EIO): how
+  // long a create waits for an etcd that stopped answering. 100..30000.
+  uint32_t meta_timeout_ms = 2000;
+  bool debug = false;  // libfuse's request log on stderr
   // Called once the mount is live (the FUSE session is mounted, requests will be served).
   std::function<void()> on_ready;
 };
 
 // Mounts and serves until unmounted (fusermount3 -u) or SIGINT/SIGTERM, then unmounts. Errors:
-// InvalidArgument (bad options), Unavailable (no /dev/fuse or the servers are unreachable),
-// IoError (mount failed).
+// InvalidArgument (bad options, e.g. a timeout out of its range), Unavailable (no /dev/fuse or the
+// servers are unreachable), IoError (mount failed).
 Status RunRegionFs(const RegionFsOptions& options);
 
 // rsetdefaultattr (the paper's per-thread defaults, docs/regions.md "Attributes"): `attr`

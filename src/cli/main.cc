@@ -148,6 +148,18 @@ int main(int argc, char** argv) {
   mount->add_option("--threads", mount_opts.threads, "FUSE worker threads at most (1..64)")
       ->capture_default_str();
   mount->add_flag("--debug", mount_opts.debug, "log every FUSE request on stderr");
+  mount
+      ->add_option("--op-timeout", mount_opts.op_timeout_ms,
+                   "ms a transfer or RPC to a farmemd may take before the call fails with EIO "
+                   "(100..30000)")
+      ->check(CLI::Range(100u, 30000u))
+      ->capture_default_str();
+  mount
+      ->add_option("--meta-timeout", mount_opts.meta_timeout_ms,
+                   "ms a metadata (etcd) call may take before the change fails with EIO "
+                   "(100..30000)")
+      ->check(CLI::Range(100u, 30000u))
+      ->capture_default_str();
 
   std::string regions_stat_mount;
   CLI::App* regions = app.add_subcommand("regions", "remote regions tools");

@@ -38,6 +38,18 @@ struct BackendRange {
   int64_t revision = 0;        // the store's revision the range was read at
 };
 
+// A condition of ClusterBackend::txn: the key holds `value`, or is absent (nullopt).
+struct BackendCompare {
+  std::string key;
+  std::optional<std::string> value;
+};
+// A write of ClusterBackend::txn (keys unbound from any lease). remove: absent is fine.
+struct BackendOp {
+  bool remove = false;
+  std::string key;
+  std::string value;
+};
+
 // Called with the events of one revision (or several consecutive ones), in revision order, one
 // call at a time per watch, on a thread of the backend's.
 using BackendWatchCallback = std::function<void(const std::vector<BackendEvent>&)>;
@@ -63,6 +75,10 @@ class ClusterBackend {
                               Clock::time_point deadline) = 0;
   // NotFound if absent. Returns the revision of the delete.
   virtual Result<int64_t> remove(std::string_view key, Clock::time_point deadline) = 0;
+  // If every compare holds, applies every op in one revision (returned); else FailedPrecondition
+  // and nothing is written. Keys in `ops` are distinct (the caller checks).
+  virtual Result<int64_t> txn(const std::vector<BackendCompare>& compares,
+                              const std::vector<BackendOp>& ops, Clock::time_point deadline) = 0;
   // The store's current revision.
   virtual Result<int64_t> revision(Clock::time_point deadline) = 0;
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "cluster/backend.h"
@@ -761,6 +762,36 @@ Status Cluster::remove(std::string_view key) {
     d.ForgetBoundKeyLocked(key);
   }
   return r.ok() ? Status::OK() : r.status();
+}
+
+Result<int64_t> Cluster::commit(const std::vector<ClusterCompare>& compares,
+                                const std::vector<ClusterOp>& ops) {
+  Impl& d = *impl_;
+  // etcd's default --max-txn-ops is 128; stay well inside it.
+  if (ops.empty() || ops.size() > 64 || compares.size() > 64)
+    return Status::InvalidArgument("commit: 1..64 ops and at most 64 compares");
+  std::vector<cluster::BackendCompare> cmp;
+  for (const ClusterCompare& c : compares) {
+    FARMEM_RETURN_IF_ERROR(ValidateClusterKey(c.key));
+    if (c.value) FARMEM_RETURN_IF_ERROR(ValidateValue(*c.value));
+    cmp.push_back({d.meta_prefix + c.key, c.value});
+  }
+  std::vector<cluster::BackendOp> bops;
+  std::set<std::string_view> seen;
+  for (const ClusterOp& op : ops) {
+    FARMEM_RETURN_IF_ERROR(ValidateClusterKey(op.key));
+    if (op.type == ClusterOp::Type::kPut) FARMEM_RETURN_IF_ERROR(ValidateValue(op.value));
+    // etcd refuses a txn that names a key twice ("duplicate key given in txn request").
+    if (!seen.insert(op.key).second)
+      return Status::InvalidArgument("commit: key '" + op.key + "' given twice");
+    bops.push_back({op.type == ClusterOp::Type::kRemove, d.meta_prefix + op.key, op.value});
+  }
+  auto r = d.Count(d.backend->txn(cmp, bops, d.Deadline()));
+  if (r.ok()) {
+    std::lock_guard l(d.mu);
+    for (const ClusterOp& op : ops) d.ForgetBoundKeyLocked(op.key);  // unbound now
+  }
+  return r;
 }
 
 Result<std::vector<ClusterKeyValue>> Cluster::list(std::string_view prefix) {

@@ -188,6 +188,46 @@ TEST_P(ClusterConformance, PutIfSemantics) {
   EXPECT_EQ(c->put_if("k", "v", -1).status().code(), Code::kInvalidArgument);
 }
 
+// commit: every op in one revision when every compare holds, nothing written otherwise.
+TEST_P(ClusterConformance, CommitAppliesAllOrNothing) {
+  auto c = Open();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->put("a", "1").ok());
+  ASSERT_TRUE(c->put("b", "2").ok());
+  using Op = ClusterOp;
+  const std::vector<Op> ops = {{Op::Type::kPut, "new", "x"},
+                               {Op::Type::kRemove, "a", ""},
+                               {Op::Type::kPut, "b", "3"},
+                               {Op::Type::kRemove, "never-there", ""}};
+  // A compare that fails: b is present, not absent; a value that differs; a value of an absent
+  // key. Nothing is written.
+  for (const auto& cmp : std::vector<std::vector<ClusterCompare>>{
+           {{"a", "1"}, {"b", std::nullopt}}, {{"a", "2"}}, {{"nokey", ""}}}) {
+    auto r = c->commit(cmp, ops);
+    EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << r.status().ToString();
+    EXPECT_EQ(ValueOf(*c, "a"), "1");
+    EXPECT_EQ(ValueOf(*c, "b"), "2");
+    EXPECT_EQ(c->get("new").status().code(), Code::kNotFound) << "a failed commit wrote";
+  }
+  auto rev = c->commit({{"a", "1"}, {"new", std::nullopt}}, ops);
+  ASSERT_TRUE(rev.ok()) << rev.status().ToString();
+  EXPECT_EQ(c->get("a").status().code(), Code::kNotFound);
+  auto n = c->get("new");
+  auto b = c->get("b");
+  ASSERT_TRUE(n.ok() && b.ok());
+  EXPECT_EQ(n->value, "x");
+  EXPECT_EQ(b->value, "3");
+  EXPECT_EQ(n->mod_revision, *rev) << "not one revision";
+  EXPECT_EQ(b->mod_revision, *rev) << "not one revision";
+  // Refused before anything is sent: a key twice, no ops, a bad key.
+  EXPECT_EQ(
+      c->commit({}, {{Op::Type::kPut, "d", "1"}, {Op::Type::kRemove, "d", ""}}).status().code(),
+      Code::kInvalidArgument);
+  EXPECT_EQ(c->commit({}, {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->commit({}, {{Op::Type::kPut, "", "1"}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->get("d").status().code(), Code::kNotFound);
+}
+
 // Exactly one of 8 simultaneous creates wins; the others see FailedPrecondition.
 TEST_P(ClusterConformance, PutIfCreateRaceEightThreads) {
   auto c = Open();

@@ -578,6 +578,40 @@ class EtcdBackend : public ClusterBackend {
     return Revision(resp, what);
   }
 
+  Result<int64_t> txn(const std::vector<BackendCompare>& compares,
+                      const std::vector<BackendOp>& ops, Clock::time_point deadline) override {
+    const std::string what = "txn of " + std::to_string(ops.size()) + " op(s)" +
+                             (ops.empty() ? "" : " (" + Printable(ops.front().key) + ", ...)");
+    Json cmp = Json::array();
+    for (const BackendCompare& c : compares) {
+      Json j = {{"key", etcdjson::Base64Encode(c.key)}, {"result", "EQUAL"}};
+      if (c.value) {
+        j["target"] = "VALUE";
+        j["value"] = etcdjson::Base64Encode(*c.value);
+      } else {
+        // Absent <=> create_revision 0 (as in put_if).
+        j["target"] = "CREATE";
+        j["create_revision"] = "0";
+      }
+      cmp.push_back(std::move(j));
+    }
+    Json success = Json::array();
+    for (const BackendOp& op : ops) {
+      if (op.remove)
+        success.push_back(
+            Json{{"request_delete_range", Json{{"key", etcdjson::Base64Encode(op.key)}}}});
+      else
+        success.push_back(Json{{"request_put", Json{{"key", etcdjson::Base64Encode(op.key)},
+                                                    {"value", etcdjson::Base64Encode(op.value)}}}});
+    }
+    Json req = {{"compare", cmp}, {"success", success}, {"failure", Json::array()}};
+    FARMEM_ASSIGN_OR_RETURN(Json resp, core_->Call("/v3/kv/txn", req, deadline, what));
+    FARMEM_ASSIGN_OR_RETURN(bool ok, etcdjson::Bool(resp, "succeeded"));
+    if (!ok)
+      return Status::FailedPrecondition("etcd " + what + ": a compare failed; nothing written");
+    return Revision(resp, what);
+  }
+
   Result<int64_t> revision(Clock::time_point deadline) override {
     // maintenance/status: answers without any key permission, so a restricted user can ask too.
     FARMEM_ASSIGN_OR_RETURN(

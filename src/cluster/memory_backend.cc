@@ -341,6 +341,51 @@ class MemoryBackend final : public ClusterBackend {
     return rev;
   }
 
+  Result<int64_t> txn(const std::vector<BackendCompare>& compares,
+                      const std::vector<BackendOp>& ops, Clock::time_point deadline) override {
+    auto l = Enter(deadline);
+    if (!l.owns_lock()) return Unreachable();
+    Store& s = *store_;
+    for (const BackendCompare& c : compares) {
+      auto it = s.kvs.find(c.key);
+      bool holds =
+          c.value ? (it != s.kvs.end() && it->second.value == *c.value) : it == s.kvs.end();
+      if (!holds)
+        return Status::FailedPrecondition(
+            "txn: key '" + c.key + "' is " + (it == s.kvs.end() ? "absent" : "present") +
+            (c.value ? ", not the expected value" : "") + "; nothing written");
+    }
+    // Like etcd: the whole transaction is one revision (watchers see its events together).
+    int64_t rev = ++s.revision;
+    for (const BackendOp& op : ops) {
+      auto it = s.kvs.find(op.key);
+      if (it != s.kvs.end() && it->second.lease != 0) {
+        auto li = s.leases.find(it->second.lease);
+        if (li != s.leases.end()) li->second.keys.erase(it->first);
+      }
+      if (op.remove) {
+        if (it == s.kvs.end()) continue;
+        s.AppendDeleteLocked(it->first, rev);
+        s.kvs.erase(it);
+        continue;
+      }
+      if (it == s.kvs.end()) {
+        BackendKv kv;
+        kv.key = op.key;
+        kv.create_revision = rev;
+        it = s.kvs.emplace(kv.key, std::move(kv)).first;
+      }
+      it->second.value = op.value;
+      it->second.mod_revision = rev;
+      it->second.lease = 0;
+      BackendEvent ev;
+      ev.kv = it->second;
+      s.AppendLocked(std::move(ev));
+    }
+    s.changed.notify_all();
+    return rev;
+  }
+
   Result<int64_t> revision(Clock::time_point deadline) override {
     auto l = Enter(deadline);
     if (!l.owns_lock()) return Unreachable();

@@ -58,6 +58,10 @@ namespace {
 //     removal leaves a record naming memory the server may hand to someone else);
 //   no_io_errors: a read or write whose remote transfers failed reports success (a read then
 //     returns whatever its buffer held);
+//   split_rename: rename writes its records one at a time instead of in one transaction (cut
+//     short between two of them, it leaves two names for one inode);
+//   no_truncate_rollback: a shrink whose tail zeroing failed keeps its new size (the EIO then
+//     comes with the size changed and the cut bytes still in the chunk);
 //   keep_orphans: Load refuses inode records no name leads to (left by a delete or create cut
 //     short by a failed metadata write) instead of dropping them.
 bool Fault(std::string_view name) {
@@ -208,6 +212,17 @@ class ClusterMeta : public MetaStore {
   Status remove(std::string_view key) override {
     Status s = c_.remove(prefix_ + std::string(key));
     return s.code() == Code::kNotFound ? Status::OK() : s;
+  }
+  Status commit(const std::vector<MetaCheck>& checks,
+                const std::vector<MetaWrite>& writes) override {
+    std::vector<ClusterCompare> cmp;
+    for (const MetaCheck& c : checks) cmp.push_back({prefix_ + c.key, c.value});
+    std::vector<ClusterOp> ops;
+    for (const MetaWrite& w : writes)
+      ops.push_back({w.value ? ClusterOp::Type::kPut : ClusterOp::Type::kRemove, prefix_ + w.key,
+                     w.value.value_or("")});
+    auto r = c_.commit(cmp, ops);
+    return r.ok() ? Status::OK() : r.status();
   }
   Result<std::vector<std::pair<std::string, std::string>>> list(std::string_view prefix) override {
     FARMEM_ASSIGN_OR_RETURN(auto kvs, c_.list(prefix_ + std::string(prefix)));
@@ -729,34 +744,81 @@ Status RegionStore::rename(uint64_t parent, std::string_view name, uint64_t new_
       if (replaced->is_dir() && !replaced->children.empty())
         return Err(ENOTEMPTY, std::string(new_name));
     }
-    uint64_t ino = moving->rec.h.ino;
-    FARMEM_RETURN_IF_ERROR(PersistDirent(new_parent, new_name, ino));
-    FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
+    // Every record the rename changes goes to the store in one transaction, checked against
+    // the names as this store knows them: cut short (etcd lost), it changed nothing, so a reload
+    // never finds two names for one inode. Memory follows once the store has it.
+    const uint64_t ino = moving->rec.h.ino;
+    const int64_t now = NowNs();
+    auto dirent = [](uint64_t dir, std::string_view n) {
+      return "dirent/" + std::to_string(dir) + "/" + std::string(n);
+    };
+    auto direntValue = [](uint64_t child) {
+      DirentRecord d{child};
+      return std::string(reinterpret_cast<const char*>(&d), sizeof(d));
+    };
+    std::vector<MetaCheck> checks{{dirent(parent, name), direntValue(ino)}};
+    checks.push_back(
+        {dirent(new_parent, new_name),
+         replaced ? std::optional<std::string>(direntValue(replaced->rec.h.ino)) : std::nullopt});
+    std::vector<MetaWrite> writes{{dirent(new_parent, new_name), direntValue(ino)},
+                                  {dirent(parent, name), std::nullopt}};
+    InodeRecord from_next = from->rec, to_next = to->rec, moving_next = moving->rec;
+    InodeRecord& tn = to == from ? from_next : to_next;  // the target directory's next record
+    std::optional<InodeRecord> replaced_next;
+    const bool moves_dir = moving->is_dir() && parent != new_parent;
+    if (replaced) {
+      if (replaced->is_dir()) {
+        --tn.h.nlink;
+        writes.push_back({"inode/" + std::to_string(replaced->rec.h.ino), std::nullopt});
+      } else {
+        // As DropLink: a file with no name left keeps its record until it is reclaimed (a
+        // record no name leads to is dropped at load).
+        replaced_next = replaced->rec;
+        if (replaced_next->h.nlink > 0) --replaced_next->h.nlink;
+        replaced_next->h.ctime_ns = now;
+        if (replaced_next->h.nlink > 0)
+          writes.push_back(
+              {"inode/" + std::to_string(replaced->rec.h.ino), EncodeInode(*replaced_next)});
+      }
+    }
+    if (moves_dir) {
+      --from_next.h.nlink;
+      ++tn.h.nlink;
+    }
+    from_next.h.mtime_ns = from_next.h.ctime_ns = now;
+    tn.h.mtime_ns = tn.h.ctime_ns = now;
+    moving_next.h.ctime_ns = now;
+    writes.push_back({"inode/" + std::to_string(from->rec.h.ino), EncodeInode(from_next)});
+    if (to != from)
+      writes.push_back({"inode/" + std::to_string(to->rec.h.ino), EncodeInode(to_next)});
+    writes.push_back({"inode/" + std::to_string(ino), EncodeInode(moving_next)});
+    if (Fault("split_rename")) {
+      // The old way: one write after the other; a failure leaves the ones before it.
+      for (const MetaWrite& w : writes)
+        FARMEM_RETURN_IF_ERROR(w.value ? meta_.put(w.key, *w.value) : meta_.remove(w.key));
+    } else {
+      Status c = meta_.commit(checks, writes);
+      if (!c.ok())
+        return c.code() == Code::kFailedPrecondition
+                   ? Err(EIO, "rename: the metadata store's names differ from this mount's: " +
+                                  c.ToString())
+                   : c;
+    }
     from->children.erase(it);
     if (replaced) {
       to->children.erase(std::string(new_name));
       if (replaced->is_dir()) {
-        --to->rec.h.nlink;
-        (void)meta_.remove("inode/" + std::to_string(replaced->rec.h.ino));
         inodes_.erase(replaced->rec.h.ino);
         replaced.reset();
       } else {
-        FARMEM_RETURN_IF_ERROR(DropLink(replaced));
+        replaced->rec = std::move(*replaced_next);
       }
     }
     to->children.emplace(std::string(new_name), ino);
-    if (moving->is_dir() && parent != new_parent) {
-      --from->rec.h.nlink;
-      ++to->rec.h.nlink;
-      moving->parent = new_parent;
-    }
-    int64_t now = NowNs();
-    from->rec.h.mtime_ns = from->rec.h.ctime_ns = now;
-    to->rec.h.mtime_ns = to->rec.h.ctime_ns = now;
-    moving->rec.h.ctime_ns = now;
-    FARMEM_RETURN_IF_ERROR(Persist(*from));
-    if (to != from) FARMEM_RETURN_IF_ERROR(Persist(*to));
-    FARMEM_RETURN_IF_ERROR(Persist(*moving));
+    if (moves_dir) moving->parent = new_parent;
+    from->rec = std::move(from_next);
+    if (to != from) to->rec = std::move(to_next);
+    moving->rec = std::move(moving_next);
   }
   if (replaced) MaybeReclaim(replaced);
   return Status::OK();
@@ -821,21 +883,48 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   if (req.atime_ns) h.atime_ns = *req.atime_ns;
   if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
   h.ctime_ns = now;
+  const InodeRecord before = in->rec;
   FARMEM_RETURN_IF_ERROR(Commit(*in, std::move(next)));
+  // Zeroed after the commit, so a truncate the store refused leaves the bytes as they were. No
+  // read or write runs meanwhile (io is held) and reclaim waits for io too; the chunks cut off
+  // are freed only once the zeroing is done, so a rollback can give them back to the map.
+  Status z;
+  if (!tail.empty()) {
+    lk.unlock();
+    z = options_.fail_step && options_.fail_step("truncate_tail")
+            ? Err(EIO, "remote write: the tail zeroing failed (test hook)")
+            : RunPieces(Sched(), tail, true);
+    remote_writes_++;
+    lk.lock();
+    if (!z.ok() && !Fault("no_truncate_rollback")) {
+      // The tail still holds the cut bytes: put the old size, map and times back, so the EIO
+      // leaves the file as it was. Only the fields this call changed: a setxattr or unlink may
+      // have changed the record meanwhile (they take mu_ only).
+      InodeRecord back = in->rec;
+      back.h.size = before.h.size;
+      back.map = before.map;
+      back.h.mode = before.h.mode;
+      back.h.uid = before.h.uid;
+      back.h.gid = before.h.gid;
+      back.h.atime_ns = before.h.atime_ns;
+      back.h.mtime_ns = before.h.mtime_ns;
+      back.h.ctime_ns = before.h.ctime_ns;
+      Status r = Commit(*in, std::move(back));
+      if (r.ok()) return z;
+      // Both failed: the store has the new size and so does memory; the bytes past it in the
+      // last chunk were not zeroed (docs/regions.md "Failures").
+      FARMEM_LOG_WARN(
+          "regions: truncate of inode {}: tail zeroing failed ({}) and so did the "
+          "rollback ({}); the size stays changed",
+          ino, z.ToString(), r.ToString());
+    }
+  }
   // Handles of this inode keep what was cut until the last one goes (docs/regions.md).
   if (in->opens > 0 && !Fault("no_pin"))
     in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
   else
     for (MapEntry e : cut) FreeChunk(e);
-  // Zeroed after the commit, so a truncate the store refused leaves the bytes as they were. No
-  // read or write runs before it is done (io is held); the chunk stays (io also keeps reclaim
-  // out). If the zeroing fails the size has changed, and the truncate reports EIO.
-  if (!tail.empty()) {
-    lk.unlock();
-    FARMEM_RETURN_IF_ERROR(RunPieces(Sched(), tail, true));
-    remote_writes_++;
-    lk.lock();
-  }
+  if (!z.ok()) return z;
   return AttrOf(*in);
 }
 

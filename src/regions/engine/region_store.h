@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,11 +32,26 @@ namespace farmem::regions {
 // Where the store keeps its metadata: a small key/value interface so the cluster store
 // (memory:// for one mount, etcd for several) can be swapped. Keys are relative to the store's
 // prefix. Thread-safe.
+// A write of MetaStore::commit: put `value`, or remove the key (value unset; OK if absent).
+struct MetaWrite {
+  std::string key;
+  std::optional<std::string> value;
+};
+// A condition of MetaStore::commit: the key holds `value`, or is absent (value unset).
+struct MetaCheck {
+  std::string key;
+  std::optional<std::string> value;
+};
+
 class MetaStore {
  public:
   virtual ~MetaStore() = default;
   virtual Status put(std::string_view key, std::string_view value) = 0;
   virtual Status remove(std::string_view key) = 0;  // OK if absent
+  // Every write or none (the cluster store's transaction; etcd's txn): applied only if every
+  // check holds (FailedPrecondition otherwise). Each key at most once; at most 64 writes.
+  virtual Status commit(const std::vector<MetaCheck>& checks,
+                        const std::vector<MetaWrite>& writes) = 0;
   virtual Result<std::vector<std::pair<std::string, std::string>>> list(
       std::string_view prefix) = 0;
 };
@@ -56,6 +72,9 @@ struct RegionStoreOptions {
   // Attribute flags of the root directory when the metadata holds none (new namespace).
   uint16_t root_attrs = 0;
   uint32_t root_mode = 0755;
+  // Test hook: a named step ("truncate_tail": a shrink's zeroing of its last chunk's tail) fails
+  // as a failed remote transfer would (EIO) when this returns true for its name. Unset: never.
+  std::function<bool(std::string_view step)> fail_step;
 };
 
 // What stat() reports; times in nanoseconds since the epoch.

@@ -1,12 +1,15 @@
 // RegionStore when its metadata writes fail (the cluster store unreachable, docs/regions.md
 // "Failures"): a failed change leaves the live namespace as it was, an empty unit whose record
 // cannot be removed stays allocated, and records left by a delete cut short do not keep the
-// namespace from loading. FARMEM_REGIONS_FAULT=no_meta_rollback|free_unit_first|keep_orphans
-// removes one protection; the test guarding it fails. Main thread only.
+// namespace from loading; a rename cut short leaves one name, and a truncate whose tail zeroing
+// fails leaves the old size and bytes. FARMEM_REGIONS_FAULT=no_meta_rollback|free_unit_first|
+// keep_orphans|split_rename|no_truncate_rollback removes one protection; the test guarding it
+// fails. Main thread only.
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,19 +30,34 @@ class FlakyMeta : public MetaStore {
  public:
   explicit FlakyMeta(MetaStore& real) : real_(real) {}
   Status put(std::string_view key, std::string_view value) override {
-    if (down) return Status::Unavailable("test: the cluster store is down");
+    if (Down()) return Status::Unavailable("test: the cluster store is down");
     return real_.put(key, value);
   }
   Status remove(std::string_view key) override {
-    if (down) return Status::Unavailable("test: the cluster store is down");
+    if (Down()) return Status::Unavailable("test: the cluster store is down");
     return real_.remove(key);
+  }
+  Status commit(const std::vector<MetaCheck>& checks,
+                const std::vector<MetaWrite>& writes) override {
+    if (Down()) return Status::Unavailable("test: the cluster store is down");
+    return real_.commit(checks, writes);
   }
   Result<std::vector<std::pair<std::string, std::string>>> list(std::string_view prefix) override {
     return real_.list(prefix);
   }
   std::atomic<bool> down{false};
+  // >= 0: that many more writes (put, remove or commit: one call each) go through, then the
+  // store is down (a change cut short after its first N writes).
+  std::atomic<int> writes_left{-1};
 
  private:
+  bool Down() {
+    if (down) return true;
+    if (writes_left.load() < 0) return false;
+    if (writes_left.load() == 0) return true;
+    --writes_left;
+    return false;
+  }
   MetaStore& real_;
 };
 
@@ -184,6 +202,96 @@ TEST_F(RegionStoreMetaTest, RecordsOfADeleteCutShortDoNotKeepTheNamespaceFromLoa
   EXPECT_EQ(ErrnoOf(store_->getattr(f->ino).status()), ENOENT);
   // The leftover record is gone from the store too.
   EXPECT_EQ(env_.meta->list("inode/" + std::to_string(f->ino))->size(), 0u);
+}
+
+TEST_F(RegionStoreMetaTest, ARenameCutShortLeavesExactlyOneName) {
+  auto d = store_->mkdir(kRootIno, "d", 0755, who_);
+  ASSERT_TRUE(d.ok());
+  // For every point a rename can be cut at (its first k metadata writes go through), into
+  // another directory and over an existing file: the live store and a reload both see the file
+  // under exactly one of its two names, with its bytes.
+  int renamed = 0;
+  for (int k = 0; k < 8; ++k) {
+    for (bool over : {false, true}) {
+      const std::string a = "a" + std::to_string(k) + (over ? "o" : "");
+      const std::string b = "b" + std::to_string(k) + (over ? "o" : "");
+      auto f = store_->create(kRootIno, a, 0644, who_);
+      ASSERT_TRUE(f.ok());
+      auto data = RandomBytes(2000, static_cast<uint32_t>(k));
+      ASSERT_TRUE(store_->write(f->ino, 0, data).ok());
+      uint64_t target_dir = over ? kRootIno : d->ino;
+      if (over) {
+        auto t = store_->create(target_dir, b, 0644, who_);
+        ASSERT_TRUE(t.ok());
+        ASSERT_TRUE(store_->write(t->ino, 0, RandomBytes(100, 99)).ok());
+      }
+      meta_->writes_left = k;
+      Status r = store_->rename(kRootIno, a, target_dir, b, false);
+      meta_->writes_left = -1;
+      if (r.ok()) ++renamed;
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1) {
+          store_.reset();
+          auto s = RegionStore::Open(*env_.node, *meta_, env_.options);
+          ASSERT_TRUE(s.ok()) << "cut after " << k << " write(s): the namespace no longer loads: "
+                              << s.status().ToString();
+          store_ = std::move(*s);
+        }
+        auto at_a = store_->lookup(kRootIno, a);
+        auto at_b = store_->lookup(target_dir, b);
+        bool a_is_f = at_a.ok() && at_a->ino == f->ino;
+        bool b_is_f = at_b.ok() && at_b->ino == f->ino;
+        EXPECT_NE(a_is_f, b_is_f) << "cut after " << k << " write(s), "
+                                  << (pass ? "reloaded" : "live") << ": the file has "
+                                  << (a_is_f ? "two names" : "no name");
+        EXPECT_EQ(b_is_f, r.ok()) << "the rename's result and the namespace disagree";
+        std::vector<std::byte> back(2000);
+        auto n = store_->read(f->ino, 0, back);
+        ASSERT_TRUE(n.ok()) << n.status().ToString();
+        EXPECT_EQ(back, data);
+      }
+    }
+  }
+  EXPECT_GT(renamed, 0) << "no rename went through";
+}
+
+TEST_F(RegionStoreMetaTest, ATruncateWhoseTailZeroingFailsChangesNothing) {
+  bool fail = false;
+  env_.options.fail_step = [&fail](std::string_view step) {
+    return fail && step == "truncate_tail";
+  };
+  Reopen();
+  auto f = store_->create(kRootIno, "f", 0644, who_);
+  ASSERT_TRUE(f.ok());
+  auto data = RandomBytes(kChunkBytes + 3000, 21);
+  ASSERT_TRUE(store_->write(f->ino, 0, data).ok());
+  SetAttrRequest shrink;
+  shrink.size = 1000;
+  fail = true;
+  EXPECT_EQ(ErrnoOf(store_->setattr(f->ino, shrink).status()), EIO);
+  fail = false;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) Reopen();
+    auto a = store_->getattr(f->ino);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->size, data.size())
+        << (pass ? "reloaded" : "live") << ": a truncate that reported EIO changed the size";
+    EXPECT_EQ(a->chunks, 2u) << "a truncate that reported EIO cut chunks";
+    std::vector<std::byte> back(data.size());
+    auto n = store_->read(f->ino, 0, back);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(back, data) << "a truncate that reported EIO changed the bytes";
+  }
+  // Without the failure it goes through, and the cut bytes read zero after a grow.
+  ASSERT_TRUE(store_->setattr(f->ino, shrink).ok());
+  SetAttrRequest grow;
+  grow.size = 4000;
+  ASSERT_TRUE(store_->setattr(f->ino, grow).ok());
+  std::vector<std::byte> back(4000);
+  ASSERT_TRUE(store_->read(f->ino, 0, back).ok());
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + 1000, data.begin()));
+  EXPECT_TRUE(
+      std::all_of(back.begin() + 1000, back.end(), [](std::byte x) { return x == std::byte{0}; }));
 }
 
 }  // namespace

@@ -828,6 +828,15 @@ Status RunRegionFs(const RegionFsOptions& o) {
     return Status::Unavailable("regions: /dev/fuse is missing or not usable");
   if (o.threads == 0 || o.threads > 64)
     return Status::InvalidArgument("regions: threads must be 1..64");
+  // Bounded both ways: 0 would fail every call, and past 30 s a FUSE request (and the process
+  // waiting in it) sits longer than any tool expects; the store's own wait for a call's transfers
+  // (60 s) must stay the longer one.
+  if (o.op_timeout_ms < 100 || o.op_timeout_ms > 30000)
+    return Status::InvalidArgument("regions: --op-timeout " + std::to_string(o.op_timeout_ms) +
+                                   " ms is out of range (100..30000 ms)");
+  if (o.meta_timeout_ms < 100 || o.meta_timeout_ms > 30000)
+    return Status::InvalidArgument("regions: --meta-timeout " + std::to_string(o.meta_timeout_ms) +
+                                   " ms is out of range (100..30000 ms)");
   StopSignalsBlocked signals;  // before any thread starts
   std::string token = o.token;
   std::unique_ptr<MemoryServer> server;
@@ -853,12 +862,14 @@ Status RunRegionFs(const RegionFsOptions& o) {
   co.url = o.cluster_url.empty() ? "memory://regions" : o.cluster_url;
   co.cluster_name = o.cluster_name;
   co.create_if_missing = true;
+  co.call_timeout = std::chrono::milliseconds(o.meta_timeout_ms);
   FARMEM_ASSIGN_OR_RETURN(auto cluster, Cluster::Open(co));
   auto meta = regions::NewClusterMetaStore(*cluster);
   NodeConfig nc;
   nc.name = "regions-mount";
   nc.transport.backend = "tcp";
   nc.transport.cluster_token = token;
+  nc.transport.op_timeout = std::chrono::milliseconds(o.op_timeout_ms);
   FARMEM_ASSIGN_OR_RETURN(auto node, Node::Create(nc));
   FARMEM_RETURN_IF_ERROR(node->start());
   so.root_mode = 0755;
