@@ -48,12 +48,14 @@ Result<pid_t> SpawnRedis(const std::string& path, uint16_t port, const std::stri
       ::dup2(devnull, 1);
       ::dup2(devnull, 2);
     }
-    // --bind takes several addresses; without an extra one the argument list ends early.
+    // --bind takes several addresses; without an extra one the argument list ends early. With
+    // one, protected mode (no password: loopback clients only) is off: the extra address is a
+    // private namespace bridge of the benchmark's own, and its clients are in other namespaces.
     const char* extra = extra_bind.empty() ? nullptr : extra_bind.c_str();
     if (extra)
       ::execl(path.c_str(), path.c_str(), "--port", port_s.c_str(), "--bind", "127.0.0.1", extra,
-              "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp",
-              static_cast<char*>(nullptr));
+              "--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no",
+              "--dir", "/tmp", static_cast<char*>(nullptr));
     else
       ::execl(path.c_str(), path.c_str(), "--port", port_s.c_str(), "--bind", "127.0.0.1", "--save",
               "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp",
