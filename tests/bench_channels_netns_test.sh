@@ -16,7 +16,7 @@ MPIRUN="${MPIRUN:-/usr/bin/mpirun}" # the benchmark's default --mpirun
 MPI_PROGRAM="$(dirname "$FARMEM")/farmem_mpi_channels"
 [[ -x "$MPI_PROGRAM" ]] || skip "$MPI_PROGRAM not built (no MPI development files?)"
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/bench_channels_netns"
-SMALL=(--rounds 5 --seconds 0.1 --episodes 30 --accounts 3000 --locks-per-node 8)
+SMALL=(--rounds 5 --episodes 30 --accounts 3000 --locks-per-node 8)
 
 # Processes of ours that may outlive a run: this build's farmem/farmem_mpi_channels (by path), and
 # mpirun/orted/redis-server/memcached started since the test began that still sit in a network
@@ -50,7 +50,7 @@ fi
 
 # 1. A whole quick run: every target, judged on 5 rounds, with the namespaces recorded.
 start=$(date +%s%N)
-"$BENCH" --farmem "$FARMEM" --json "$WORK/ch.json" --quick -- "${SMALL[@]}" \
+"$BENCH" --farmem "$FARMEM" --json "$WORK/ch.json" --quick -- "${SMALL[@]}" --seconds 0.1 \
   >"$WORK/run.out" 2>"$WORK/run.err" || fail "the benchmark failed"
 [[ -z "$(leftovers)" ]] || fail "left after a run: $(leftovers)"
 python3 - "$WORK/ch.json" "$NETNS_PREFIX" <<'EOF' || fail "ch.json lacks targets or the namespaces"
@@ -91,8 +91,9 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [[ -n "$node2" ]] || { stop_process "$bench"; fail "no channels node within 60 s"; }
+where="$(ip netns identify "$node2" 2>/dev/null || true)"
 kill -KILL "$node2"
-log "killed node 2 (pid $node2, in $(ip netns identify "$node2" 2>/dev/null || echo '?'))"
+log "killed node 2 (pid $node2, in namespace ${where:-?})"
 for _ in $(seq 1200); do
   grep -q '^round 1 transfer farmem:' "$WORK/kill.out" && break
   kill -0 "$bench" 2>/dev/null || break
