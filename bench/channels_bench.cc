@@ -1,10 +1,14 @@
 // `farmem bench channels` (bench/README.md): starts 3 `farmem bench channels-node` processes per
 // farmem run and `mpirun -np 3 farmem_mpi_channels` per baseline run, alternating them round by
-// round, and judges the targets on per-round ratios. Main thread only.
+// round, and judges the targets on per-round ratios. With --netns each of them runs in its
+// own network namespace (docs/channels.md, "Benchmark"). Main thread, plus the baseline clients'
+// threads that enter the other namespaces.
 #include "channels_bench.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,9 +19,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,6 +46,109 @@ using bench::TargetRecord;
 using bench::TargetResult;
 
 constexpr int kNodes = 3;
+// With --netns: the participants' bootstrap ports (one per run, cycling through 2000).
+constexpr int kNetnsBasePort = 7500;
+
+// A participant's network namespace (--netns NAME=IP).
+struct Namespace {
+  std::string name, ip;
+};
+
+Result<std::vector<Namespace>> ParseNetns(const std::vector<std::string>& specs) {
+  std::vector<Namespace> out;
+  if (specs.empty()) return out;
+  if (specs.size() != static_cast<size_t>(kNodes))
+    return Status::InvalidArgument(
+        fmt::format("--netns needs {} NAME=IP entries, got {}", kNodes, specs.size()));
+  for (const auto& s : specs) {
+    const size_t eq = s.find('=');
+    in_addr a{};
+    if (eq == std::string::npos || eq == 0 || ::inet_pton(AF_INET, s.c_str() + eq + 1, &a) != 1)
+      return Status::InvalidArgument("--netns entry '" + s + "' is not NAME=IPV4");
+    out.push_back({s.substr(0, eq), s.substr(eq + 1)});
+    if (::access(("/run/netns/" + out.back().name).c_str(), R_OK) != 0)
+      return Status::NotFound("network namespace " + out.back().name + " does not exist");
+  }
+  return out;
+}
+
+// The /24 of the first namespace's address (scripts/netns_cluster puts all three on one /24
+// bridge): MPI's and PMIx's interface filter. "" without namespaces.
+std::string Subnet(const std::vector<Namespace>& netns) {
+  if (netns.empty()) return "";
+  return netns[0].ip.substr(0, netns[0].ip.rfind('.')) + ".0/24";
+}
+
+// Runs `fn` on a new thread that first moves into network namespace `ns` (setns affects only
+// the calling thread, and threads it starts inherit it): the baseline clients' sockets are
+// then in that namespace while the rest of the benchmark stays where it is.
+template <class T>
+Result<T> InNetns(const std::string& ns, const std::function<Result<T>()>& fn) {
+  std::optional<Result<T>> out;
+  std::thread t([&] {
+    const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      out.emplace(Status::FromErrno("open /run/netns/" + ns, errno));
+      return;
+    }
+    const int rc = ::setns(fd, CLONE_NEWNET);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) {
+      out.emplace(Status::FromErrno("setns " + ns, err));
+      return;
+    }
+    out.emplace(fn());
+  });
+  t.join();
+  return std::move(*out);
+}
+
+// The same `fn(clients)` in several namespaces at once, `total` clients split between them
+// (the first ones get the remainder); returns the sum of their rates.
+Result<double> SplitAcross(const std::vector<std::string>& namespaces, int total,
+                           const std::function<Result<double>(int clients)>& fn) {
+  const int n = static_cast<int>(namespaces.size());
+  std::vector<std::optional<Result<double>>> out(namespaces.size());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; i++) {
+    const int clients = total / n + (i < total % n ? 1 : 0);
+    threads.emplace_back([&, i, clients] {
+      out[static_cast<size_t>(i)].emplace(InNetns<double>(namespaces[static_cast<size_t>(i)],
+                                                          [&fn, clients] { return fn(clients); }));
+    });
+  }
+  for (auto& t : threads) t.join();
+  double sum = 0;
+  for (auto& r : out) {
+    if (!r->ok()) return r->status();
+    sum += **r;
+  }
+  return sum;
+}
+
+// `fn` in the baseline servers' namespace (on this thread when there is none).
+Result<int> InBaselineServerNs(const std::string& ns, const std::function<Result<int>()>& fn) {
+  return ns.empty() ? fn() : InNetns<int>(ns, fn);
+}
+
+// A server role run inside namespace `ns` (the child of TargetProcess::Fork enters it first, so
+// the server and its readiness checks live there).
+bench::TargetRole RoleInNetns(std::string ns, bench::TargetRole role) {
+  if (ns.empty()) return role;
+  return [ns, role](int report_fd, int control_fd) {
+    const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    const int rc = fd < 0 ? -1 : ::setns(fd, CLONE_NEWNET);
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (rc != 0) {
+      (void)bench::WriteMessage(
+          report_fd, false, Status::FromErrno("entering network namespace " + ns, err).ToString());
+      return;
+    }
+    role(report_fd, control_fd);
+  };
+}
 
 std::string NextToSelf(const std::string& name) {
   std::error_code ec;
@@ -101,41 +210,55 @@ Result<std::vector<nlohmann::json>> Collect(std::vector<pid_t> pids, std::vector
 
 class Runner {
  public:
-  Runner(const ChannelsBenchOptions& o, std::string log) : o_(o), log_(std::move(log)) {}
+  Runner(const ChannelsBenchOptions& o, std::string log, std::vector<Namespace> netns,
+         std::string ip_tool)
+      : o_(o), log_(std::move(log)), netns_(std::move(netns)), ip_(std::move(ip_tool)) {}
 
-  // One farmem run of `workload`: 3 participants on fresh loopback ports.
+  // One farmem run of `workload`: 3 participants on fresh loopback ports, or one per namespace.
   Result<std::vector<nlohmann::json>> Farmem(const std::string& workload, double seconds,
                                              int rounds, long accounts = 0) {
     std::string peers;
     for (int i = 0; i < kNodes; i++) {
+      if (!netns_.empty()) {
+        // Fresh namespaces hold nothing but these runs: a port of its own per run (cycling
+        // through 2000) never meets an earlier run's connections in TIME_WAIT.
+        peers += fmt::format("{}{}:{}", i ? "," : "", netns_[static_cast<size_t>(i)].ip,
+                             kNetnsBasePort + netns_runs_ % 2000);
+        continue;
+      }
       auto port = bench::PickFreePort();
       if (!port.ok()) return port.status();
       peers += fmt::format("{}127.0.0.1:{}", i ? "," : "", *port);
     }
+    netns_runs_++;
     std::vector<pid_t> pids;
     std::vector<int> fds;
     for (int i = 1; i <= kNodes; i++) {
-      std::vector<std::string> args = {NextToSelf("farmem"),
-                                       "bench",
-                                       "channels-node",
-                                       "--id",
-                                       std::to_string(i),
-                                       "--peers",
-                                       peers,
-                                       "--backend",
-                                       o_.backend,
-                                       "--workload",
-                                       workload,
-                                       "--seconds",
-                                       fmt::format("{}", seconds),
-                                       "--accounts",
-                                       std::to_string(accounts > 0 ? accounts : o_.accounts),
-                                       "--locks-per-node",
-                                       std::to_string(o_.locks_per_node),
-                                       "--episodes",
-                                       std::to_string(o_.episodes),
-                                       "--rounds",
-                                       std::to_string(rounds)};
+      std::vector<std::string> args;
+      if (!netns_.empty()) args = {ip_, "netns", "exec", netns_[static_cast<size_t>(i - 1)].name};
+      for (const auto& a :
+           std::initializer_list<std::string>{NextToSelf("farmem"),
+                                              "bench",
+                                              "channels-node",
+                                              "--id",
+                                              std::to_string(i),
+                                              "--peers",
+                                              peers,
+                                              "--backend",
+                                              o_.backend,
+                                              "--workload",
+                                              workload,
+                                              "--seconds",
+                                              fmt::format("{}", seconds),
+                                              "--accounts",
+                                              std::to_string(accounts > 0 ? accounts : o_.accounts),
+                                              "--locks-per-node",
+                                              std::to_string(o_.locks_per_node),
+                                              "--episodes",
+                                              std::to_string(o_.episodes),
+                                              "--rounds",
+                                              std::to_string(rounds)})
+        args.push_back(a);
       auto r = SpawnWithPipe(args);
       if (!r.ok()) {
         for (pid_t p : pids) bench::KillAndReap(p, 0ms);
@@ -148,17 +271,38 @@ class Runner {
     return Collect(pids, fds, Budget(seconds * std::max(1, 2 * rounds)));
   }
 
-  // One MPI run of `workload` under mpirun (3 ranks).
+  // One MPI run of `workload` under mpirun (3 ranks). With namespaces: mpirun runs in the first
+  // one, and its MPMD form (`-np 1 A : -np 1 B : -np 1 C`) starts rank i through
+  // `ip netns exec NAMEi`, so rank i sits in namespace i; PMIx then has to accept the ranks'
+  // connections over the bridge (PMIX_MCA_ptl_tcp_*, set in RunChannelsBench).
   Result<nlohmann::json> Mpi(const std::string& workload) {
-    std::vector<std::string> args = {o_.mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
-                                     std::to_string(kNodes)};
-    for (const auto& a : MpiWire(o_.backend)) args.push_back(a);
+    std::vector<std::string> args;
+    if (!netns_.empty()) args = {ip_, "netns", "exec", netns_[0].name};
     for (const auto& a :
-         {o_.mpi_program, std::string("--workload"), workload, std::string("--seconds"),
-          fmt::format("{}", o_.seconds), std::string("--accounts"), std::to_string(o_.accounts),
-          std::string("--windows"), std::to_string(o_.locks_per_node), std::string("--episodes"),
-          std::to_string(o_.episodes)})
+         {o_.mpirun, std::string("--allow-run-as-root"), std::string("--oversubscribe")})
       args.push_back(a);
+    for (const auto& a : MpiWire(o_.backend, Subnet(netns_))) args.push_back(a);
+    const std::vector<std::string> program = {o_.mpi_program,
+                                              "--workload",
+                                              workload,
+                                              "--seconds",
+                                              fmt::format("{}", o_.seconds),
+                                              "--accounts",
+                                              std::to_string(o_.accounts),
+                                              "--windows",
+                                              std::to_string(o_.locks_per_node),
+                                              "--episodes",
+                                              std::to_string(o_.episodes)};
+    if (netns_.empty()) {
+      args.insert(args.end(), {"-np", std::to_string(kNodes)});
+      args.insert(args.end(), program.begin(), program.end());
+    } else {
+      for (size_t i = 0; i < netns_.size(); i++) {
+        if (i > 0) args.push_back(":");
+        args.insert(args.end(), {"-np", "1", ip_, "netns", "exec", netns_[i].name});
+        args.insert(args.end(), program.begin(), program.end());
+      }
+    }
     auto r = SpawnWithPipe(args);
     if (!r.ok()) return r.status();
     auto out = Collect({r->first}, {r->second}, Budget(o_.seconds));
@@ -167,11 +311,22 @@ class Runner {
     return (*out)[0];
   }
 
-  // The MCA parameters that put MPI on the same wire as farmem's backend.
-  static std::vector<std::string> MpiWire(const std::string& backend) {
+  // The MCA parameters that put MPI on the same wire as farmem's backend: TCP over loopback, TCP
+  // over the namespaces' bridge (`subnet`, not empty), or shared memory.
+  static std::vector<std::string> MpiWire(const std::string& backend, const std::string& subnet) {
     if (backend == "tcp")
-      return {"--mca", "pml",   "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
-              "lo",    "--mca", "osc", "pt2pt"};
+      return {"--mca",
+              "pml",
+              "ob1",
+              "--mca",
+              "btl",
+              "self,tcp",
+              "--mca",
+              "btl_tcp_if_include",
+              subnet.empty() ? "lo" : subnet,
+              "--mca",
+              "osc",
+              "pt2pt"};
     return {"--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "osc", "pt2pt"};
   }
 
@@ -197,6 +352,9 @@ class Runner {
 
   const ChannelsBenchOptions& o_;
   std::string log_;
+  std::vector<Namespace> netns_;
+  std::string ip_;  // iproute2's `ip`, for `ip netns exec`
+  int netns_runs_ = 0;
 };
 
 long Sum(const std::vector<nlohmann::json>& v, const char* key) {
@@ -249,12 +407,45 @@ int RunChannelsBench(ChannelsBenchOptions o) {
     std::fprintf(stderr, "farmem bench channels: --rounds must be >= 5\n");
     return 2;
   }
+  auto parsed_netns = ParseNetns(o.netns);
+  if (!parsed_netns.ok()) {
+    std::fprintf(stderr, "farmem bench channels: %s\n", parsed_netns.status().ToString().c_str());
+    return 2;
+  }
+  const std::vector<Namespace> netns = std::move(parsed_netns).value();
+  const std::string subnet = Subnet(netns);
+  std::string ip_tool;
+  if (!netns.empty()) {
+    // Namespaces are joined over the bridge: native TCP only (shm would bypass the wire).
+    if (o.backend != "tcp") {
+      std::fprintf(stderr, "farmem bench channels: --netns needs --backend tcp\n");
+      return 2;
+    }
+    ip_tool = bench::FindOnPath("ip");
+    if (ip_tool.empty()) {
+      std::fprintf(stderr, "farmem bench channels: --netns needs iproute2's 'ip'\n");
+      return 2;
+    }
+    // mpirun (in the first namespace) hosts the PMIx server its ranks connect to; by default it
+    // listens on loopback only, which ranks in the other namespaces cannot reach.
+    ::setenv("PMIX_MCA_ptl_tcp_remote_connections", "1", 1);
+    ::setenv("PMIX_MCA_ptl_tcp_if_include", subnet.c_str(), 1);
+  }
+  // The baselines' servers sit in the first namespace, listening on its bridge address too; their
+  // clients run in the others. Without namespaces all of it is on this machine's loopback.
+  const std::string server_ns = netns.empty() ? "" : netns[0].name;
+  const std::string server_host = netns.empty() ? "127.0.0.1" : netns[0].ip;
+  std::vector<std::string> client_ns;
+  for (size_t i = 1; i < netns.size(); i++) client_ns.push_back(netns[i].name);
   // Redis for the kvstore gets' baseline: forked now, while this process has no other thread.
   std::string redis_note;
   std::unique_ptr<bench::TargetProcess> redis;
   if (const std::string path = bench::FindRedisServer(); path.empty()) {
     redis_note = "redis-server not found on PATH (Debian: apt-get install redis-server)";
-  } else if (auto r = bench::TargetProcess::Fork("redis-server", bench::RedisServerRole(path));
+  } else if (auto r = bench::TargetProcess::Fork(
+                 "redis-server",
+                 RoleInNetns(server_ns,
+                             bench::RedisServerRole(path, netns.empty() ? "" : server_host)));
              !r.ok()) {
     redis_note = "cannot fork redis-server: " + r.status().ToString();
   } else {
@@ -265,7 +456,9 @@ int RunChannelsBench(ChannelsBenchOptions o) {
   std::string memcached_note;
   std::unique_ptr<bench::TargetProcess> memcached;
   if (auto m = bench::TargetProcess::Fork(
-          "memcached", bench::MemcachedServerRole(bench::FindOnPath("memcached")));
+          "memcached",
+          RoleInNetns(server_ns, bench::MemcachedServerRole(bench::FindOnPath("memcached"),
+                                                            netns.empty() ? "" : server_host)));
       !m.ok())
     memcached_note = "cannot fork memcached: " + m.status().ToString();
   else
@@ -287,12 +480,18 @@ int RunChannelsBench(ChannelsBenchOptions o) {
       kNodes, o.backend.c_str(), o.rounds, o.seconds, o.accounts, o.locks_per_node, o.episodes,
       have_mpi ? o.mpi_program.c_str() : "not built (targets n/a)");
   std::printf("children's stderr: %s\n", log_path);
+  if (!netns.empty())
+    std::printf(
+        "network namespaces: participant/MPI rank i in %s, %s, %s (%s); Redis and memcached in "
+        "%s, their clients in the others\n",
+        netns[0].name.c_str(), netns[1].name.c_str(), netns[2].name.c_str(), subnet.c_str(),
+        netns[0].name.c_str());
   auto busy = bench::CpuBusyFraction(300ms);
   nlohmann::json machine = bench::MachineInfo();
   if (busy) machine["cpu_busy_before_run"] = *busy;
   std::fflush(stdout);
 
-  Runner run(o, log_path);
+  Runner run(o, log_path, netns, ip_tool);
   std::vector<std::string> notes;
   const std::vector<std::string> workloads = {"transfer", "lock", "barrier"};
   std::map<std::string, Series> series;
@@ -409,8 +608,13 @@ int RunChannelsBench(ChannelsBenchOptions o) {
     } else {
       uint16_t port;
       std::memcpy(&port, msg->data(), sizeof(port));
-      if (Status st = bench::RedisLoad(port, kKvKeys, kKvValueBytes, 1000); !st.ok())
-        redis_note = "redis load: " + st.ToString();
+      // Loaded over the server namespace's loopback: not measured.
+      auto loaded = InBaselineServerNs(server_ns, [&]() -> Result<int> {
+        FARMEM_RETURN_IF_ERROR(bench::RedisLoad(port, kKvKeys, kKvValueBytes, 1000));
+        return 0;
+      });
+      if (!loaded.ok())
+        redis_note = "redis load: " + loaded.status().ToString();
       else
         redis_port = port;
     }
@@ -425,8 +629,12 @@ int RunChannelsBench(ChannelsBenchOptions o) {
     } else {
       uint16_t port;
       std::memcpy(&port, msg->data(), sizeof(port));
-      if (Status st = bench::MemcachedLoad(port, kKvKeys, kKvValueBytes); !st.ok())
-        memcached_note = "memcached load: " + st.ToString();
+      auto loaded = InBaselineServerNs(server_ns, [&]() -> Result<int> {
+        FARMEM_RETURN_IF_ERROR(bench::MemcachedLoad(port, kKvKeys, kKvValueBytes));
+        return 0;
+      });
+      if (!loaded.ok())
+        memcached_note = "memcached load: " + loaded.status().ToString();
       else
         memcached_port = port;
     }
@@ -440,8 +648,12 @@ int RunChannelsBench(ChannelsBenchOptions o) {
       if (side == 2) {
         double v = std::nan("");
         if (memcached_port) {
-          auto g = bench::RunMemcachedGets(*memcached_port, kKvKeys, kKvValueBytes,
-                                           kNodes * kKvGetInFlight, 0.2, kv_seconds);
+          auto gets = [&](int clients) {
+            return bench::RunMemcachedGets(*memcached_port, kKvKeys, kKvValueBytes, clients, 0.2,
+                                           kv_seconds, server_host);
+          };
+          auto g = client_ns.empty() ? gets(kNodes * kKvGetInFlight)
+                                     : SplitAcross(client_ns, kNodes * kKvGetInFlight, gets);
           if (!g.ok())
             notes.push_back(fmt::format("round {} memcached: {}", r, g.status().ToString()));
           else
@@ -471,12 +683,17 @@ int RunChannelsBench(ChannelsBenchOptions o) {
       } else {
         double v = std::nan("");
         if (redis_port) {
-          auto g = bench::RunRedisGets(*redis_port, kKvKeys, kKvValueBytes, nullptr, kNodes,
-                                       kKvGetInFlight, 0.2, kv_seconds);
+          auto gets = [&](int clients) -> Result<double> {
+            auto g = bench::RunRedisGets(*redis_port, kKvKeys, kKvValueBytes, nullptr, clients,
+                                         kKvGetInFlight, 0.2, kv_seconds, server_host);
+            if (!g.ok()) return g.status();
+            return static_cast<double>(g->ops) / g->seconds;
+          };
+          auto g = client_ns.empty() ? gets(kNodes) : SplitAcross(client_ns, kNodes, gets);
           if (!g.ok())
             notes.push_back(fmt::format("round {} redis: {}", r, g.status().ToString()));
           else
-            v = static_cast<double>(g->ops) / g->seconds;
+            v = *g;
         }
         redis_get.push_back(v);
         std::printf("round %d Redis GET:   %s\n", r + 1, bench::FormatRate(v).c_str());
@@ -641,8 +858,20 @@ int RunChannelsBench(ChannelsBenchOptions o) {
                    {"locks_per_node", o.locks_per_node},
                    {"episodes", o.episodes},
                    {"quick", o.quick},
-                   {"mpi_wire", Runner::MpiWire(o.backend)},
+                   {"mpi_wire", Runner::MpiWire(o.backend, subnet)},
                    {"mpi_osc", "pt2pt"}};
+    if (!netns.empty()) {
+      nlohmann::json ns = nlohmann::json::array();
+      for (const auto& n : netns) ns.push_back({{"name", n.name}, {"ip", n.ip}});
+      j["config"]["netns"] = {
+          {"participants", ns},
+          {"mpi_launch",
+           "mpirun in the first namespace, MPMD: -np 1 ip netns exec NAMEi farmem_mpi_channels "
+           "(x3); PMIX_MCA_ptl_tcp_remote_connections=1, PMIX_MCA_ptl_tcp_if_include=" +
+               subnet},
+          {"baseline_servers", netns[0].name},
+          {"baseline_clients", client_ns}};
+    }
     j["targets"] = bench::TargetsJson(targets);
     nlohmann::json runs;
     for (const auto& [w, s] : series) {

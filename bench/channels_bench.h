@@ -27,6 +27,11 @@ struct ChannelsBenchOptions {
   // farmem_mpi_channels; "" = next to the farmem binary.
   std::string mpi_program;
   std::string json_path = "channels.json";
+  // One participant per network namespace: "NAME=IPV4" of participants 1..3 (the namespaces of
+  // scripts/netns_cluster, made by scripts/bench_channels_netns). MPI ranks run one per
+  // namespace too; Redis and memcached run in the first, their clients in the second and third.
+  // Empty: everything on this machine's loopback.
+  std::vector<std::string> netns;
 };
 
 // Kvstore gets (and the raw reads, Redis GETs, memcached mg) in flight at once per participant.

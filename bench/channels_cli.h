@@ -49,6 +49,10 @@ inline CLI::App* AddChannelsBenchCommand(CLI::App& bench, ChannelsBenchOptions& 
   cmd->add_option("--mpi-program", o.mpi_program,
                   "farmem_mpi_channels binary (default: next to farmem)");
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
+  cmd->add_option("--netns", o.netns,
+                  "NAME=IP,NAME=IP,NAME=IP: one participant (and MPI rank) per network namespace, "
+                  "Redis/memcached in the first (scripts/bench_channels_netns; needs root, tcp)")
+      ->delimiter(',');
   return cmd;
 }
 

@@ -3,6 +3,7 @@
 // forked target process; the client runs on the benchmark's own threads.
 #include "memcached_client.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -68,7 +69,7 @@ Result<std::optional<MetaReply>> ParseMetaReply(std::string_view buf) {
   return std::optional<MetaReply>(std::move(r));
 }
 
-Result<MemcachedConn> MemcachedConn::Connect(uint16_t port) {
+Result<MemcachedConn> MemcachedConn::Connect(uint16_t port, const std::string& host) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno("memcached socket", errno);
   MemcachedConn c(fd);
@@ -81,9 +82,10 @@ Result<MemcachedConn> MemcachedConn::Connect(uint16_t port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+    return Status::InvalidArgument(fmt::format("memcached: '{}' is not an IPv4 address", host));
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status::FromErrno(fmt::format("memcached connect to port {}", port), errno);
+    return Status::FromErrno(fmt::format("memcached connect to {}:{}", host, port), errno);
   return c;
 }
 
@@ -144,8 +146,8 @@ Status MemcachedConn::Noop() {
   return Status::OK();
 }
 
-TargetRole MemcachedServerRole(std::string memcached) {
-  return [memcached](int report_fd, int control_fd) {
+TargetRole MemcachedServerRole(std::string memcached, std::string extra_listen) {
+  return [memcached, extra_listen](int report_fd, int control_fd) {
     Status last =
         Status::NotFound("memcached not found on PATH (Debian: apt-get install memcached)");
     for (int attempt = 0; attempt < 5 && !memcached.empty(); ++attempt) {
@@ -154,7 +156,8 @@ TargetRole MemcachedServerRole(std::string memcached) {
         last = port.status();
         continue;
       }
-      std::vector<std::string> args{memcached, "-l", "127.0.0.1", "-p", std::to_string(*port)};
+      const std::string listen = extra_listen.empty() ? "127.0.0.1" : "127.0.0.1," + extra_listen;
+      std::vector<std::string> args{memcached, "-l", listen, "-p", std::to_string(*port)};
       if (::geteuid() == 0) args.insert(args.end(), {"-u", "root"});
       auto pid = Spawn(args, -1, -1);
       if (!pid.ok()) {
@@ -194,10 +197,10 @@ Status MemcachedLoad(uint16_t port, uint64_t count, size_t value_size) {
 }
 
 Result<double> RunMemcachedGets(uint16_t port, uint64_t count, size_t value_size, int clients,
-                                double warmup_s, double seconds) {
+                                double warmup_s, double seconds, const std::string& host) {
   auto body = [&](int t,
                   const std::function<std::optional<TimedWindow>()>& ready) -> Result<uint64_t> {
-    auto c = MemcachedConn::Connect(port);
+    auto c = MemcachedConn::Connect(port, host);
     if (!c.ok()) return c.status();
     const auto w = ready();
     if (!w) return uint64_t{0};

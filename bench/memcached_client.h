@@ -30,10 +30,11 @@ struct MetaReply {
 // errors, so a desynchronised stream never yields a value.
 Result<std::optional<MetaReply>> ParseMetaReply(std::string_view buf);
 
-// A blocking connection to 127.0.0.1:`port`; every call returns within 5 s (socket timeouts).
+// A blocking connection to `host` (an IPv4 address):`port`; every call returns within 5 s
+// (socket timeouts).
 class MemcachedConn {
  public:
-  static Result<MemcachedConn> Connect(uint16_t port);
+  static Result<MemcachedConn> Connect(uint16_t port, const std::string& host = "127.0.0.1");
   MemcachedConn(MemcachedConn&& o) noexcept : fd_(o.fd_), buf_(std::move(o.buf_)) { o.fd_ = -1; }
   MemcachedConn& operator=(MemcachedConn&&) = delete;
   MemcachedConn(const MemcachedConn&) = delete;
@@ -54,8 +55,9 @@ class MemcachedConn {
 // Child role: runs `memcached` (found on PATH; Debian package memcached) with its default
 // configuration, only bound to 127.0.0.1 on a free port (plus `-u root` when run as root, which
 // memcached demands), waits until it answers `mn`, reports the port (2 bytes), and stops it when
-// the parent stops this target. Fails clearly when memcached is not installed.
-TargetRole MemcachedServerRole(std::string memcached);
+// the parent stops this target. Fails clearly when memcached is not installed. `extra_listen`: one
+// more address it listens on (the namespace benchmark's bridge address).
+TargetRole MemcachedServerRole(std::string memcached, std::string extra_listen = "");
 
 // SETs keys RedisKey(0..count-1) to FillObjectValue(index) of `value_size` bytes.
 Status MemcachedLoad(uint16_t port, uint64_t count, size_t value_size);
@@ -63,6 +65,7 @@ Status MemcachedLoad(uint16_t port, uint64_t count, size_t value_size);
 // `clients` threads, one connection and one `mg` in flight each, uniform keys over `count`;
 // every value is checked. Returns completed gets per second over `seconds` after `warmup_s`.
 Result<double> RunMemcachedGets(uint16_t port, uint64_t count, size_t value_size, int clients,
-                                double warmup_s, double seconds);
+                                double warmup_s, double seconds,
+                                const std::string& host = "127.0.0.1");
 
 }  // namespace farmem::bench

@@ -35,7 +35,7 @@ using RClock = std::chrono::steady_clock;
 constexpr timeval kRedisTimeout{5, 0};  // every hiredis call returns within this
 
 // Fork + exec redis-server; the child dies with this process (PR_SET_PDEATHSIG).
-Result<pid_t> SpawnRedis(const std::string& path, uint16_t port) {
+Result<pid_t> SpawnRedis(const std::string& path, uint16_t port, const std::string& extra_bind) {
   const std::string port_s = std::to_string(port);
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
@@ -48,9 +48,18 @@ Result<pid_t> SpawnRedis(const std::string& path, uint16_t port) {
       ::dup2(devnull, 1);
       ::dup2(devnull, 2);
     }
-    ::execl(path.c_str(), path.c_str(), "--port", port_s.c_str(), "--bind", "127.0.0.1", "--save",
-            "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp",
-            static_cast<char*>(nullptr));
+    // --bind takes several addresses; without an extra one the argument list ends early. With
+    // one, protected mode (no password: loopback clients only) is off: the extra address is a
+    // private namespace bridge of the benchmark's own, and its clients are in other namespaces.
+    const char* extra = extra_bind.empty() ? nullptr : extra_bind.c_str();
+    if (extra)
+      ::execl(path.c_str(), path.c_str(), "--port", port_s.c_str(), "--bind", "127.0.0.1", extra,
+              "--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no",
+              "--dir", "/tmp", static_cast<char*>(nullptr));
+    else
+      ::execl(path.c_str(), path.c_str(), "--port", port_s.c_str(), "--bind", "127.0.0.1", "--save",
+              "", "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp",
+              static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return pid;
@@ -90,11 +99,7 @@ Status WaitForPing(pid_t pid, uint16_t port, std::chrono::milliseconds timeout) 
 
 }  // namespace
 
-Result<RedisConn> RedisConnect(uint16_t port) {
-  return RedisConnect("127.0.0.1", port);
-}
-
-Result<RedisConn> RedisConnect(const std::string& host, uint16_t port) {
+Result<RedisConn> RedisConnect(uint16_t port, const std::string& host) {
   RedisConn c(redisConnectWithTimeout(host.c_str(), port, kRedisTimeout));
   if (!c) return Status::ResourceExhausted("hiredis: cannot allocate a context");
   if (c->err)
@@ -136,8 +141,8 @@ std::string FindOnPath(std::string_view program) {
   return "";
 }
 
-TargetRole RedisServerRole(std::string redis_server) {
-  return [redis_server](int report_fd, int control_fd) {
+TargetRole RedisServerRole(std::string redis_server, std::string extra_bind) {
+  return [redis_server, extra_bind](int report_fd, int control_fd) {
     Status last;
     for (int attempt = 0; attempt < 5; ++attempt) {
       auto port = PickFreePort();
@@ -145,7 +150,7 @@ TargetRole RedisServerRole(std::string redis_server) {
         last = port.status();
         continue;
       }
-      auto pid = SpawnRedis(redis_server, *port);
+      auto pid = SpawnRedis(redis_server, *port, extra_bind);
       if (!pid.ok()) {
         last = pid.status();
         continue;
@@ -198,7 +203,7 @@ Status RedisLoad(uint16_t port, uint64_t count, size_t value_size, int pipeline)
 
 Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_size,
                                     const ZipfGenerator* zipf, int clients, int inflight,
-                                    double warmup_s, double seconds) {
+                                    double warmup_s, double seconds, const std::string& host) {
   StartGate gate;
   std::atomic<int64_t> warm_end_ns{0}, end_ns{0};
   std::vector<uint64_t> ops(static_cast<size_t>(clients), 0);
@@ -209,7 +214,7 @@ Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_
     if (first_error.ok()) first_error = std::move(st);
   };
   auto body = [&](int t) {
-    auto c = RedisConnect(port);
+    auto c = RedisConnect(port, host);
     gate.Arrive();
     if (!c.ok()) {
       record(c.status());

@@ -25,10 +25,9 @@ struct RedisReplyDeleter {
 };
 using RedisReplyPtr = std::unique_ptr<redisReply, RedisReplyDeleter>;
 
-// A connection to 127.0.0.1:`port` whose every call returns within 5 s.
-Result<RedisConn> RedisConnect(uint16_t port);
-// The same to `host`:`port` (a redis-server in another network namespace: bench tx --redis).
-Result<RedisConn> RedisConnect(const std::string& host, uint16_t port);
+// A connection to `host`:`port` whose every call returns within 5 s (another host: a redis-server
+// in another network namespace, bench tx --redis and bench channels --netns).
+Result<RedisConn> RedisConnect(uint16_t port, const std::string& host = "127.0.0.1");
 // The next reply; an error reply is kInternal with its text.
 Result<RedisReplyPtr> RedisGetReply(redisContext* c);
 
@@ -39,8 +38,9 @@ std::string FindOnPath(std::string_view program);
 
 // Child role: starts `redis_server` (its own child, killed with this process) on a free
 // 127.0.0.1 port with `--save "" --appendonly no`, waits until it answers PING, reports the port
-// (2 bytes), and stops it when the parent stops this target.
-TargetRole RedisServerRole(std::string redis_server);
+// (2 bytes), and stops it when the parent stops this target. `extra_bind`: one more address it
+// listens on (the namespace benchmark's bridge address; readiness is still checked on loopback).
+TargetRole RedisServerRole(std::string redis_server, std::string extra_bind = "");
 
 // The key of object `index` ("obj:<index>").
 std::string RedisKey(uint64_t index);
@@ -56,9 +56,11 @@ struct RedisGetResult {
 
 // `clients` threads, each with its own connection keeping `inflight` GETs pipelined, keys drawn
 // uniformly (zipf == nullptr) or from `zipf` over `count` keys. Every reply is checked (a string
-// of `value_size` bytes naming the key's index). Warm-up, then `seconds` measured.
+// of `value_size` bytes naming the key's index). Warm-up, then `seconds` measured. The server is
+// at `host` (another network namespace's address in the namespace benchmark).
 Result<RedisGetResult> RunRedisGets(uint16_t port, uint64_t count, size_t value_size,
                                     const ZipfGenerator* zipf, int clients, int inflight,
-                                    double warmup_s, double seconds);
+                                    double warmup_s, double seconds,
+                                    const std::string& host = "127.0.0.1");
 
 }  // namespace farmem::bench

@@ -264,7 +264,7 @@ const char* RedisModeName(RedisMode m) {
 }
 
 Status RedisTatpLoad(uint16_t port, uint64_t subscribers, uint64_t seed, const std::string& host) {
-  FARMEM_ASSIGN_OR_RETURN(RedisConn c, RedisConnect(host, port));
+  FARMEM_ASSIGN_OR_RETURN(RedisConn c, RedisConnect(port, host));
   FARMEM_ASSIGN_OR_RETURN(auto flush, RoundTrip(c.get(), {{"FLUSHALL"}}));
   auto bytes = [](const std::vector<std::byte>& v) {
     return std::string(reinterpret_cast<const char*>(v.data()), v.size());
@@ -293,7 +293,7 @@ Result<Counts> RunRedisTatp(uint16_t port, RedisMode mode, uint64_t subscribers,
                             const std::string& host) {
   std::vector<std::string> shas;
   {
-    FARMEM_ASSIGN_OR_RETURN(RedisConn c, RedisConnect(host, port));
+    FARMEM_ASSIGN_OR_RETURN(RedisConn c, RedisConnect(port, host));
     for (const char* script : kScripts) {
       FARMEM_ASSIGN_OR_RETURN(auto r, RoundTrip(c.get(), {{"SCRIPT", "LOAD", script}}));
       if (r[0]->type != REDIS_REPLY_STRING) return Status::Protocol("SCRIPT LOAD: no sha");
@@ -313,7 +313,7 @@ Result<Counts> RunRedisTatp(uint16_t port, RedisMode mode, uint64_t subscribers,
     if (first_error.ok()) first_error = std::move(st);
   };
   auto body = [&](int t) {
-    auto conn = RedisConnect(host, port);
+    auto conn = RedisConnect(port, host);
     if (!conn.ok()) return fail(conn.status());
     redisContext* c = conn->get();
     SplitMix64 rng(seed * 7919 + static_cast<uint64_t>(t) + 1);

@@ -2,7 +2,9 @@
 # Plot or tabulate the JSON written by `farmem bench channels`: per-round farmem vs Open MPI for
 # the transfer transactions, the contended lock and barrier p50, fenced vs unfenced updates, the
 # kvstore's gets (vs raw one-sided reads and Redis) and Zipf writes (ticket vs test-and-set lock)
-# when the JSON has them, and the targets. Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
+# when the JSON has them, and the targets; a run across network namespaces (scripts/
+# bench_channels_netns) is named as such, with its load average.
+# Usage: plot_channels.py channels.json [out.png]   (without out.png: a markdown table)
 import os
 import sys
 
@@ -15,11 +17,26 @@ def num(v):
     return "n/a" if v is None else f"{v:.4g}"
 
 
+def where(doc):
+    """'' on one machine; across namespaces: their names and the load average before/after."""
+    ns = doc["config"].get("netns")
+    if not ns:
+        return ""
+    names = ", ".join(p["name"] for p in ns["participants"])
+    load = doc.get("netns", {})
+    before, after = load.get("loadavg_before"), load.get("loadavg_after")
+    text = f"one per namespace ({names}), Redis/memcached in {ns['baseline_servers']}"
+    if before and after:
+        text += f"; load avg {before[0]:.1f} before, {after[0]:.1f} after"
+    return text
+
+
 def table(doc):
     m, c = doc.get("machine", {}), doc["config"]
+    ns = where(doc)
     print(f"# farmem bench channels — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs, "
-          f"{c['processes']} processes, backend {c['backend']}, {c['rounds']} rounds of "
-          f"{c['seconds']} s, MPI wire {' '.join(c['mpi_wire'])}\n")
+          f"{c['processes']} processes{' ' + ns if ns else ''}, backend {c['backend']}, "
+          f"{c['rounds']} rounds of {c['seconds']} s, MPI wire {' '.join(c['mpi_wire'])}\n")
     print("| target | farmem | baseline | ratio (min-max) | limit | result |")
     print("|---|---|---|---|---|---|")
     for t in doc["targets"]:
@@ -69,7 +86,9 @@ def plot(doc, out):
     safety = doc["targets"][5]
     wire = c["mpi_wire"]
     btl = wire[wire.index("btl") + 1] if "btl" in wire else "?"
-    fig.suptitle(f"farmem bench channels: 3 processes, {c['backend']} vs Open MPI "
+    ns = where(doc)
+    fig.suptitle(f"farmem bench channels: 3 processes{' ' + ns if ns else ''}, "
+                 f"{c['backend']} vs Open MPI "
                  f"(btl {btl}, osc {c.get('mpi_osc', '?')}); mutual-exclusion violations "
                  f"{num(safety['value'])} in {num(safety['baseline'])} acquisitions "
                  f"{safety['result']}", fontsize=10)

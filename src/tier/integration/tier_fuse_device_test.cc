@@ -1,12 +1,13 @@
-// Real kernel device errors under the tier: the backing file lives on FaultFs (fault_fs.h, a FUSE
-// file system in this process that returns EIO for a byte range and ENOSPC past a space limit),
-// so the tier's O_DIRECT io_uring IO gets the kernel's own error completions. Issue 11: a cold
-// read or write that fails is a clear IoError for the client (never pattern bytes, zeros or a
-// hang) and counted in STAT; a failed write leaves the old bytes; a failed write-back keeps the
-// unit resident and dirty (no lost write); a failed promotion leaves the unit cold and correct.
-// Removed protections that make these fail: FARMEM_TIER_FAULT=ignore_io_errors (failed IO taken
-// as complete) and =writeback (demotion after a failed write-back). Skipped without root or
-// /dev/fuse. Test thread only; the server runs in-process (tier_service_test_util.h).
+// Real kernel device errors under the tier: the backing file lives on FaultFs
+// (fault_fs_test_util.h, a FUSE file system in this process that returns EIO for a byte range and
+// ENOSPC past a space limit), so the tier's O_DIRECT io_uring IO gets the kernel's own error
+// completions. Issue 11: a cold read or write that fails is a clear IoError for the client (never
+// pattern bytes, zeros or a hang) and counted in STAT; a failed write leaves the old bytes; a
+// failed write-back keeps the unit resident and dirty (no lost write); a failed promotion leaves
+// the unit cold and correct. Removed protections that make these fail:
+// FARMEM_TIER_FAULT=ignore_io_errors (failed IO taken as complete) and =writeback (demotion after a
+// failed write-back). Skipped without root or /dev/fuse. Test thread only; the server runs
+// in-process (tier_service_test_util.h).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -20,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "farmem/tier.h"
-#include "tier/integration/fault_fs.h"
+#include "tier/integration/fault_fs_test_util.h"
 #include "tier/service/tier_service_test_util.h"
 
 namespace farmem::tier {
