@@ -163,6 +163,7 @@ Result<std::vector<nlohmann::json>> Collect(std::vector<pid_t> pids, std::vector
   std::vector<std::string> text(fds.size());
   const auto deadline = Clock::now() + timeout;
   size_t open = fds.size();
+  int died = -1;  // index of a participant whose output ended without a result
   while (open > 0) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -181,14 +182,20 @@ Result<std::vector<nlohmann::json>> Collect(std::vector<pid_t> pids, std::vector
         ::close(fds[i]);
         fds[i] = -1;
         open--;
+        // A participant that ended without its JSON line (killed, crashed) fails the run: the
+        // others would only wait for it until their own timeouts, so they are stopped now.
+        if (text[i].find("\n{") == std::string::npos && text[i].rfind('{', 0) != 0)
+          died = static_cast<int>(i);
       }
     }
+    if (died >= 0) break;
   }
-  const bool timed_out = open > 0;
+  const bool timed_out = open > 0 && died < 0;
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
-  for (pid_t pid : pids) bench::KillAndReap(pid, timed_out ? 0ms : 5000ms);
+  for (pid_t pid : pids) bench::KillAndReap(pid, timed_out || died >= 0 ? 0ms : 5000ms);
   if (timed_out) return Status::TimedOut(fmt::format("no result within {} ms", timeout.count()));
+  if (died >= 0) return Status::Unavailable(fmt::format("process {} ended without a result", died));
   std::vector<nlohmann::json> out;
   for (size_t i = 0; i < text.size(); i++) {
     nlohmann::json j;
