@@ -8,6 +8,8 @@
 // zeroes the tail of its last chunk).
 #include "regions/engine/region_store.h"
 
+#include "regions/engine/chunk_io.h"
+
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <poll.h>
@@ -166,39 +168,19 @@ Status CheckName(std::string_view name) {
   return Status::OK();
 }
 
-// One one-sided transfer of a read or write.
-struct Piece {
-  RemoteRef ref;
-  std::byte* dst = nullptr;        // read
-  const std::byte* src = nullptr;  // write
-  size_t len = 0;
-};
+using Piece = ChunkPiece;
 
 const std::byte* ZeroChunk() {
   static const std::vector<std::byte> zeros(kChunkBytes);
   return zeros.data();
 }
 
-// Runs every piece at once on `s`; writes are delivery-complete (acknowledged only once the
-// bytes reached remote memory).
+// RunChunkPieces, with every failure the store's EIO (a user of the mount sees errno EIO).
 Status RunPieces(Scheduler& s, const std::vector<Piece>& pieces, bool write) {
-  if (pieces.empty()) return Status::OK();
-  std::vector<Status> st(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    s.spawn([](Scheduler& s, Piece p, Status* out, bool write) -> Task<void> {
-      if (write)
-        *out = co_await s.write(p.ref, p.src, p.len, true);
-      else
-        *out = co_await s.read(p.ref, p.dst, p.len);
-    }(s, pieces[i], &st[i], write));
-  }
-  Status run = s.run(std::chrono::seconds(60));
+  Status run = RunChunkPieces(s, pieces, write);
   if (Fault("no_io_errors")) return Status::OK();
   if (!run.ok())
     return Err(EIO, "remote " + std::string(write ? "write" : "read") + ": " + run.ToString());
-  for (const Status& x : st)
-    if (!x.ok())
-      return Err(EIO, "remote " + std::string(write ? "write" : "read") + ": " + x.ToString());
   return Status::OK();
 }
 

@@ -10,57 +10,23 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 
 #include "farmem/regionfs.h"
+#include "regions/fs/mount_test_util.h"
 
 namespace farmem {
 namespace {
 
 using namespace std::chrono_literals;
 
-class DefaultAttrsTest : public ::testing::Test {
+class DefaultAttrsTest : public RegionFsMountTest {
  protected:
-  void SetUp() override {
-    if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
-    char tmpl[] = "/tmp/farmem-defattr.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    RegionFsOptions o;
-    o.mountpoint = dir_;
-    o.memory_bytes = 16ull << 20;
-    o.threads = 2;
-    o.on_ready = [this] {
-      std::lock_guard lock(mu_);
-      ready_ = true;
-      cv_.notify_all();
-    };
-    thread_ = std::thread([this, o] {
-      Status st = RunRegionFs(o);
-      std::lock_guard lock(mu_);
-      result_ = st;
-      cv_.notify_all();
-    });
-    std::unique_lock lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return ready_ || result_.has_value(); }))
-        << "the mount was not ready within 20 s";
-    ASSERT_TRUE(ready_) << "mount failed: " << result_->ToString();
-  }
-  void TearDown() override {
-    if (thread_.joinable()) {
-      if (std::system(("fusermount3 -u " + dir_ + " 2>/dev/null").c_str()) != 0)
-        (void)std::system(("fusermount3 -uz " + dir_ + " 2>/dev/null").c_str());
-      thread_.join();
-    }
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
+  void SetUp() override { Mount("defattr", 16ull << 20); }
   std::string Attr(const std::string& path, const char* name) {
     char buf[256];
     ssize_t n = getxattr(path.c_str(), name, buf, sizeof(buf));
@@ -71,13 +37,6 @@ class DefaultAttrsTest : public ::testing::Test {
     ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
     close(fd);
   }
-
-  std::string dir_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool ready_ = false;
-  std::optional<Status> result_;
 };
 
 TEST_F(DefaultAttrsTest, AThreadsDefaultsDecideWhatItCreatesAndNoOtherThreads) {

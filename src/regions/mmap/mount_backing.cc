@@ -23,6 +23,7 @@
 #include "farmem/coro.h"
 #include "farmem/node.h"
 #include "farmem/regions.h"
+#include "regions/engine/chunk_io.h"
 #include "regions/format/region_layout.h"
 #include "regions/mmap/backing.h"
 
@@ -119,33 +120,14 @@ struct Layout {
   }
 };
 
-struct Piece {
-  RemoteRef ref;
-  std::byte* dst = nullptr;        // read
-  const std::byte* src = nullptr;  // write
-  size_t len = 0;
-};
+using Piece = regions::ChunkPiece;
 
-// Every piece in flight at once; writes delivery-complete.
+// RunChunkPieces, its error worded for rmmap (the code kept: Unavailable, TimedOut...).
 Status RunPieces(Scheduler& s, const std::vector<Piece>& pieces, bool write) {
-  if (pieces.empty()) return Status::OK();
-  std::vector<Status> st(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    s.spawn([](Scheduler& s, Piece p, Status* out, bool write) -> Task<void> {
-      if (write)
-        *out = co_await s.write(p.ref, p.src, p.len, true);
-      else
-        *out = co_await s.read(p.ref, p.dst, p.len);
-    }(s, pieces[i], &st[i], write));
-  }
-  // Every operation ends within the transport's op_timeout; this bound is a second line.
-  FARMEM_RETURN_IF_ERROR(s.run(std::chrono::seconds(60)));
-  for (const Status& x : st)
-    if (!x.ok())
-      return Status(
-          x.code(),
-          std::string(write ? "rmmap: remote write: " : "rmmap: remote read: ") + x.ToString());
-  return Status::OK();
+  Status st = regions::RunChunkPieces(s, pieces, write);
+  if (st.ok()) return st;
+  return Status(st.code(), std::string(write ? "rmmap: remote write: " : "rmmap: remote read: ") +
+                               st.ToString());
 }
 
 class MountBacking : public Backing {

@@ -13,12 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +25,7 @@
 #include "farmem/regions.h"
 #include "farmem/server.h"
 #include "regions/format/region_layout.h"
+#include "regions/fs/mount_test_util.h"
 
 namespace farmem {
 namespace {
@@ -87,41 +86,11 @@ std::string InChild(const std::function<std::string()>& fn) {
   return out.substr(1);
 }
 
-class RmmapMountTest : public ::testing::Test {
+class RmmapMountTest : public RegionFsMountTest {
  protected:
   void SetUp() override {
-    if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
-    char tmpl[] = "/tmp/farmem-rmmapfs.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    Mount("rmmapfs", 32ull << 20);
     file_ = dir_ + "/data.bin";
-    RegionFsOptions o;
-    o.mountpoint = dir_;
-    o.memory_bytes = 32ull << 20;
-    o.threads = 2;
-    o.on_ready = [this] {
-      std::lock_guard lock(mu_);
-      ready_ = true;
-      cv_.notify_all();
-    };
-    thread_ = std::thread([this, o] {
-      Status st = RunRegionFs(o);
-      std::lock_guard lock(mu_);
-      result_ = st;
-      cv_.notify_all();
-    });
-    std::unique_lock lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return ready_ || result_.has_value(); }))
-        << "the mount was not ready within 20 s";
-    ASSERT_TRUE(ready_) << "mount failed: " << result_->ToString();
-  }
-  void TearDown() override {
-    if (thread_.joinable()) {
-      if (std::system(("fusermount3 -u " + dir_ + " 2>/dev/null").c_str()) != 0)
-        (void)std::system(("fusermount3 -uz " + dir_ + " 2>/dev/null").c_str());
-      thread_.join();
-    }
-    if (!dir_.empty()) rmdir(dir_.c_str());
   }
   // Writes the test file through the mount (two parts around a hole), fsync'ed.
   void WriteFile() {
@@ -151,12 +120,7 @@ class RmmapMountTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_, file_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool ready_ = false;
-  std::optional<Status> result_;
+  std::string file_;
 };
 
 TEST_F(RmmapMountTest, AnotherProcessMapsReadsWritesAndRsyncs) {
@@ -272,7 +236,12 @@ TEST_F(RmmapMountTest, BadInput) {
 
 // A mount on a farmemd of the test's own, which then stops: rmmap must fail (within the
 // transport's connect timeout), not map a file whose faults could never be served.
-TEST(RmmapMountServerTest, UnreachableServersAreAnErrorNotAHang) {
+class RmmapMountServerTest : public RegionFsMountTest {
+ protected:
+  std::unique_ptr<MemoryServer> server_;  // outlives the mount: destroyed after TearDown
+};
+
+TEST_F(RmmapMountServerTest, UnreachableServersAreAnErrorNotAHang) {
   if (access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
   ServerConfig sc;
   sc.memory_bytes = 16ull << 20;
@@ -282,57 +251,28 @@ TEST(RmmapMountServerTest, UnreachableServersAreAnErrorNotAHang) {
   sc.services = {"pools"};
   auto server = MemoryServer::Create(sc);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ASSERT_TRUE((*server)->start().ok());
-  char tmpl[] = "/tmp/farmem-rmmapfs-srv.XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, file = dir + "/f";
+  server_ = std::move(*server);
+  ASSERT_TRUE(server_->start().ok());
   RegionFsOptions o;
-  o.mountpoint = dir;
-  o.servers = {(*server)->node().bootstrap_address()};
+  o.servers = {server_->node().bootstrap_address()};
   o.token = "rmmap-test-token";
   o.cluster_url = "memory://rmmap-unreachable";
-  o.threads = 2;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool ready = false;
-  std::optional<Status> result;
-  o.on_ready = [&] {
-    std::lock_guard lock(mu);
-    ready = true;
-    cv.notify_all();
-  };
-  std::thread mount([&, o] {
-    Status st = RunRegionFs(o);
-    std::lock_guard lock(mu);
-    result = st;
-    cv.notify_all();
-  });
-  {
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, 20s, [&] { return ready || result.has_value(); });
-  }
-  if (ready) {
-    int fd = open(file.c_str(), O_CREAT | O_WRONLY, 0644);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(write(fd, "hello", 5), 5);
-    EXPECT_EQ(fsync(fd), 0);
-    close(fd);
-    (*server)->stop();
-    auto p = rmmap(file);
-    EXPECT_FALSE(p.ok()) << "rmmap succeeded with its memory server stopped";
-    if (p.ok()) {
-      (void)rmunmap(*p);
-    } else {
-      EXPECT_TRUE(p.status().code() == Code::kUnavailable || p.status().code() == Code::kTimedOut)
-          << p.status().ToString();
-    }
-    if (std::system(("fusermount3 -u " + dir + " 2>/dev/null").c_str()) != 0)
-      (void)std::system(("fusermount3 -uz " + dir + " 2>/dev/null").c_str());
+  ASSERT_NO_FATAL_FAILURE(Mount("rmmapfs-srv", std::move(o)));
+  const std::string file = dir_ + "/f";
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY, 0644);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, "hello", 5), 5);
+  EXPECT_EQ(fsync(fd), 0);
+  close(fd);
+  server_->stop();
+  auto p = rmmap(file);
+  EXPECT_FALSE(p.ok()) << "rmmap succeeded with its memory server stopped";
+  if (p.ok()) {
+    (void)rmunmap(*p);
   } else {
-    ADD_FAILURE() << "mount failed: " << (result ? result->ToString() : "not ready in 20 s");
+    EXPECT_TRUE(p.status().code() == Code::kUnavailable || p.status().code() == Code::kTimedOut)
+        << p.status().ToString();
   }
-  mount.join();
-  rmdir(dir.c_str());
 }
 
 // The descriptor comes from a file system: a reader must refuse one whose indexes point outside
