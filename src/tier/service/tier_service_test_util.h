@@ -61,7 +61,8 @@ struct TierEnv {
   std::string address;
 
   // Starts both ends (service period thread included); ADD_FAILURE and service == nullptr on error.
-  // `adjust` may change the server's config (backing file, direct IO) before the service opens.
+  // `adjust` may change the server's config (backing file, direct IO, op timeout: the client's
+  // follows) before the service opens.
   static std::unique_ptr<TierEnv> Start(const std::string& backend, uint64_t units,
                                         uint64_t budget_units, TierMode mode = TierMode::kFull,
                                         uint32_t period_ms = 60000, uint32_t unit_kib = 16,
@@ -102,7 +103,10 @@ struct TierEnv {
       return env;
     }
     env->address = env->server_node->bootstrap_address();
-    auto c = Node::Create(::farmem::node::testing::MakeConfig(backend, "tier-client"));
+    // The client waits as long as the server's config says (`adjust` may lengthen both).
+    NodeConfig cc = ::farmem::node::testing::MakeConfig(backend, "tier-client");
+    cc.transport.op_timeout = sc.node.transport.op_timeout;
+    auto c = Node::Create(cc);
     Status st = c.ok() ? (*c)->start() : c.status();
     if (!st.ok()) {
       ADD_FAILURE() << "client node: " << st.ToString();

@@ -68,8 +68,15 @@ class TierStress : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TierStress, VerifiedReadsAndTaggedWritesUnderChurn) {
   const bool buffered = BufferedFault();
-  auto env = TierEnv::Start(GetParam(), kUnits, 2, TierMode::kFull, 3, kUnitKib,
-                            [&](ServerConfig& sc) { sc.tier.direct_io = !buffered; });
+  auto env =
+      TierEnv::Start(GetParam(), kUnits, 2, TierMode::kFull, 3, kUnitKib, [&](ServerConfig& sc) {
+        sc.tier.direct_io = !buffered;
+        // A correctness test, not a latency one: on a loaded 2-CPU runner a
+        // cold write's O_DIRECT IO under a unit lock has stalled every
+        // worker for over 5 s (CI, fabric shm). An op that still times out
+        // fails the test, as a hang would.
+        sc.node.transport.op_timeout = std::chrono::seconds(30);
+      });
   ASSERT_TRUE(env->service);
   TieredClientOptions opts;
   opts.period = std::chrono::milliseconds(3);
