@@ -40,7 +40,7 @@ extern char** environ;
 namespace farmem {
 namespace {
 
-constexpr const char* kProg = "farmem bench cluster";
+constexpr const char* kClusterProg = "farmem bench cluster";
 constexpr const char* kClusterName = "bench";
 using Clock = std::chrono::steady_clock;
 
@@ -461,13 +461,13 @@ Check MakeCheck(std::string name, const std::vector<Round>& rounds, double facto
 
 int RunClusterBench(ClusterBenchOptions o) {
   if (Status st = Validate(o); !st.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: {}\n", kClusterProg, st.ToString());
     return st.code() == Code::kInvalidArgument ? 2 : 1;
   }
   auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(300));
   Bench b(o);
   if (Status st = b.Setup(); !st.ok()) {
-    fmt::print(stderr, "{}: setup failed: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: setup failed: {}\n", kClusterProg, st.ToString());
     b.Teardown();
     return 1;
   }
@@ -475,7 +475,7 @@ int RunClusterBench(ClusterBenchOptions o) {
   for (int r = 0; r < o.rounds; ++r) {
     auto t0 = Clock::now();
     if (Status st = b.RunRound(r, rounds[static_cast<size_t>(r)]); !st.ok()) {
-      fmt::print(stderr, "{}: round {} failed: {}\n", kProg, r + 1, st.ToString());
+      fmt::print(stderr, "{}: round {} failed: {}\n", kClusterProg, r + 1, st.ToString());
       b.Teardown();
       return 1;
     }
@@ -576,7 +576,7 @@ int RunClusterBench(ClusterBenchOptions o) {
     }
     j["targets"] = bench::TargetsJson(targets);
     if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
-      fmt::print(stderr, "{}: {}\n", kProg, st.message());
+      fmt::print(stderr, "{}: {}\n", kClusterProg, st.message());
       return 1;
     }
     fmt::print("\nResults written to {}\n", o.json_path);

@@ -31,7 +31,6 @@ using bench::FormatRatio;
 using bench::ObjClock;
 using bench::TargetProcess;
 
-constexpr int kLoadInflight = 64;
 // Merges per COMPACT RPC: rounds stay well inside the RPC timeout; the benchmark loops rounds.
 constexpr uint32_t kMergesPerRound = 256;
 constexpr int kMaxRounds = 10000;
@@ -114,17 +113,6 @@ Task<void> RunCompactLoop(CompactLoop* l, RunResult* res) {
   }
 }
 
-nlohmann::json StatsJson(const ObjectClientStats& s) {
-  return {{"direct_reads", s.direct_reads},
-          {"direct_ok", s.direct_ok},
-          {"torn_retries", s.torn_retries},
-          {"locked_retries", s.locked_retries},
-          {"moved", s.moved},
-          {"scans", s.scans},
-          {"corrections", s.corrections},
-          {"rpc_reads", s.rpc_reads}};
-}
-
 // Summary of the STAT "objects" section worth keeping (tolerates absent keys).
 nlohmann::json ObjectsStat(ObjectClient& client) {
   auto text = client.stats_json(0);
@@ -158,7 +146,8 @@ RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,
     auto sched = (*node)->make_scheduler();
     if (!sched.ok()) return fail(sched.status());
     auto load_start = ObjClock::now();
-    auto ptrs = bench::LoadObjects(**client, **sched, o.objects, o.size, kLoadInflight, "load");
+    auto ptrs =
+        bench::LoadObjects(**client, **sched, o.objects, o.size, bench::kLoadInflight, "load");
     if (!ptrs.ok()) return fail(ptrs.status());
     res.load_seconds = std::chrono::duration<double>(ObjClock::now() - load_start).count();
 
@@ -172,7 +161,8 @@ RunResult RunOne(TargetProcess& server, const bench::ObjectsServerSetup& setup,
     std::span<const uint64_t> to_free(order.data(), nfree);
     fmt::print("  freeing {} of {} objects at random\n", nfree, o.objects);
     std::fflush(stdout);
-    if (Status st = bench::FreeObjects(**client, **sched, *ptrs, to_free, kLoadInflight); !st.ok())
+    if (Status st = bench::FreeObjects(**client, **sched, *ptrs, to_free, bench::kLoadInflight);
+        !st.ok())
       return fail(st);
     std::vector<uint64_t> live_index(order.begin() + static_cast<std::ptrdiff_t>(nfree),
                                      order.end());
@@ -475,7 +465,7 @@ int RunObjectsCompactionBench(ObjectsCompactionOptions o) {
                           {"compact_end_ms", r.compact_end_ms},
                           {"rounds", r.rounds},
                           {"merges", r.merges},
-                          {"client_stats", StatsJson(r.stats)},
+                          {"client_stats", bench::ObjectClientStatsJson(r.stats)},
                           {"compaction_stats", r.compaction_stats},
                           {"objects_before", r.objects_before},
                           {"objects_after", r.objects_after}};

@@ -35,7 +35,6 @@ using bench::ObjClock;
 using bench::TargetProcess;
 
 constexpr double kZipfTheta = 0.99;
-constexpr int kLoadInflight = 64;
 
 enum class ReadOp { kRaw, kDirect, kRpc };
 
@@ -317,17 +316,6 @@ void PrintTargets(const std::vector<TargetCheck>& targets) {
   std::fflush(stdout);
 }
 
-nlohmann::json StatsJson(const ObjectClientStats& s) {
-  return {{"direct_reads", s.direct_reads},
-          {"direct_ok", s.direct_ok},
-          {"torn_retries", s.torn_retries},
-          {"locked_retries", s.locked_retries},
-          {"moved", s.moved},
-          {"scans", s.scans},
-          {"corrections", s.corrections},
-          {"rpc_reads", s.rpc_reads}};
-}
-
 Status Validate(const ObjectsThroughputOptions& o) {
   if (o.objects < 2 || o.objects > (64ull << 20))
     return Status::InvalidArgument("--objects must be in 2..67108864");
@@ -439,7 +427,8 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   }
   fmt::print("\nLoad\n");
   auto load_start = ObjClock::now();
-  auto ptrs = bench::LoadObjects(**client, **load_sched, o.objects, o.size, kLoadInflight, "load");
+  auto ptrs =
+      bench::LoadObjects(**client, **load_sched, o.objects, o.size, bench::kLoadInflight, "load");
   if (!ptrs.ok()) {
     fmt::print(stderr, "{}: {}\n", kProg, ptrs.status().ToString());
     return 1;
@@ -583,7 +572,7 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
     }
     j["cases"] = std::move(cases);
     j["redis"] = redis_status;
-    j["client_stats"] = StatsJson(client_stats);
+    j["client_stats"] = bench::ObjectClientStatsJson(client_stats);
     std::vector<bench::TargetRecord> records;
     for (const auto& t : targets) {
       bench::TargetRecord r{.name = t.name,

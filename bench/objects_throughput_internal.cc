@@ -361,4 +361,15 @@ TimelineSummary SummarizeTimeline(std::span<const uint64_t> counts, int64_t buck
   return s;
 }
 
+nlohmann::json ObjectClientStatsJson(const ObjectClientStats& s) {
+  return {{"direct_reads", s.direct_reads},
+          {"direct_ok", s.direct_ok},
+          {"torn_retries", s.torn_retries},
+          {"locked_retries", s.locked_retries},
+          {"moved", s.moved},
+          {"scans", s.scans},
+          {"corrections", s.corrections},
+          {"rpc_reads", s.rpc_reads}};
+}
+
 }  // namespace farmem::bench

@@ -28,6 +28,9 @@ namespace farmem::bench {
 
 using ObjClock = std::chrono::steady_clock;
 
+// Operations in flight while the load phase creates or frees the objects.
+inline constexpr int kLoadInflight = 64;
+
 // How long a farmemd target may take to start and report its bootstrap address.
 inline constexpr std::chrono::milliseconds kObjectsServerStartTimeout{30000};
 
@@ -77,6 +80,8 @@ Result<std::unique_ptr<Node>> MakeObjectsClientNode(const ObjectsServerSetup& se
 // The object bytes of object `index`: its index (8 bytes, little endian) then a pattern. Readers
 // check the first 8 bytes, so a read that returned another object's bytes fails the case.
 void FillObjectValue(uint64_t index, std::span<std::byte> out);
+// The client-side counters of an ObjectClient as the benchmarks' JSON reports them.
+nlohmann::json ObjectClientStatsJson(const ObjectClientStats& s);
 inline bool ValueMatches(uint64_t index, std::span<const std::byte> got) {
   if (got.size() < sizeof(uint64_t)) return false;
   uint64_t v;

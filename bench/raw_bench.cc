@@ -55,7 +55,7 @@ constexpr std::chrono::milliseconds kStartTimeout{20000};
 // ---------------------------------------------------------------------------------------------
 // Results
 
-struct CaseResult {
+struct RawCaseResult {
   std::string backend;
   std::string op;
   size_t size = 0;
@@ -70,12 +70,12 @@ struct CaseResult {
   std::vector<double> round_p50_us, round_ops;
 };
 
-struct Report {
-  std::vector<CaseResult> cases;
+struct RawReport {
+  std::vector<RawCaseResult> cases;
   std::vector<std::pair<std::string, std::string>> unavailable;  // backend, reason
 
-  const CaseResult* Find(std::string_view backend, std::string_view op, size_t size,
-                         int inflight) const {
+  const RawCaseResult* Find(std::string_view backend, std::string_view op, size_t size,
+                            int inflight) const {
     for (const auto& c : cases)
       if (c.status.ok() && c.backend == backend && c.op == op && c.size == size &&
           c.inflight == inflight)
@@ -84,13 +84,13 @@ struct Report {
   }
 };
 
-CaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
-                      Result<Measurement> m);
+RawCaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
+                         Result<Measurement> m);
 
 // A case measured in rounds: figures over all the rounds' samples, plus each round's p50 and
 // ops/s (what the targets' per-round ratios use). A failed round fails the case.
-CaseResult MakeRoundsResult(std::string backend, std::string op, size_t size, int inflight,
-                            std::vector<Result<Measurement>>& rounds) {
+RawCaseResult MakeRoundsResult(std::string backend, std::string op, size_t size, int inflight,
+                               std::vector<Result<Measurement>>& rounds) {
   Measurement all;
   std::vector<double> p50s, ops;
   for (auto& r : rounds) {
@@ -101,15 +101,15 @@ CaseResult MakeRoundsResult(std::string backend, std::string op, size_t size, in
     all.seconds += r->seconds;
     all.lat_ns.insert(all.lat_ns.end(), r->lat_ns.begin(), r->lat_ns.end());
   }
-  CaseResult c = MakeResult(std::move(backend), std::move(op), size, inflight, std::move(all));
+  RawCaseResult c = MakeResult(std::move(backend), std::move(op), size, inflight, std::move(all));
   c.round_p50_us = std::move(p50s);
   c.round_ops = std::move(ops);
   return c;
 }
 
-CaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
-                      Result<Measurement> m) {
-  CaseResult r;
+RawCaseResult MakeResult(std::string backend, std::string op, size_t size, int inflight,
+                         Result<Measurement> m) {
+  RawCaseResult r;
   r.backend = std::move(backend);
   r.op = std::move(op);
   r.size = size;
@@ -129,14 +129,14 @@ CaseResult MakeResult(std::string backend, std::string op, size_t size, int infl
 
 // Ratios of a transport case to its baselines: the TCP echo of the same size (8-byte atomics and
 // 64 B RPC compare with the 64 B echo) and depth, and process_vm_readv for fabric:shm reads.
-void AddRatios(CaseResult& r, const Report& report) {
+void AddRatios(RawCaseResult& r, const RawReport& report) {
   size_t echo_size = (r.op == "read" || r.op == "write") ? r.size : kSmall;
-  if (const CaseResult* e = report.Find(kEchoName, "echo", echo_size, r.inflight)) {
+  if (const RawCaseResult* e = report.Find(kEchoName, "echo", echo_size, r.inflight)) {
     r.ratios.emplace_back("p50_vs_tcp_echo", bench::Ratio(r.lat.p50_us, e->lat.p50_us));
     r.ratios.emplace_back("ops_vs_tcp_echo", bench::Ratio(r.ops_per_sec, e->ops_per_sec));
   }
   if (r.backend == "fabric:shm" && r.op == "read") {
-    if (const CaseResult* p = report.Find(kPvmName, "read", r.size, 1)) {
+    if (const RawCaseResult* p = report.Find(kPvmName, "read", r.size, 1)) {
       r.ratios.emplace_back("p50_vs_process_vm_readv", bench::Ratio(r.lat.p50_us, p->lat.p50_us));
       r.ratios.emplace_back("ops_vs_process_vm_readv", bench::Ratio(r.ops_per_sec, p->ops_per_sec));
     }
@@ -149,7 +149,7 @@ void PrintCaseStart(std::string_view backend, std::string_view op, size_t size, 
   std::fflush(stdout);
 }
 
-void PrintCaseEnd(const CaseResult& r) {
+void PrintCaseEnd(const RawCaseResult& r) {
   if (!r.status.ok()) {
     fmt::print("FAILED: {}\n", r.status.ToString());
     std::fflush(stdout);
@@ -413,7 +413,7 @@ Result<Measurement> RunTransportCase(Context& ctx, PeerId peer, RegionKey key, C
   return rec.Finish();
 }
 
-double WarmupFor(double seconds) {
+double RawWarmupFor(double seconds) {
   return std::clamp(seconds * 0.2, 0.05, 0.2);
 }
 
@@ -474,7 +474,7 @@ struct RoundCase {
 // ---------------------------------------------------------------------------------------------
 // Targets of the issue, machine info, JSON
 
-struct TargetCheck {
+struct RawTargetCheck {
   std::string name;
   std::string metric;  // "p50_us" or "ops_per_sec"
   double value = std::nan("");
@@ -486,14 +486,15 @@ struct TargetCheck {
   std::string missing;  // why the check could not be made
 };
 
-std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOptions& options) {
+std::vector<RawTargetCheck> EvaluateTargets(const RawReport& report,
+                                            const RawBenchOptions& options) {
   // "16+ in flight": 16 when measured, else the deepest queue measured above 1.
   int deep = 0;
   for (int n : options.inflight)
     if (n > 1 && (deep != 16) && (n == 16 || n > deep)) deep = n;
-  auto make = [&](std::string name, const CaseResult* v, const CaseResult* b, bool latency,
+  auto make = [&](std::string name, const RawCaseResult* v, const RawCaseResult* b, bool latency,
                   double factor, bool at_most, std::string v_desc, std::string b_desc) {
-    TargetCheck t;
+    RawTargetCheck t;
     t.name = std::move(name);
     t.metric = latency ? "p50_us" : "ops_per_sec";
     t.factor = factor;
@@ -517,7 +518,7 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOpt
     }
     return t;
   };
-  std::vector<TargetCheck> out;
+  std::vector<RawTargetCheck> out;
   out.push_back(make("fabric:shm 64 B read p50 <= 1.5x process_vm_readv 64 B p50",
                      report.Find("fabric:shm", "read", kSmall, 1),
                      report.Find(kPvmName, "read", kSmall, 1), true, 1.5, true,
@@ -527,7 +528,7 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOpt
       report.Find(kEchoName, "echo", kSmall, 1), true, 1.3, true, "tcp read x1", "tcp_echo x1"));
   // Without a depth above 1 the throughput targets are named after the issue's 16 and left n/a.
   std::string d = std::to_string(deep ? deep : 16);
-  const CaseResult* tcp_deep = deep ? report.Find("tcp", "read", kSmall, deep) : nullptr;
+  const RawCaseResult* tcp_deep = deep ? report.Find("tcp", "read", kSmall, deep) : nullptr;
   out.push_back(make("tcp 64 B read throughput x" + d + " >= 0.7x pipelined TCP echo x" + d,
                      tcp_deep, deep ? report.Find(kEchoName, "echo", kSmall, deep) : nullptr, false,
                      0.7, false, "tcp read x" + d, "tcp_echo x" + d));
@@ -538,7 +539,7 @@ std::vector<TargetCheck> EvaluateTargets(const Report& report, const RawBenchOpt
   return out;
 }
 
-void PrintTargets(const std::vector<TargetCheck>& targets) {
+void PrintRawTargets(const std::vector<RawTargetCheck>& targets) {
   fmt::print("\nTargets (median of the per-round ratios, min-max of the rounds)\n");
   for (const auto& t : targets) {
     std::string detail;
@@ -556,7 +557,7 @@ void PrintTargets(const std::vector<TargetCheck>& targets) {
   std::fflush(stdout);
 }
 
-nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targets,
+nlohmann::json ToJson(const RawReport& report, const std::vector<RawTargetCheck>& targets,
                       const RawBenchOptions& options, const nlohmann::json& machine) {
   nlohmann::json j;
   j["benchmark"] = "farmem bench raw";
@@ -565,7 +566,7 @@ nlohmann::json ToJson(const Report& report, const std::vector<TargetCheck>& targ
                   {"seconds", options.seconds},
                   {"rounds", options.rounds},
                   {"round_seconds", options.seconds / options.rounds},
-                  {"warmup_seconds", WarmupFor(options.seconds / options.rounds)},
+                  {"warmup_seconds", RawWarmupFor(options.seconds / options.rounds)},
                   {"inflight", options.inflight}};
   j["notes"] = {
       "write = write with delivery_complete; cas/faa operate on 8-byte words (size 8); "
@@ -699,7 +700,7 @@ int RunRawBench(const RawBenchOptions& options) {
   // Set up every target and initiator once, then run the rounds: each round runs every case
   // (baselines and transports) for seconds/rounds, so a subject and its baseline alternate
   // (A B A B ...) and load on the machine hits them alike.
-  Report report;
+  RawReport report;
   std::vector<RoundCase> cases;
   auto unavailable = [&](const std::string& label, const Status& st) {
     fmt::print("  {:<20} unavailable: {}\n", label, st.ToString());
@@ -771,7 +772,7 @@ int RunRawBench(const RawBenchOptions& options) {
   }
   const double slice = options.seconds / options.rounds;
   fmt::print("\n{} cases x {} rounds of {:.2f} s (+{:.2f} s warm-up each)\n  ", cases.size(),
-             options.rounds, slice, WarmupFor(slice));
+             options.rounds, slice, RawWarmupFor(slice));
   std::fflush(stdout);
   for (int round = 0; round < options.rounds; ++round) {
     for (auto& c : cases) {
@@ -780,7 +781,7 @@ int RunRawBench(const RawBenchOptions& options) {
         c.rounds.push_back(c.rounds.back().status());
         continue;
       }
-      c.rounds.push_back(c.run(WarmupFor(slice), slice));
+      c.rounds.push_back(c.run(RawWarmupFor(slice), slice));
     }
     fmt::print("{}", round + 1 < options.rounds ? "." : ".\n");
     std::fflush(stdout);
@@ -794,7 +795,7 @@ int RunRawBench(const RawBenchOptions& options) {
       section = sec;
     }
     PrintCaseStart(c.backend, c.op, c.size, c.inflight);
-    CaseResult r = MakeRoundsResult(c.backend, c.op, c.size, c.inflight, c.rounds);
+    RawCaseResult r = MakeRoundsResult(c.backend, c.op, c.size, c.inflight, c.rounds);
     if (r.status.ok() && sec != "Baselines") AddRatios(r, report);
     PrintCaseEnd(r);
     report.cases.push_back(std::move(r));
@@ -809,7 +810,7 @@ int RunRawBench(const RawBenchOptions& options) {
   if (double load[3]; ::getloadavg(load, 3) == 3)
     machine["loadavg_at_end"] = {load[0], load[1], load[2]};
   auto checks = EvaluateTargets(report, options);
-  PrintTargets(checks);
+  PrintRawTargets(checks);
   if (!options.json_path.empty()) {
     if (Status st =
             bench::WriteJsonFile(options.json_path, ToJson(report, checks, options, machine));

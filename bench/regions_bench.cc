@@ -38,7 +38,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-constexpr const char* kProg = "farmem bench regions";
+constexpr const char* kRegionsProg = "farmem bench regions";
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -273,7 +273,7 @@ std::optional<double> ParseFioWriteBytesPerSec(std::string_view text) {
 
 int RunRegionsBench(RegionsBenchOptions o) {
   if (o.rounds < 5) {
-    fmt::print(stderr, "{}: --rounds must be >= 5\n", kProg);
+    fmt::print(stderr, "{}: --rounds must be >= 5\n", kRegionsProg);
     return 2;
   }
   if (o.read_file_mib == 0) o.read_file_mib = o.quick ? 64 : 2048;
@@ -286,7 +286,8 @@ int RunRegionsBench(RegionsBenchOptions o) {
 
   struct stat fuse_st {};
   if (::stat("/dev/fuse", &fuse_st) != 0 || !S_ISCHR(fuse_st.st_mode)) {
-    fmt::print(stderr, "{}: /dev/fuse is missing (no FUSE in this kernel or container)\n", kProg);
+    fmt::print(stderr, "{}: /dev/fuse is missing (no FUSE in this kernel or container)\n",
+               kRegionsProg);
     return 1;
   }
   Tools tools{FindTool("sysbench"), FindTool("fio"), FindTool("cp"), FindTool("rm")};
@@ -295,8 +296,8 @@ int RunRegionsBench(RegionsBenchOptions o) {
                                    {"cp", tools.cp},
                                    {"rm", tools.rm}}) {
     if (path.empty()) {
-      fmt::print(stderr, "{}: {} not found on PATH (apt install {}; scripts/bootstrap)\n", kProg,
-                 name, name);
+      fmt::print(stderr, "{}: {} not found on PATH (apt install {}; scripts/bootstrap)\n",
+                 kRegionsProg, name, name);
       return 1;
     }
   }
@@ -305,7 +306,7 @@ int RunRegionsBench(RegionsBenchOptions o) {
   char work_tmpl[] = "/tmp/farmem-regbench.XXXXXX";
   char shm_tmpl[] = "/dev/shm/farmem-regbench.XXXXXX";
   if (!::mkdtemp(work_tmpl) || !::mkdtemp(shm_tmpl)) {
-    fmt::print(stderr, "{}: mkdtemp: {}\n", kProg, std::strerror(errno));
+    fmt::print(stderr, "{}: mkdtemp: {}\n", kRegionsProg, std::strerror(errno));
     return 1;
   }
   const std::string work = work_tmpl, shm = shm_tmpl;
@@ -331,10 +332,10 @@ int RunRegionsBench(RegionsBenchOptions o) {
   const nlohmann::json machine = bench::MachineInfo();  // its date and load: the run's start
   Mount mount;
   if (Status s = mount.Start(mnt, work + "/mount.out", memory_mib); !s.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, s.message());
+    fmt::print(stderr, "{}: {}\n", kRegionsProg, s.message());
     return 1;
   }
-  fmt::print("{}: farmem mount at {} (pid {}{}), tmpfs at {}\n", kProg, mnt, mount.pid,
+  fmt::print("{}: farmem mount at {} (pid {}{}), tmpfs at {}\n", kRegionsProg, mnt, mount.pid,
              memory_mib ? fmt::format(", --memory-mib {}", memory_mib) : ", default flags", ref);
   if (o.quick)
     fmt::print("--quick: {} MiB sysbench file and {} MiB fio file (the issue's full run: 2 GiB)\n",
@@ -342,7 +343,7 @@ int RunRegionsBench(RegionsBenchOptions o) {
 
   const std::string log = work + "/tool.out";
   auto fail = [&](const Status& s) {
-    fmt::print(stderr, "{}: {}\n", kProg, s.message());
+    fmt::print(stderr, "{}: {}\n", kRegionsProg, s.message());
     return 1;
   };
   if (Status s = MakeTree(tree, o.small_files); !s.ok()) return fail(s);

@@ -62,7 +62,7 @@ using bench::FindFarmemd;
 using bench::KillAndReap;
 using bench::Spawn;
 
-constexpr const char* kProg = "farmem bench soak";
+constexpr const char* kSoakProg = "farmem bench soak";
 constexpr const char* kToken = "farmem";  // farmemd's default cluster token
 // Source addresses of the hostile clients (all of 127.0.0.0/8 is loopback): the listeners'
 // per-address limits then hit the hostile clients, as they would on a real network, and not the
@@ -799,7 +799,7 @@ Status Validate(SoakBenchOptions& o) {
 
 int RunSoakBench(SoakBenchOptions o) {
   if (Status st = Validate(o); !st.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: {}\n", kSoakProg, st.ToString());
     return 2;
   }
   bench::QuietBenchLogging();
@@ -819,7 +819,7 @@ int RunSoakBench(SoakBenchOptions o) {
   const std::string farmemd_bin = FindFarmemd(o.farmemd);
   if (farmemd_bin.empty()) {
     fmt::print(stderr, "{}: farmemd not found next to farmem nor on PATH (give --farmemd)\n",
-               kProg);
+               kSoakProg);
     return 1;
   }
   std::error_code ec;
@@ -827,14 +827,14 @@ int RunSoakBench(SoakBenchOptions o) {
 
   Farmemd server;
   if (Status st = server.Start(farmemd_bin, 15000ms); !st.ok()) {
-    fmt::print(stderr, "{}: cannot start farmemd: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: cannot start farmemd: {}\n", kSoakProg, st.ToString());
     return 1;
   }
   fmt::print(
       "{}: farmemd (pid {}) with its default flags: {} (bootstrap {}, data {}; log {}, "
       "kept if the run fails)\n",
-      kProg, server.pid(), fmt::join(server.args(), " "), server.bootstrap(), server.data_address(),
-      server.log_path());
+      kSoakProg, server.pid(), fmt::join(server.args(), " "), server.bootstrap(),
+      server.data_address(), server.log_path());
   fmt::print(
       "{} rounds x (baseline {:.1f} s + hostile {:.1f} s), settle {} ms after each change; "
       "legitimate: {} objects + {} raw ranges, {} coroutines per thread; hostile: {} slow "
@@ -852,20 +852,20 @@ int RunSoakBench(SoakBenchOptions o) {
   setup.token = kToken;
   auto node = bench::MakeObjectsClientNode(setup, "soak-legit");
   if (!node.ok()) {
-    fmt::print(stderr, "{}: client node: {}\n", kProg, node.status().ToString());
+    fmt::print(stderr, "{}: client node: {}\n", kSoakProg, node.status().ToString());
     return 1;
   }
   const std::vector<std::string> servers = {server.bootstrap()};
   auto oc = ObjectClient::Connect(**node, servers);
   auto rc = RawClient::Connect(**node, server.bootstrap());
   if (!oc.ok() || !rc.ok()) {
-    fmt::print(stderr, "{}: connect: {}\n", kProg,
+    fmt::print(stderr, "{}: connect: {}\n", kSoakProg,
                (!oc.ok() ? oc.status() : rc.status()).ToString());
     return 1;
   }
   auto stat0 = Stat(**rc);
   if (!stat0.ok()) {
-    fmt::print(stderr, "{}: STAT: {}\n", kProg, stat0.status().ToString());
+    fmt::print(stderr, "{}: STAT: {}\n", kSoakProg, stat0.status().ToString());
     return 1;
   }
   const soak::StatCounts counts0 = soak::ParseStatCounts(*stat0);
@@ -918,7 +918,8 @@ int RunSoakBench(SoakBenchOptions o) {
     while (legit.ready.load() < workers && Clock::now() < deadline && thread_failures.load() == 0)
       std::this_thread::sleep_for(20ms);
     if (legit.ready.load() < workers) {
-      fmt::print(stderr, "{}: the legitimate clients did not finish loading within 60 s\n", kProg);
+      fmt::print(stderr, "{}: the legitimate clients did not finish loading within 60 s\n",
+                 kSoakProg);
       stop_legit();
       return 1;
     }
@@ -983,11 +984,12 @@ int RunSoakBench(SoakBenchOptions o) {
   hostile_total.Add(hostile.Stop());
   stop_legit();
   if (!failure.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, failure.ToString());
+    fmt::print(stderr, "{}: {}\n", kSoakProg, failure.ToString());
     return 1;
   }
   if (thread_failures.load() != 0)
-    fmt::print(stderr, "{}: warning: a legitimate client thread did not finish cleanly\n", kProg);
+    fmt::print(stderr, "{}: warning: a legitimate client thread did not finish cleanly\n",
+               kSoakProg);
 
   // Leak check: every client is gone (the legitimate ones freed what they held; the killed ones
   // could not). Poll STAT until the counts are back to where they were before the run, for at
@@ -1018,7 +1020,7 @@ int RunSoakBench(SoakBenchOptions o) {
   }
   const double leak_wait = SecondsSince(t_leak);
   if (!stat_now.ok()) {
-    fmt::print(stderr, "{}: STAT after the run: {}\n", kProg, stat_now.status().ToString());
+    fmt::print(stderr, "{}: STAT after the run: {}\n", kSoakProg, stat_now.status().ToString());
   }
   const int64_t leaked = stat_now.ok() ? leaked_obj() + leaked_raw() : -1;
 
@@ -1127,7 +1129,7 @@ int RunSoakBench(SoakBenchOptions o) {
     j["wall_seconds"] = wall;
     j["targets"] = bench::TargetsJson(targets);
     if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
-      fmt::print(stderr, "{}: {}\n", kProg, st.message());
+      fmt::print(stderr, "{}: {}\n", kSoakProg, st.message());
       return 1;
     }
     fmt::print("Results written to {}\n", o.json_path);

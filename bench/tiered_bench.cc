@@ -35,7 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using bench::TargetRecord;
 using bench::TargetResult;
-constexpr const char* kProg = "farmem bench tiered";
+constexpr const char* kTieredProg = "farmem bench tiered";
 constexpr double kZipfTheta = 0.99;
 constexpr auto kStartTimeout = std::chrono::seconds(60);
 
@@ -392,7 +392,7 @@ int RunTieredBench(TieredBenchOptions o) {
   const uint64_t capacity = o.capacity_mib << 20;
   if (capacity % unit != 0 || capacity / unit < 20) {
     fmt::print(stderr, "{}: --capacity-mib must be a multiple of the {} KiB unit, >= 20 units\n",
-               kProg, defaults.unit_kib);
+               kTieredProg, defaults.unit_kib);
     return 2;
   }
   auto dram = [&](int pct) { return std::max(unit, capacity * pct / 100 / unit * unit); };
@@ -403,7 +403,7 @@ int RunTieredBench(TieredBenchOptions o) {
 
   auto dir = bench::PickDataDir(o.dir);
   if (!dir.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, dir.status().ToString());
+    fmt::print(stderr, "{}: {}\n", kTieredProg, dir.status().ToString());
     return 2;
   }
   struct DirGuard {
@@ -415,14 +415,14 @@ int RunTieredBench(TieredBenchOptions o) {
   } dir_guard{*dir};
 
   auto fail = [&](const Status& st) {
-    fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: {}\n", kTieredProg, st.ToString());
     return 1;
   };
   nlohmann::json machine = bench::MachineInfo();
   fmt::print(
       "{}: region {} MiB in {} KiB units, period {} ms, fill {} %, {} in flight, {} "
       "rounds x {:.2f} s, steady state after {} periods; files in {}\n",
-      kProg, o.capacity_mib, defaults.unit_kib, period_ms, defaults.fill_percent, o.inflight,
+      kTieredProg, o.capacity_mib, defaults.unit_kib, period_ms, defaults.fill_percent, o.inflight,
       o.rounds, o.slice_seconds, o.warmup_periods, *dir);
   if (auto busy = bench::CpuBusyFraction(std::chrono::milliseconds(200))) {
     machine["cpu_busy_before_run"] = *busy;
@@ -454,7 +454,7 @@ int RunTieredBench(TieredBenchOptions o) {
   const std::string plain_file = *dir + "/mmap-plain.dat";
   for (const auto& f : {base_file, rpc_file, mmap_file, plain_file}) {
     if (Status st = bench::WriteDataFile(f, capacity); !st.ok()) {
-      fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+      fmt::print(stderr, "{}: {}\n", kTieredProg, st.ToString());
       return 1;
     }
   }
@@ -506,7 +506,7 @@ int RunTieredBench(TieredBenchOptions o) {
   for (auto& p : plan) {
     auto proc = bench::TargetProcess::Fork(p.name, p.role);
     if (!proc.ok()) {
-      fmt::print(stderr, "{}: cannot fork {}: {}\n", kProg, p.name, proc.status().ToString());
+      fmt::print(stderr, "{}: cannot fork {}: {}\n", kTieredProg, p.name, proc.status().ToString());
       return 1;
     }
     servers.push_back(Server{p.name, nullptr, std::move(*proc), ""});
@@ -544,7 +544,7 @@ int RunTieredBench(TieredBenchOptions o) {
     if (plan[i].cgroup && !have_cgroup) continue;  // its figures would not be what they claim
     auto ready = servers[i].process->Start(kStartTimeout);
     if (!ready.ok()) {
-      fmt::print(stderr, "{}: {} did not start: {}\n", kProg, servers[i].name,
+      fmt::print(stderr, "{}: {} did not start: {}\n", kTieredProg, servers[i].name,
                  ready.status().ToString());
       return 1;
     }
@@ -556,12 +556,12 @@ int RunTieredBench(TieredBenchOptions o) {
   client_setup.token = TransportConfig().cluster_token;  // the servers run the default token
   auto node = bench::MakeObjectsClientNode(client_setup, "tiered-bench");
   if (!node.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, node.status().ToString());
+    fmt::print(stderr, "{}: {}\n", kTieredProg, node.status().ToString());
     return 1;
   }
   auto sched = (*node)->make_scheduler();
   if (!sched.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, sched.status().ToString());
+    fmt::print(stderr, "{}: {}\n", kTieredProg, sched.status().ToString());
     return 1;
   }
   std::map<std::string, std::unique_ptr<Subject>> subjects;
@@ -571,7 +571,7 @@ int RunTieredBench(TieredBenchOptions o) {
       const std::string suffix = servers[i].name == "mmap" ? "" : "-plain";
       auto peer = (*node)->connect(servers[i].address);
       if (!peer.ok()) {
-        fmt::print(stderr, "{}: mmap server: {}\n", kProg, peer.status().ToString());
+        fmt::print(stderr, "{}: mmap server: {}\n", kTieredProg, peer.status().ToString());
         return 1;
       }
       RegionKey key = 0;
@@ -590,7 +590,7 @@ int RunTieredBench(TieredBenchOptions o) {
     }
     auto c = TieredClient::Connect(**node, servers[i].address);
     if (!c.ok()) {
-      fmt::print(stderr, "{}: {}: {}\n", kProg, servers[i].name, c.status().ToString());
+      fmt::print(stderr, "{}: {}: {}\n", kTieredProg, servers[i].name, c.status().ToString());
       return 1;
     }
     auto s = std::make_unique<TierSubject>(std::move(*c));

@@ -50,7 +50,7 @@ using bench::TargetRecord;
 using bench::TargetResult;
 using bench::ZipfGenerator;
 
-constexpr const char* kProg = "farmem bench tx";
+constexpr const char* kTxProg = "farmem bench tx";
 constexpr const char* kToken = "farmem";  // farmemd's default cluster token
 constexpr int kServerCpu = 0;             // the KV server's CPU
 constexpr int kMaxConflictRetries = 200;
@@ -997,7 +997,7 @@ int Finish(const Ctx& ctx, nlohmann::json machine, Clock::time_point t_start) {
   j["results"] = ctx.results;
   j["targets"] = bench::TargetsJson(ctx.targets);
   if (Status st = bench::WriteJsonFile(o.json_path, j); !st.ok()) {
-    fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+    fmt::print(stderr, "{}: {}\n", kTxProg, st.ToString());
     return 1;
   }
   fmt::print("wrote {}\n", o.json_path);
@@ -1029,7 +1029,7 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
     const auto t0 = Clock::now();
     if (Status st = tatp::RedisTatpLoad(ctx.redis_port, o.subscribers, o.seed, ctx.redis_host);
         !st.ok()) {
-      fmt::print(stderr, "{}: loading Redis at {}: {}\n", kProg, o.redis_addr, st.ToString());
+      fmt::print(stderr, "{}: loading Redis at {}: {}\n", kTxProg, o.redis_addr, st.ToString());
       return 1;
     }
     ctx.redis = true;
@@ -1073,7 +1073,7 @@ int RunTxBenchOnServers(const TxBenchOptions& o) {
   if (st.ok() && o.only != "kv") st = TatpRounds(ctx, spec, **node, o.servers, false, out);
   if (node.ok()) (*node)->stop();
   if (!st.ok()) {
-    fmt::print(stderr, "{}: [{}] {}\n", kProg, spec, st.ToString());
+    fmt::print(stderr, "{}: [{}] {}\n", kTxProg, spec, st.ToString());
     return 1;
   }
   return Finish(ctx, machine, t_start);
@@ -1123,7 +1123,7 @@ int RunTxBench(TxBenchOptions o) {
     return 0;
   }
   if (std::string why = CheckServerFlags(o); !why.empty()) {
-    fmt::print(stderr, "{}: {}\n", kProg, why);
+    fmt::print(stderr, "{}: {}\n", kTxProg, why);
     return 2;
   }
   const bool remote = !o.servers.empty();
@@ -1132,13 +1132,13 @@ int RunTxBench(TxBenchOptions o) {
         remote ? std::vector<std::string>{"tcp"} : std::vector<std::string>{"tcp", "fabric:shm"};
   if (remote && o.backends.size() != 1) {
     fmt::print(stderr, "{}: --servers runs on one backend (the servers'): give one --backend\n",
-               kProg);
+               kTxProg);
     return 2;
   }
   for (const auto& b : o.backends) {
     std::string backend, provider;
     if (Status st = bench::ParseObjectsBackend(b, &backend, &provider); !st.ok()) {
-      fmt::print(stderr, "{}: {}\n", kProg, st.ToString());
+      fmt::print(stderr, "{}: {}\n", kTxProg, st.ToString());
       return 2;
     }
   }
@@ -1146,7 +1146,7 @@ int RunTxBench(TxBenchOptions o) {
   Ctx ctx{o, bench::FindFarmemd(o.farmemd)};
   if (ctx.farmemd_bin.empty()) {
     fmt::print(stderr, "{}: farmemd not found next to farmem nor on PATH (give --farmemd)\n",
-               kProg);
+               kTxProg);
     return 1;
   }
   // The Redis child is forked before any thread exists (target_process.h).
@@ -1159,7 +1159,7 @@ int RunTxBench(TxBenchOptions o) {
     } else {
       auto r = bench::TargetProcess::Fork("redis", bench::RedisServerRole(path));
       if (!r.ok()) {
-        fmt::print(stderr, "{}: {}\n", kProg, r.status().ToString());
+        fmt::print(stderr, "{}: {}\n", kTxProg, r.status().ToString());
         return 1;
       }
       redis = std::move(*r);
@@ -1171,7 +1171,7 @@ int RunTxBench(TxBenchOptions o) {
   if (redis) {
     auto port = redis->Start(30s);
     if (!port.ok() || port->size() != sizeof(uint16_t)) {
-      fmt::print(stderr, "{}: redis: {}\n", kProg,
+      fmt::print(stderr, "{}: redis: {}\n", kTxProg,
                  port.ok() ? "bad port message" : port.status().ToString());
       return 1;
     }
@@ -1179,7 +1179,7 @@ int RunTxBench(TxBenchOptions o) {
     ctx.redis = true;
     const auto t0 = Clock::now();
     if (Status st = tatp::RedisTatpLoad(ctx.redis_port, o.subscribers, o.seed); !st.ok()) {
-      fmt::print(stderr, "{}: loading Redis: {}\n", kProg, st.ToString());
+      fmt::print(stderr, "{}: loading Redis: {}\n", kTxProg, st.ToString());
       return 1;
     }
     fmt::print("Redis (port {}): loaded {} TATP subscribers in {:.1f} s\n", ctx.redis_port,
@@ -1196,14 +1196,14 @@ int RunTxBench(TxBenchOptions o) {
     setup.token = kToken;
     auto node = bench::MakeObjectsClientNode(setup, "tx-bench");
     if (!node.ok()) {
-      fmt::print(stderr, "{}: [{}] client node: {}\n", kProg, spec, node.status().ToString());
+      fmt::print(stderr, "{}: [{}] client node: {}\n", kTxProg, spec, node.status().ToString());
       return 1;
     }
     nlohmann::json& out = ctx.results[spec];
     for (auto* run : {&RunKv, &RunTatp}) {
       if (!o.only.empty() && (run == &RunKv) != (o.only == "kv")) continue;
       if (Status st = (*run)(ctx, spec, backend, provider, **node, out); !st.ok()) {
-        fmt::print(stderr, "{}: [{}] {}\n", kProg, spec, st.ToString());
+        fmt::print(stderr, "{}: [{}] {}\n", kTxProg, spec, st.ToString());
         return 1;
       }
     }

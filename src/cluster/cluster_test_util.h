@@ -18,6 +18,11 @@
 
 namespace farmem::cluster::testing {
 
+// A test call's deadline: 3 s from now (an etcd round trip on a loaded runner stays far inside it).
+inline Clock::time_point Soon() {
+  return Clock::now() + std::chrono::milliseconds(3000);
+}
+
 // [A-Za-z0-9_.-]{1,64}, unique per call in this process and across processes (pid), readable
 // (the current test's name).
 inline std::string UniqueName(std::string_view tag = "") {

@@ -23,12 +23,10 @@ namespace {
 using std::chrono::milliseconds;
 using testing::EtcdAvailable;
 using testing::EtcdProcess;
+using testing::Soon;
 
 Clock::time_point In(milliseconds d) {
   return Clock::now() + d;
-}
-Clock::time_point Soon() {
-  return In(milliseconds(3000));
 }
 
 std::unique_ptr<ClusterBackend> OpenOrDie(std::vector<std::string> endpoints,

@@ -30,12 +30,9 @@ using std::chrono::milliseconds;
 using testing::EtcdAvailable;
 using testing::EtcdProcess;
 using testing::EtcdTls;
+using testing::Soon;
 
 constexpr const char* kOpenssl = "/usr/bin/openssl";
-
-Clock::time_point Soon() {
-  return Clock::now() + milliseconds(3000);
-}
 
 // Runs argv to completion with stdout+stderr appended to `log`; Internal unless it exits 0.
 Status Run(const std::vector<std::string>& args, const std::string& log) {

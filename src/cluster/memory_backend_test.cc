@@ -12,11 +12,8 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
 using testing::EventLog;
+using testing::Soon;
 using testing::UniqueName;
-
-Clock::time_point Soon() {
-  return Clock::now() + 2s;
-}
 
 std::unique_ptr<ClusterBackend> OpenStore(const std::string& name) {
   auto b = OpenMemoryBackend(name, ClusterOptions{});

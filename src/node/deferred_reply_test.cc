@@ -24,10 +24,10 @@ using farmem::node::testing::StartNode;
 using farmem::testing::ScopedWatchdog;
 using namespace std::chrono_literals;
 
-constexpr uint16_t kOpPark = kFirstUserOpcode;      // defers and parks the handle
-constexpr uint16_t kOpEcho = kFirstUserOpcode + 1;  // answers at once
+constexpr uint16_t kOpPark = kFirstUserOpcode;         // defers and parks the handle
+constexpr uint16_t kOpEchoNow = kFirstUserOpcode + 1;  // answers at once
 
-std::span<const std::byte> Bytes(const std::string& s) {
+std::span<const std::byte> StrBytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 std::string Str(std::span<const std::byte> b) {
@@ -58,7 +58,7 @@ class DeferredReplies : public ::testing::TestWithParam<std::string> {
                                    })
                     .ok());
     ASSERT_TRUE(server_
-                    ->register_rpc(kOpEcho,
+                    ->register_rpc(kOpEchoNow,
                                    [](const RpcCall& call, std::vector<std::byte>& reply) {
                                      reply.assign(call.request.begin(), call.request.end());
                                      return Status::OK();
@@ -121,7 +121,7 @@ struct CallResult {
 Task<void> CallOne(Scheduler& sched, PeerId peer, uint16_t op, std::string request,
                    CallResult* out) {
   std::vector<std::byte> buf(4096);
-  Result<RpcReply> r = co_await sched.rpc(peer, RpcImm(op), Bytes(request), buf);
+  Result<RpcReply> r = co_await sched.rpc(peer, RpcImm(op), StrBytes(request), buf);
   out->status = r.ok() ? Status::OK() : r.status();
   if (r.ok()) out->reply = Str({buf.data(), r->length});
   out->done = true;
@@ -157,12 +157,12 @@ TEST_P(DeferredReplies, AnswersFromAnotherThreadReachTheirOwnCallers) {
     if (!all_parked) return;
     // All eight parked, none answered: the server's one worker still answers other calls.
     auto sched2 = client->make_scheduler();  // this thread's own context
-    if (sched2.ok()) echo = Call(**sched2, peer, kOpEcho, "quick");
+    if (sched2.ok()) echo = Call(**sched2, peer, kOpEchoNow, "quick");
     // Answer in reverse order of arrival, each with its own request's bytes.
     for (int i = kCalls - 1; i >= 0; --i) {
       DeferredReply h = Take(static_cast<size_t>(i));
       const std::string r = "re:" + Str(h.request());
-      EXPECT_TRUE(h.send(Status::OK(), Bytes(r)).ok());
+      EXPECT_TRUE(h.send(Status::OK(), StrBytes(r)).ok());
     }
   });
   EXPECT_TRUE(s.run(30s).ok());
@@ -188,11 +188,11 @@ TEST_P(DeferredReplies, AnswerAfterTheCallerTimedOutIsDroppedAndTheConnectionSta
   EXPECT_EQ(late.status.code(), Code::kTimedOut) << late.status.ToString();
   ASSERT_TRUE(WaitParked(1));
   DeferredReply h = Take(0);
-  ExpectDropped(h.send(Status::OK(), Bytes("too late")));
+  ExpectDropped(h.send(Status::OK(), StrBytes("too late")));
   EXPECT_FALSE(h.valid());
   // The stale answer is not taken for a later call's on the same connection.
   for (int i = 0; i < 3; ++i) {
-    const CallResult echo = Call(**sched, peer, kOpEcho, "fresh" + std::to_string(i));
+    const CallResult echo = Call(**sched, peer, kOpEchoNow, "fresh" + std::to_string(i));
     EXPECT_TRUE(echo.status.ok()) << echo.status.ToString();
     EXPECT_EQ(echo.reply, "fresh" + std::to_string(i));
   }
@@ -213,14 +213,14 @@ TEST_P(DeferredReplies, AnswerAfterTheConnectionClosedIsDroppedAndTheServerServe
   // Let the server see the close before it answers (the answer is dropped either way).
   std::this_thread::sleep_for(100ms);
   DeferredReply h = Take(0);
-  ExpectDropped(h.send(Status::OK(), Bytes("nobody listens")));
+  ExpectDropped(h.send(Status::OK(), StrBytes("nobody listens")));
   // The server serves a new client.
   PeerId peer2 = kInvalidPeer;
   Node* other = Client(10s, &peer2);
   ASSERT_NE(other, nullptr);
   auto sched = other->make_scheduler();
   ASSERT_TRUE(sched.ok());
-  const CallResult echo = Call(**sched, peer2, kOpEcho, "still here");
+  const CallResult echo = Call(**sched, peer2, kOpEchoNow, "still here");
   EXPECT_TRUE(echo.status.ok()) << echo.status.ToString();
   EXPECT_EQ(echo.reply, "still here");
 }

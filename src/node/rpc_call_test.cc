@@ -12,10 +12,10 @@
 namespace farmem {
 namespace {
 
-constexpr uint16_t kOpAddOne = kFirstUserOpcode + 10;    // u64 -> u64 + 1
-constexpr uint16_t kOpShort = kFirstUserOpcode + 11;     // anything -> 3 bytes
-constexpr uint16_t kOpHeadTail = kFirstUserOpcode + 12;  // u32 n -> u64 head + n bytes
-constexpr uint16_t kOpFail = kFirstUserOpcode + 13;      // -> NotFound
+constexpr uint16_t kOpAddOne = kFirstUserOpcode + 10;        // u64 -> u64 + 1
+constexpr uint16_t kOpShort = kFirstUserOpcode + 11;         // anything -> 3 bytes
+constexpr uint16_t kOpHeadTail = kFirstUserOpcode + 12;      // u32 n -> u64 head + n bytes
+constexpr uint16_t kOpFailNotFound = kFirstUserOpcode + 13;  // -> NotFound
 
 struct Pair {
   uint64_t a;
@@ -55,7 +55,7 @@ class RpcCallTest : public ::testing::Test {
                                    })
                     .ok());
     ASSERT_TRUE(server_
-                    ->register_rpc(kOpFail,
+                    ->register_rpc(kOpFailNotFound,
                                    [](const RpcCall&, std::vector<std::byte>&) {
                                      return Status::NotFound("no such thing");
                                    })
@@ -96,7 +96,7 @@ TEST_F(RpcCallTest, AReplyOfTheWrongSizeIsAProtocolErrorWithContext) {
 
 TEST_F(RpcCallTest, RemoteErrorsKeepTheirCodeAndGainContext) {
   Result<uint64_t> r = sched_->block_on(
-      CallStruct<uint64_t>(*sched_, peer_, kOpFail, uint64_t{1}, std::string("FAIL 1")));
+      CallStruct<uint64_t>(*sched_, peer_, kOpFailNotFound, uint64_t{1}, std::string("FAIL 1")));
   ASSERT_EQ(r.status().code(), Code::kNotFound) << r.status().ToString();
   EXPECT_NE(r.status().message().find("FAIL 1"), std::string_view::npos);
   EXPECT_NE(r.status().message().find("no such thing"), std::string_view::npos);

@@ -18,14 +18,14 @@ namespace {
 
 namespace proto = server_proto;
 
-constexpr uint64_t kPool = 1 << 20;
+constexpr uint64_t kClientPool = 1 << 20;
 
 class RawClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ServerConfig sc;
-    sc.memory_bytes = 3 * kPool;
-    sc.pool_bytes = kPool;
+    sc.memory_bytes = 3 * kClientPool;
+    sc.pool_bytes = kClientPool;
     sc.node.name = "test-farmemd";
     sc.node.transport.backend = "tcp";
     sc.node.transport.cluster_token = "secret";
@@ -114,7 +114,7 @@ TEST_F(RawClientTest, OneSidedAccessIsBoundedByThePool) {
   Result<RawAllocation> a = client_->alloc_raw(64);
   ASSERT_TRUE(a.ok());
   RemoteRef past_end = a->ref;
-  past_end.offset = kPool - 8;
+  past_end.offset = kClientPool - 8;
   uint64_t buf[4];
   Status st = sched_->block_on(sched_->read(past_end, buf, sizeof(buf)));
   EXPECT_FALSE(st.ok());
@@ -136,13 +136,13 @@ TEST_F(RawClientTest, StatReportsPoolsAllocationsAndRpcCounts) {
   EXPECT_EQ(j["transport"]["address"], server_->node().transport().local_address());
   EXPECT_EQ(j["bootstrap"], server_->node().bootstrap_address());
   EXPECT_GE(j["uptime_seconds"].get<double>(), 0.0);
-  EXPECT_EQ(j["memory"]["budget_bytes"], 3 * kPool);
-  EXPECT_EQ(j["memory"]["reserved_bytes"], 3 * kPool);
+  EXPECT_EQ(j["memory"]["budget_bytes"], 3 * kClientPool);
+  EXPECT_EQ(j["memory"]["reserved_bytes"], 3 * kClientPool);
   EXPECT_EQ(j["memory"]["pools"], 1);
   EXPECT_EQ(j["memory"]["max_pools"], 3);
   EXPECT_EQ(j["memory"]["allocations"], 1);
   EXPECT_EQ(j["memory"]["allocated_bytes"], 1024);
-  EXPECT_EQ(j["memory"]["free_bytes"], 3 * kPool - 1024);
+  EXPECT_EQ(j["memory"]["free_bytes"], 3 * kClientPool - 1024);
   ASSERT_EQ(j["pools"].size(), 1u);
   EXPECT_EQ(j["pools"][0]["name"], "pool-0");
   EXPECT_EQ(j["pools"][0]["allocations"], 1);
@@ -171,7 +171,7 @@ TEST_F(RawClientTest, BadRequestsAreAnsweredAndServerKeepsServing) {
 
   // Well-formed but invalid requests.
   EXPECT_EQ(client_->alloc_raw(0).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(client_->alloc_raw(kPool + 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(client_->alloc_raw(kClientPool + 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(client_->alloc_raw(~0ull).status().code(), Code::kInvalidArgument);
   Result<RawAllocation> a = client_->alloc_raw(256);
   ASSERT_TRUE(a.ok());
@@ -202,7 +202,7 @@ TEST_F(RawClientTest, BadRequestsAreAnsweredAndServerKeepsServing) {
 TEST_F(RawClientTest, BudgetExhaustion) {
   std::vector<RawAllocation> got;
   for (int i = 0; i < 3; ++i) {
-    Result<RawAllocation> a = client_->alloc_raw(kPool);
+    Result<RawAllocation> a = client_->alloc_raw(kClientPool);
     ASSERT_TRUE(a.ok()) << i << ": " << a.status().ToString();
     got.push_back(*a);
   }
@@ -240,8 +240,8 @@ TEST_F(RawClientTest, ManyAllocationsInFlightOnCoroutines) {
 
 TEST(RawClientConnectTest, WrongTokenAndUnreachableAddressFail) {
   ServerConfig sc;
-  sc.memory_bytes = kPool;
-  sc.pool_bytes = kPool;
+  sc.memory_bytes = kClientPool;
+  sc.pool_bytes = kClientPool;
   sc.node.transport.cluster_token = "right";
   auto server = MemoryServer::Create(sc);
   ASSERT_TRUE(server.ok());
@@ -262,10 +262,10 @@ TEST(RawClientConnectTest, WrongTokenAndUnreachableAddressFail) {
 
 TEST(MemoryServerTest, RejectsBadConfig) {
   ServerConfig sc;
-  sc.memory_bytes = kPool / 2;
-  sc.pool_bytes = kPool;
+  sc.memory_bytes = kClientPool / 2;
+  sc.pool_bytes = kClientPool;
   EXPECT_EQ(MemoryServer::Create(sc).status().code(), Code::kInvalidArgument);
-  sc.memory_bytes = kPool;
+  sc.memory_bytes = kClientPool;
   sc.pool_bytes = 1000;
   EXPECT_EQ(MemoryServer::Create(sc).status().code(), Code::kInvalidArgument);
 }

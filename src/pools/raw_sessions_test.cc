@@ -24,14 +24,15 @@ namespace wire = session_wire;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-constexpr uint64_t kPool = 1 << 20;
+constexpr uint64_t kSessionPool = 1 << 20;
 
 using testing::WaitFor;
 
 class RawSessionsTest : public testing::LocalServerTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(StartServer({"pools"}, 3 * kPool, kPool, "session-client"));
+    ASSERT_NO_FATAL_FAILURE(
+        StartServer({"pools"}, 3 * kSessionPool, kSessionPool, "session-client"));
   }
 
   std::unique_ptr<RawClient> Connect(RawClientOptions o = {}) {
@@ -195,8 +196,8 @@ TEST_F(RawSessionsTest, LostSessionIsReplacedAndCounted) {
 TEST_F(RawSessionsTest, MaxSessionsRefusesConnect) {
   TearDown();
   ServerConfig sc;
-  sc.memory_bytes = kPool;
-  sc.pool_bytes = kPool;
+  sc.memory_bytes = kSessionPool;
+  sc.pool_bytes = kSessionPool;
   sc.node.transport.backend = "tcp";
   sc.node.transport.cluster_token = "secret";
   sc.services = {"pools"};

@@ -297,7 +297,7 @@ TEST_P(StalePtrTest, ReleasedPointersNeverReadTheNextObjectsOfTheirBlock) {
   }
 }
 
-double StressSeconds() {
+double StalePtrStressSeconds() {
   const char* env = std::getenv("FARMEM_STRESS_SECONDS");
   const double s = env != nullptr ? std::atof(env) : 0;
   return s > 0 ? s : 3.0;
@@ -334,7 +334,7 @@ TEST_P(StalePtrTest, StalePointerStressNeverReturnsAnotherObject) {
     // The run lasts its time and then until both kinds of read reached kMinReads (so a loaded
     // machine makes it longer, not failed), bounded by a deadline far past it.
     constexpr uint64_t kMinReads = 100;
-    const auto until = Clock::now() + std::chrono::duration<double>(StressSeconds() / 2);
+    const auto until = Clock::now() + std::chrono::duration<double>(StalePtrStressSeconds() / 2);
     const auto deadline = until + std::chrono::seconds(60);
     auto keep_going = [&] {
       const auto now = Clock::now();

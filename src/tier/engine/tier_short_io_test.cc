@@ -23,7 +23,7 @@ using testing::RandomBytes;
 using testing::SmallOptions;
 using testing::TempDir;
 
-constexpr uint64_t kUnit = 16 * 1024;
+constexpr uint64_t kShortIoUnit = 16 * 1024;
 
 // Param: O_DIRECT or buffered file IO. Open() makes a store of `units` units under a budget of
 // `budget` in a fresh directory, with the FARMEM_TIER_FAULT faults and `short_io`.
@@ -48,7 +48,7 @@ TEST_P(TierShortIo, ShortTransfersAreContinuedAndNoStaleByteIsReturned) {
   const uint64_t units = 8;
   ASSERT_NO_FATAL_FAILURE(Open(units, 2, true));
   TierStore& t = *store_;
-  std::vector<uint8_t> model(units * kUnit, 0);
+  std::vector<uint8_t> model(units * kShortIoUnit, 0);
   std::mt19937_64 rng(7);
   const auto check = [&](uint64_t off, const std::vector<uint8_t>& got,
                          const char* what) -> ::testing::AssertionResult {
@@ -63,7 +63,7 @@ TEST_P(TierShortIo, ShortTransfersAreContinuedAndNoStaleByteIsReturned) {
     const int op = static_cast<int>(rng() % 10);
     const uint64_t off = rng() % model.size();
     const size_t len =
-        1 + static_cast<size_t>(rng() % std::min<uint64_t>(2 * kUnit, model.size() - off));
+        1 + static_cast<size_t>(rng() % std::min<uint64_t>(2 * kShortIoUnit, model.size() - off));
     if (op < 4) {
       auto data = RandomBytes(rng, len);
       Status st = t.Write(off, data);
@@ -116,15 +116,15 @@ TEST_P(TierShortIo, AFileCutUnderTheStoreIsAnErrorNotZeros) {
   ASSERT_NO_FATAL_FAILURE(Open(4, 1, false));
   TierStore& t = *store_;
   std::mt19937_64 rng(8);
-  const auto data = RandomBytes(rng, kUnit);
-  ASSERT_TRUE(t.Write(3 * kUnit, data).ok());  // cold: straight to the file
+  const auto data = RandomBytes(rng, kShortIoUnit);
+  ASSERT_TRUE(t.Write(3 * kShortIoUnit, data).ok());  // cold: straight to the file
   // Someone cuts the backing file to two units behind the store's back.
   const int fd = ::open(o_.path.c_str(), O_WRONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * kUnit)), 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * kShortIoUnit)), 0);
   ::close(fd);
-  std::vector<uint8_t> got(kUnit, 0xEE);
-  const Status st = t.Read(3 * kUnit, got);
+  std::vector<uint8_t> got(kShortIoUnit, 0xEE);
+  const Status st = t.Read(3 * kShortIoUnit, got);
   EXPECT_EQ(st.code(), Code::kIoError) << "a cold read past the cut end of the file returned "
                                        << st.ToString() << " (zeros as data?)";
   EXPECT_NE(st.ToString().find("end of the file"), std::string::npos) << st.ToString();

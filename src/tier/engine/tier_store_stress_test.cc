@@ -32,10 +32,10 @@ using testing::DirectCopy;
 using testing::SmallOptions;
 using testing::TempDir;
 
-constexpr uint64_t kUnit = 16 * 1024;
+constexpr uint64_t kStressUnit = 16 * 1024;
 constexpr uint64_t kUnits = 8;
 constexpr uint64_t kBudget = 3;
-constexpr uint64_t kWords = kUnits * kUnit / 8;
+constexpr uint64_t kWords = kUnits * kStressUnit / 8;
 constexpr uint64_t kChunkWords = 192;
 constexpr int kWriters = 2;
 

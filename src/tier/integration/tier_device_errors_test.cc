@@ -16,18 +16,11 @@
 namespace farmem::tier {
 namespace {
 
+using testing::ExpectBudgetExact;
 using testing::ExpectNoSpace;
 using testing::Random;
 using testing::TierEnv;
 using testing::TinyExt4;
-
-// Every frame is accounted for in STAT: resident + quarantined + free == budget.
-void ExpectBudgetExact(const nlohmann::json& s) {
-  EXPECT_EQ(s["resident_units"].get<uint64_t>() + s["quarantined_frames"].get<uint64_t>() +
-                s["free_frames"].get<uint64_t>(),
-            s["budget_units"].get<uint64_t>())
-      << s.dump();
-}
 
 // Reads units 5..8 often enough to be the period's hot set (max > 10 x average over 64 units),
 // and pushes the counters.

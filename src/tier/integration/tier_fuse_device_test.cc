@@ -27,6 +27,7 @@
 namespace farmem::tier {
 namespace {
 
+using testing::ExpectBudgetExact;
 using testing::FaultFs;
 using testing::Random;
 using testing::TierEnv;
@@ -41,15 +42,6 @@ void ExpectIoError(const Status& st, const std::string& text, const std::string&
   EXPECT_FALSE(st.ok()) << what << " succeeded while the device fails";
   EXPECT_EQ(st.code(), Code::kIoError) << what << ": " << st.ToString();
   EXPECT_NE(st.ToString().find(text), std::string::npos) << what << ": " << st.ToString();
-}
-
-// Every frame is accounted for in STAT: resident + quarantined + free == budget.
-void ExpectBudgetExact(const nlohmann::json& s) {
-  EXPECT_EQ(s["resident_units"].get<uint64_t>() + s["quarantined_frames"].get<uint64_t>() +
-                s["free_frames"].get<uint64_t>(),
-            s["budget_units"].get<uint64_t>())
-      << s.dump();
-  EXPECT_LE(s["resident_units"].get<uint64_t>(), s["budget_units"].get<uint64_t>()) << s.dump();
 }
 
 // Reads units [first, first + n) often enough to be the period's hot set (max > 10 x average over

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "farmem/node.h"
 #include "farmem/server.h"
 #include "farmem/tier.h"
@@ -149,6 +151,15 @@ inline std::vector<std::byte> Random(std::mt19937_64& rng, size_t n) {
 
 inline std::string BackendName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param == "tcp" ? "tcp" : "fabric_shm";
+}
+
+// Every frame is accounted for in a STAT tier section: resident + quarantined + free == budget.
+inline void ExpectBudgetExact(const nlohmann::json& s) {
+  EXPECT_EQ(s["resident_units"].get<uint64_t>() + s["quarantined_frames"].get<uint64_t>() +
+                s["free_frames"].get<uint64_t>(),
+            s["budget_units"].get<uint64_t>())
+      << s.dump();
+  EXPECT_LE(s["resident_units"].get<uint64_t>(), s["budget_units"].get<uint64_t>()) << s.dump();
 }
 
 }  // namespace farmem::tier::testing

@@ -35,7 +35,7 @@ namespace wire = tx_wire;
 using std::chrono::milliseconds;
 
 constexpr uint32_t kLeaseMs = 100;  // server cap and client lease: recovery starts ~100 ms after
-constexpr uint64_t kAccounts = 8;
+constexpr uint64_t kRecoveryAccounts = 8;
 constexpr uint64_t kStart = 100;
 constexpr uint64_t kAmount = 30;
 
@@ -79,7 +79,7 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(t.ok());
     tx_ = std::move(*t);
     const tx::TxGeometry& g = cluster_->servers[0].service->table(0).geometry();
-    for (uint64_t k = 0; k < kAccounts; ++k) {
+    for (uint64_t k = 0; k < kRecoveryAccounts; ++k) {
       std::vector<std::byte> v(8);
       std::memcpy(v.data(), &kStart, 8);
       Status st = Status::Aborted("not yet");
@@ -91,11 +91,11 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
       }
       ASSERT_TRUE(st.ok()) << st.ToString();
       const uint32_t part = tx::PlaceKey(g, tx::HashKey(Key(k), g.hash_seed)).partition;
-      if (part == 0 && a_ == kAccounts) a_ = k;
-      if (part == 1 && b_ == kAccounts) b_ = k;
+      if (part == 0 && a_ == kRecoveryAccounts) a_ = k;
+      if (part == 1 && b_ == kRecoveryAccounts) b_ = k;
     }
-    ASSERT_LT(a_, kAccounts) << "no account on partition 0";
-    ASSERT_LT(b_, kAccounts) << "no account on partition 1";
+    ASSERT_LT(a_, kRecoveryAccounts) << "no account on partition 0";
+    ASSERT_LT(b_, kRecoveryAccounts) << "no account on partition 1";
   }
   std::unique_ptr<TxClient> Client(TxClientFaults faults) {
     TxClientOptions o;
@@ -137,7 +137,7 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
                 kLeaseMs);
     std::vector<uint64_t> out;
     tx_->start();
-    for (uint64_t k = 0; k < kAccounts; ++k) {
+    for (uint64_t k = 0; k < kRecoveryAccounts; ++k) {
       auto r = tx_->read(0, Key(k));
       EXPECT_TRUE(r.ok()) << r.status().ToString();
       out.push_back(r.ok() ? U64(*r) : 0);
@@ -150,21 +150,21 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
   static uint64_t Total(const std::vector<uint64_t>& b) {
     uint64_t total = 0;
     for (uint64_t v : b) {
-      EXPECT_LE(v, kAccounts * kStart) << "a balance went negative";
+      EXPECT_LE(v, kRecoveryAccounts * kStart) << "a balance went negative";
       total += v;
     }
     return total;
   }
   // The transfer left no trace / was installed everywhere; the bank invariant either way.
   void ExpectUnchanged(const std::vector<uint64_t>& b) {
-    ASSERT_EQ(b.size(), kAccounts);
-    EXPECT_EQ(Total(b), kAccounts * kStart);
+    ASSERT_EQ(b.size(), kRecoveryAccounts);
+    EXPECT_EQ(Total(b), kRecoveryAccounts * kStart);
     EXPECT_EQ(b[a_], kStart);
     EXPECT_EQ(b[b_], kStart);
   }
   void ExpectTransferred(const std::vector<uint64_t>& b) {
-    ASSERT_EQ(b.size(), kAccounts);
-    EXPECT_EQ(Total(b), kAccounts * kStart);
+    ASSERT_EQ(b.size(), kRecoveryAccounts);
+    EXPECT_EQ(Total(b), kRecoveryAccounts * kStart);
     EXPECT_EQ(b[a_], kStart - kAmount);
     EXPECT_EQ(b[b_], kStart + kAmount);
   }
@@ -243,8 +243,8 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<TxCluster> cluster_;
   std::unique_ptr<TxClient> client_;
   std::unique_ptr<BlockingTx> tx_;
-  uint64_t a_ = kAccounts;  // an account on partition 0 (the first participant)
-  uint64_t b_ = kAccounts;  // an account on partition 1 (prepared)
+  uint64_t a_ = kRecoveryAccounts;  // an account on partition 0 (the first participant)
+  uint64_t b_ = kRecoveryAccounts;  // an account on partition 1 (prepared)
 };
 
 TEST_P(TxRecovery, AClientDyingHoldingLocksChangesNothingAndItsLocksExpire) {
@@ -305,8 +305,8 @@ TEST_P(TxRecovery, WithoutPrepareDecideAClientDyingBetweenCommitsTearsTheTransfe
   TxClientFaults f;
   f.one_phase_commit = true;
   const auto b = DieAt(TxDieAt::kAfterFirstDecide, f);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_NE(Total(b), kAccounts * kStart);
+  ASSERT_EQ(b.size(), kRecoveryAccounts);
+  EXPECT_NE(Total(b), kRecoveryAccounts * kStart);
   EXPECT_EQ(b[a_] + b[b_], 2 * kStart - kAmount);
 }
 
@@ -317,8 +317,8 @@ TEST_P(TxRecovery, WithoutPinningAPreparedParticipantLosesTheCommittedWrite) {
   o.faults.no_prepare_pin = true;
   ASSERT_NO_FATAL_FAILURE(Start(o));
   const auto b = DieAt(TxDieAt::kAfterFirstDecide);
-  ASSERT_EQ(b.size(), kAccounts);
-  EXPECT_NE(Total(b), kAccounts * kStart);
+  ASSERT_EQ(b.size(), kRecoveryAccounts);
+  EXPECT_NE(Total(b), kRecoveryAccounts * kStart);
   EXPECT_EQ(b[b_], kStart);
 }
 
