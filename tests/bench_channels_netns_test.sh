@@ -40,15 +40,7 @@ leftovers() {
 }
 
 # Without root: a clear refusal before anything is created.
-if id nobody >/dev/null 2>&1 && runuser -u nobody -- test -x "$BENCH" 2>/dev/null; then
-  rc=0
-  runuser -u nobody -- "$BENCH" --farmem "$FARMEM" >"$WORK/nonroot.out" 2>&1 || rc=$?
-  ((rc == 1)) || fail "as nobody: exit $rc, want 1"
-  grep -q 'need root' "$WORK/nonroot.out" || fail "as nobody: no reason given: $(cat "$WORK/nonroot.out")"
-  log "as nobody: $(cat "$WORK/nonroot.out")"
-else
-  log "no 'nobody' user that can run $BENCH: the non-root refusal is not checked"
-fi
+expect_root_refused "$BENCH" --farmem "$FARMEM"
 
 # 1. A whole quick run: every target, judged on 5 rounds, with the namespaces recorded.
 start=$(date +%s%N)

@@ -131,6 +131,21 @@ expect_mount_refused() {
     fail "second mount failed, but not as refused: $(grep -v '\[info\]' "$err")"
 }
 
+# expect_root_refused <script> <arg>...: the script, run as `nobody`, must exit 1 at once saying it
+# needs root (before it creates anything). Not checked (said in the log) without a `nobody` user
+# that can run it.
+expect_root_refused() {
+  local script=$1 rc=0 out="$WORK/nonroot.out"
+  if ! id nobody >/dev/null 2>&1 || ! runuser -u nobody -- test -x "$script" 2>/dev/null; then
+    log "no 'nobody' user that can run $script: the non-root refusal is not checked"
+    return 0
+  fi
+  runuser -u nobody -- "$@" >"$out" 2>&1 || rc=$?
+  ((rc == 1)) || fail "as nobody: exit $rc, want 1"
+  grep -q 'need root' "$out" || fail "as nobody: no reason given: $(cat "$out")"
+  log "as nobody: $(cat "$out")"
+}
+
 # netns_test_start: what every scripts/netns_cluster test does first (after sourcing this file):
 # its own set of namespace names (fm-test-ns1..3, or $NETNS_TEST_PREFIX: a cluster someone started
 # with `netns_cluster up` is not disturbed), `down` and removing $WORK on exit, and the
