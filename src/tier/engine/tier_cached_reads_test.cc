@@ -19,6 +19,7 @@ namespace farmem::tier {
 namespace {
 
 using testing::CachedPages;
+using testing::MustRead;
 using testing::RandomBytes;
 using testing::SmallOptions;
 using testing::TempDir;
@@ -59,13 +60,6 @@ bool DropUntilUncached(const std::string& path, uint64_t bytes) {
   return false;
 }
 
-std::vector<uint8_t> MustReadCached(TierStore& t, uint64_t off, size_t n) {
-  std::vector<uint8_t> out(n);
-  const Status st = t.Read(off, out);
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return out;
-}
-
 TEST(TierStoreCachedReads, CachedAndUncachedPagesReadRightAndWritesAreNeverStale) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
@@ -81,7 +75,7 @@ TEST(TierStoreCachedReads, CachedAndUncachedPagesReadRightAndWritesAreNeverStale
   // Not cached: the RWF_NOWAIT read misses, the O_DIRECT read serves it.
   ASSERT_TRUE(DropUntilUncached(o.path, o.capacity))
       << CachedPages(o.path, o.capacity) << " pages stay cached after dropping them";
-  EXPECT_EQ(MustReadCached(t, 5000, 9000),
+  EXPECT_EQ(MustRead(t, 5000, 9000),
             std::vector<uint8_t>(model.begin() + 5000, model.begin() + 14000));
   EXPECT_GT(t.Stats().cached_read_misses, 0u)
       << "an RWF_NOWAIT read of uncached pages was served whole; cached pages now: "
@@ -90,7 +84,7 @@ TEST(TierStoreCachedReads, CachedAndUncachedPagesReadRightAndWritesAreNeverStale
   // Cached (warmed through the page cache): served by the buffered read, no file IO.
   ASSERT_TRUE(WarmPageCache(o.path, o.capacity));
   const uint64_t io_before = t.Stats().io_read_bytes;
-  EXPECT_EQ(MustReadCached(t, 100, 20000),
+  EXPECT_EQ(MustRead(t, 100, 20000),
             std::vector<uint8_t>(model.begin() + 100, model.begin() + 20100));
   EXPECT_GT(t.Stats().cached_read_hits, hits);
   EXPECT_EQ(t.Stats().io_read_bytes, io_before) << "a cached read went to the file";
@@ -103,12 +97,12 @@ TEST(TierStoreCachedReads, CachedAndUncachedPagesReadRightAndWritesAreNeverStale
     ASSERT_TRUE(WarmPageCache(o.path, o.capacity));
     const uint64_t at = off > 3000 ? off - 3000 : 0;
     const size_t n = std::min<uint64_t>(12000, o.capacity - at);
-    ASSERT_EQ(MustReadCached(t, at, n),
+    ASSERT_EQ(MustRead(t, at, n),
               std::vector<uint8_t>(model.begin() + static_cast<ptrdiff_t>(at),
                                    model.begin() + static_cast<ptrdiff_t>(at + n)))
         << "round " << round << ": stale bytes after a cold write";
   }
-  EXPECT_EQ(MustReadCached(t, 0, o.capacity), model);
+  EXPECT_EQ(MustRead(t, 0, o.capacity), model);
 }
 
 // Microbenchmark (no assertions on time): 4 KiB reads of cold pages at random offsets of a

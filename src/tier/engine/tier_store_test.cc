@@ -25,18 +25,12 @@ namespace {
 
 using testing::CachedPages;
 using testing::DirectCopy;
+using testing::MustRead;
 using testing::RandomBytes;
 using testing::SmallOptions;
 using testing::TempDir;
 
 constexpr uint64_t kUnit = 16 * 1024;
-
-std::vector<uint8_t> MustRead(TierStore& s, uint64_t off, size_t n) {
-  std::vector<uint8_t> v(n);
-  Status st = s.Read(off, v);
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return v;
-}
 
 bool AllPattern(const uint8_t* p, size_t n, uint64_t pattern) {
   for (size_t i = 0; i < n; i += 8) {

@@ -198,6 +198,14 @@ inline void DirectCopy(const uint8_t* base, uint64_t off, std::span<uint8_t> out
   }
 }
 
+// s.Read(off, n bytes), with a test failure (and whatever was read) if it does not succeed.
+inline std::vector<uint8_t> MustRead(TierStore& s, uint64_t off, size_t n) {
+  std::vector<uint8_t> out(n);
+  const Status st = s.Read(off, out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
 inline std::vector<uint8_t> RandomBytes(std::mt19937_64& rng, size_t n) {
   std::vector<uint8_t> v(n);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
