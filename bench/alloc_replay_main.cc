@@ -182,6 +182,8 @@ class CormAllocator final : public Allocator {
     return {{"allocator", "corm"},
             {"accounting", "CoRM physical_bytes_held + Store metadata (heap outside the blocks)"},
             {"block_size", o.block_size},
+            {"max_block_size", o.max_block_size},
+            {"min_slots_per_block", o.min_slots_per_block},
             {"id_bits", o.id_bits},
             {"hybrid", o.hybrid},
             {"workers", o.workers}};
@@ -306,7 +308,12 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_text, "trace spec, e.g. synthetic:size=64:free=0.5")->required();
   app.add_option("--allocator", allocator, "malloc | corm")
       ->check(CLI::IsMember({"malloc", "corm"}));
-  app.add_option("--block-size", so.block_size, "CoRM block size")->capture_default_str();
+  app.add_option("--block-size", so.block_size, "CoRM base block size")->capture_default_str();
+  app.add_option("--max-block-size", so.max_block_size, "CoRM largest multi-slot block")
+      ->capture_default_str();
+  app.add_option("--min-slots-per-block", so.min_slots_per_block,
+                 "slots a CoRM class's block should hold")
+      ->capture_default_str();
   app.add_option("--id-bits", so.id_bits, "CoRM ID bits: 0, 8, 12, 16")->capture_default_str();
   app.add_flag("--hybrid", so.hybrid, "CoRM hybrid mode (offset-only classes beyond 2^id_bits)");
   app.add_option("--store-seed", so.seed, "CoRM ID RNG seed")->capture_default_str();
@@ -326,9 +333,9 @@ int main(int argc, char** argv) {
   CormAllocator* corm = nullptr;
   if (allocator == "corm") {
     so.workers = threads;
-    // Enough virtual blocks for every trace without compaction (the reservation costs no memory;
-    // its per-block tables are allocated before the baseline is taken).
-    so.reserve_bytes = std::max<size_t>(size_t{1} << 30, 4096 * so.block_size);
+    // Enough virtual blocks for every trace without compaction (the reservation and its lazily
+    // zeroed per-block tables cost memory only where used, and that use is counted).
+    so.reserve_bytes = std::max<size_t>(size_t{4} << 30, 4096 * so.block_size);
     auto c = CormAllocator::Create(so, trace->num_objects);
     if (!c.ok()) return Fail(c.status());
     corm = c->get();

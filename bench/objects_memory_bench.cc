@@ -197,25 +197,6 @@ bool SameFraction(double a, double b) {
 
 // ---- pure parts ------------------------------------------------------------------------------
 
-Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size,
-                            BlockGeometry geometry) {
-  if (geometry == BlockGeometry::kRecommended) {
-    // The store's geometry rule (size_classes.h): large objects get blocks they fill to 7/8.
-    return corm::RecommendedBlockSize(max_object_size, min_block_size);
-  }
-  if (min_block_size < corm::kMinBlockSize || min_block_size > corm::kMaxBlockSize ||
-      (min_block_size & (min_block_size - 1)) != 0) {
-    return Status::InvalidArgument(
-        fmt::format("block size {} is not a power of two in [4096, 1048576]", min_block_size));
-  }
-  for (size_t bs = min_block_size; bs <= corm::kMaxBlockSize; bs *= 2) {
-    FARMEM_ASSIGN_OR_RETURN(corm::SizeClasses sc, corm::SizeClasses::Create(bs));
-    if (max_object_size <= sc.max_payload()) return bs;
-  }
-  return Status::OutOfRange(
-      fmt::format("an object of {} B does not fit in a 1 MiB CoRM block", max_object_size));
-}
-
 Result<IdealResult> IdealMemory(const std::vector<uint32_t>& live_sizes,
                                 const corm::SizeClasses& classes) {
   std::vector<uint64_t> per_class(classes.count(), 0);
@@ -227,10 +208,11 @@ Result<IdealResult> IdealMemory(const std::vector<uint32_t>& live_sizes,
   for (size_t c = 0; c < per_class.size(); ++c) {
     if (per_class[c] == 0) continue;
     const uint64_t spb = classes.at(c).slots_per_block;
-    r.blocks += (per_class[c] + spb - 1) / spb;
+    const uint64_t blocks = (per_class[c] + spb - 1) / spb;
+    r.blocks += blocks;
+    r.bytes += blocks * classes.at(c).block_bytes;
     ++r.classes_used;
   }
-  r.bytes = r.blocks * classes.block_size();
   return r;
 }
 
@@ -552,13 +534,13 @@ void PrintTables(const std::vector<TraceFigures>& traces) {
                rss ? "RSS growth over each child's baseline"
                    : "Active memory by the allocator's own accounting");
     std::string header =
-        fmt::format("  {:<42} {:>7} {:>8} {:>8}", "trace", "block", rss ? "" : "ideal", "no-comp");
+        fmt::format("  {:<42} {:>8} {:>8}", "trace", rss ? "" : "ideal", "no-comp");
     for (const auto& s : series) header += fmt::format(" {:>8}", s.label);
     fmt::print("{}\n", header);
     for (const auto& tr : traces) {
       const SeriesFigures* h = tr.Find("hybrid");
       std::string line = fmt::format(
-          "  {:<42} {:>7} {:>8} {:>8}", tr.label, bench::BlockLabel(tr.block_size),
+          "  {:<42} {:>8} {:>8}", tr.label,
           rss ? "" : bench::MiB(static_cast<double>(tr.ideal.bytes)),
           h && h->error.empty() ? bench::MiB(rss ? h->rss_before : h->accounted_before) : "n/a");
       for (const auto& s : series) {
@@ -625,19 +607,18 @@ json ToJson(const ObjectsMemoryBenchOptions& o, const std::vector<TraceFigures>&
   json j;
   j["benchmark"] = "farmem bench objects-memory";
   j["machine"] = machine;
-  j["options"] = {
-      {"quick", o.quick},
-      {"sizes", o.sizes},
-      {"fractions", o.fractions},
-      {"traces", o.traces},
-      {"threads", o.threads},
-      {"objects", o.objects},
-      {"min_block_size", o.min_block_size},
-      {"block_geometry",
-       o.block_geometry == bench::BlockGeometry::kRecommended ? "recommended" : "smallest"},
-      {"seed", o.seed},
-      {"jobs", o.jobs},
-      {"jemalloc", jemalloc}};
+  j["options"] = {{"quick", o.quick},
+                  {"sizes", o.sizes},
+                  {"fractions", o.fractions},
+                  {"traces", o.traces},
+                  {"threads", o.threads},
+                  {"objects", o.objects},
+                  {"block_size", o.geometry.base_block_size},
+                  {"max_block_size", o.geometry.max_block_size},
+                  {"min_slots_per_block", o.geometry.min_slots_per_block},
+                  {"seed", o.seed},
+                  {"jobs", o.jobs},
+                  {"jemalloc", jemalloc}};
   j["seconds"] = seconds;
   j["notes"] = {
       "accounted_bytes: CoRM = BlockAllocator physical_bytes_held (physical blocks x block size) + "
@@ -661,7 +642,6 @@ json ToJson(const ObjectsMemoryBenchOptions& o, const std::vector<TraceFigures>&
               {"label", tr.label},
               {"threads", tr.spec.threads},
               {"objects", tr.objects},
-              {"block_size", tr.block_size},
               {"live_objects", tr.live_objects},
               {"live_payload_bytes", tr.live_payload_bytes},
               {"ideal", {{"bytes", tr.ideal.bytes}, {"blocks", tr.ideal.blocks}}}};
@@ -740,12 +720,15 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& in) {
     tf.spec = trace.spec;
     tf.label = spec.Label();
     tf.objects = trace.num_objects;
-    FARMEM_ASSIGN_OR_RETURN(tf.block_size, bench::BlockSizeFor(bench::MaxObjectSize(trace),
-                                                               o.min_block_size, o.block_geometry));
     FARMEM_ASSIGN_OR_RETURN(std::vector<uint32_t> live, bench::LiveSizesAfter(trace));
     tf.live_objects = live.size();
     for (uint32_t s : live) tf.live_payload_bytes += s;
-    FARMEM_ASSIGN_OR_RETURN(corm::SizeClasses classes, corm::SizeClasses::Create(tf.block_size));
+    FARMEM_ASSIGN_OR_RETURN(corm::SizeClasses classes, corm::SizeClasses::Create(o.geometry));
+    if (bench::MaxObjectSize(trace) > classes.max_payload()) {
+      return Status::OutOfRange(fmt::format("{}: objects of {} B exceed the largest class ({} B)",
+                                            tf.label, bench::MaxObjectSize(trace),
+                                            classes.max_payload()));
+    }
     FARMEM_ASSIGN_OR_RETURN(tf.ideal, bench::IdealMemory(live, classes));
     traces.push_back(std::move(tf));
     return Status::OK();
@@ -802,16 +785,18 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& in) {
   fmt::print(
       "Series: CoRM-k = StoreOptions{{id_bits=k, hybrid=false}}; hybrid = {{16, true}}; no-comp = "
       "hybrid before compaction; ideal = perfect packing; glibc/jemalloc replay the same trace.\n");
-  fmt::print("Block sizes: smallest power of two >= {} that holds the trace's largest object.\n",
-             bench::BlockLabel(o.min_block_size));
+  fmt::print(
+      "Block geometry: {} base blocks, blocks of classes up to {} holding >= {} slots "
+      "(docs/objects.md, \"Block geometry\").\n",
+      bench::BlockLabel(o.geometry.base_block_size), bench::BlockLabel(o.geometry.max_block_size),
+      o.geometry.min_slots_per_block);
   if (jemalloc.empty()) {
     fmt::print("jemalloc: SKIP ({})\n", jemalloc_skip);
   } else {
     fmt::print("jemalloc: LD_PRELOAD={}\n", jemalloc);
   }
   for (const auto& tr : traces) {
-    fmt::print("  {:<42} {:>7} objects, {} blocks, live {} MiB payload, ideal {} MiB\n", tr.label,
-               tr.objects, bench::BlockLabel(tr.block_size),
+    fmt::print("  {:<42} {:>7} objects, live {} MiB payload, ideal {} MiB\n", tr.label, tr.objects,
                bench::MiB(static_cast<double>(tr.live_payload_bytes)),
                bench::MiB(static_cast<double>(tr.ideal.bytes)));
   }
@@ -832,9 +817,11 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& in) {
       const SeriesDef& def = defs[job.series];
       std::vector<std::string> args = {replay, "--trace", tr.spec.ToString()};
       if (def.corm) {
-        args.insert(args.end(),
-                    {"--allocator", "corm", "--block-size", std::to_string(tr.block_size),
-                     "--id-bits", std::to_string(def.id_bits)});
+        args.insert(args.end(), {"--allocator", "corm", "--block-size",
+                                 std::to_string(o.geometry.base_block_size), "--max-block-size",
+                                 std::to_string(o.geometry.max_block_size), "--min-slots-per-block",
+                                 std::to_string(o.geometry.min_slots_per_block), "--id-bits",
+                                 std::to_string(def.id_bits)});
         if (def.hybrid) args.push_back("--hybrid");
       } else {
         args.insert(args.end(), {"--allocator", "malloc"});

@@ -17,11 +17,6 @@
 
 namespace farmem {
 
-namespace bench {
-// How a trace's block size is chosen (BlockSizeFor).
-enum class BlockGeometry { kSmallest, kRecommended };
-}  // namespace bench
-
 struct ObjectsMemoryBenchOptions {
   std::string json_path = "objects_memory.json";  // "" = do not write
   bool quick = false;  // ~20 s subset: sizes 256/4096, fractions 0.5/0.9, t3 with 1 and 4 threads
@@ -30,13 +25,10 @@ struct ObjectsMemoryBenchOptions {
   std::vector<std::string> traces;  // synthetic, t1, t2, t3 (default all)
   std::vector<uint32_t> threads;    // threads for t1..t3 (default 1 4 16 32)
   uint32_t objects = 0;             // synthetic object count (0 = ~16 MiB, at least 8192)
-  // See BlockSizeFor. Default: farmemd's default block size (ObjectsConfig::block_size), so the
-  // figures are those of the default configuration (issue 15).
-  size_t min_block_size = 4096;
-  // kSmallest (default): the smallest block that holds the trace's largest object, what a default
-  // farmemd comes closest to. kRecommended: corm::RecommendedBlockSize, a tuned run shown beside it
-  // (farmemd does not pick blocks per class yet).
-  bench::BlockGeometry block_geometry = bench::BlockGeometry::kSmallest;
+  // The CoRM store's block geometry (StoreOptions): base block, largest multi-slot block, slots
+  // per block wanted. Default: farmemd's (ObjectsConfig), so the figures are those of the
+  // default configuration (issue 15).
+  corm::GeometryOptions geometry;
   uint64_t seed = 42;
   uint32_t jobs = 2;             // child processes run at once (memory figures do not depend on it)
   double timeout_seconds = 300;  // per child process
@@ -48,16 +40,9 @@ int RunObjectsMemoryBench(const ObjectsMemoryBenchOptions& options);
 
 namespace bench {
 
-// Block size used for every CoRM series of a trace. kSmallest: the smallest power of two >=
-// min_block_size whose largest class holds the trace's largest object. kRecommended:
-// corm::RecommendedBlockSize of that object (the smallest power of two >= min_block_size whose
-// class for it fills 7/8 of the block, up to 64 KiB; else the smallest that holds it). Error if
-// none up to 1 MiB does.
-Result<size_t> BlockSizeFor(uint32_t max_object_size, size_t min_block_size,
-                            BlockGeometry geometry = BlockGeometry::kSmallest);
-
 // Ideal (perfect packing) memory for a live set: for each size class, ceil(live objects of the
-// class / slots per block) blocks of block_size bytes. Uses every slot of a block (no ID cap).
+// class / slots per block) blocks of the class's block bytes. Uses every slot of a block (no ID
+// cap).
 struct IdealResult {
   uint64_t bytes = 0;
   uint64_t blocks = 0;
@@ -102,7 +87,6 @@ struct SeriesFigures {
 struct TraceFigures {
   TraceSpec spec;
   std::string label;
-  size_t block_size = 0;
   uint32_t objects = 0;
   uint64_t live_objects = 0;
   uint64_t live_payload_bytes = 0;

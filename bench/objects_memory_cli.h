@@ -31,19 +31,15 @@ inline CLI::App* AddObjectsMemoryBenchCommand(CLI::App& bench, ObjectsMemoryBenc
       ->delimiter(',')
       ->check(CLI::Range(1u, 256u));
   cmd->add_option("--objects", o.objects, "synthetic object count (default ~16 MiB, >= 8192)");
-  cmd->add_option("--block-size", o.min_block_size,
-                  "minimum CoRM block size; a trace whose largest object does not fit uses the "
-                  "smallest power of two that holds it (see --block-geometry)")
+  cmd->add_option("--block-size", o.geometry.base_block_size,
+                  "CoRM base block (farmemd --objects-block-size)")
       ->capture_default_str();
-  cmd->add_option_function<std::string>(
-         "--block-geometry",
-         [&o](const std::string& g) {
-           o.block_geometry = g == "recommended" ? bench::BlockGeometry::kRecommended
-                                                 : bench::BlockGeometry::kSmallest;
-         },
-         "smallest (default: the smallest block that holds the largest object) or recommended "
-         "(the block its class fills to 7/8, up to 64 KiB: a tuned run, docs/objects.md)")
-      ->check(CLI::IsMember({"smallest", "recommended"}));
+  cmd->add_option("--max-block-size", o.geometry.max_block_size,
+                  "CoRM largest multi-slot block (farmemd --objects-max-block-size)")
+      ->capture_default_str();
+  cmd->add_option("--min-slots-per-block", o.geometry.min_slots_per_block,
+                  "slots a class's block should hold (farmemd --objects-min-slots-per-block)")
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "trace seed")->capture_default_str();
   cmd->add_option("--jobs", o.jobs, "child processes at once (figures do not depend on it)")
       ->capture_default_str()

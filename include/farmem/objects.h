@@ -100,13 +100,16 @@ struct ObjectServerInfo {
   std::string name;            // node name
   RegionKey region_key = 0;    // key of the object region
   uint64_t region_length = 0;  // bytes
-  uint32_t block_size = 0;     // bytes
+  uint32_t block_size = 0;     // base block, bytes: every class's block is a multiple
   uint32_t id_bits = 0;        // 0, 8, 12 or 16
   bool hybrid = false;
   struct SizeClass {
     uint32_t slot_size = 0;         // bytes, a multiple of 8
     uint32_t payload_capacity = 0;  // largest object of the class
     uint32_t id_mask = 0;           // 0: offset-only class (objects never move)
+    // Bytes of each block of the class: block_bytes / slot_size slots; a power of two aligned to
+    // itself when it holds several slots, else the slot rounded up to base blocks.
+    uint32_t block_bytes = 0;
   };
   std::vector<SizeClass> classes;
   uint32_t max_object_size() const { return classes.empty() ? 0 : classes.back().payload_capacity; }

@@ -19,8 +19,14 @@ namespace farmem {
 // The CoRM object store of a memory server (docs/objects.md, docs/server.md "Objects").
 struct ObjectsConfig {
   bool enabled = true;
-  uint32_t block_size = 4096;  // power of two, 4 KiB .. 1 MiB
-  int id_bits = 16;            // 0, 8, 12 or 16
+  // Block geometry (docs/objects.md, "Block geometry"): the base block (power of two, 4 KiB ..
+  // 1 MiB: the unit of the region's addresses and remaps), the largest block a class of many
+  // slots may get (power of two, base .. 1 MiB; 0 = max(64 KiB, block_size)), and the slots a
+  // class's block should hold at least (1..65536).
+  uint32_t block_size = 4096;
+  uint32_t max_block_size = 0;
+  uint32_t min_slots_per_block = 16;
+  int id_bits = 16;  // 0, 8, 12 or 16
   // Classes with more slots per block than 2^id_bits become offset-only (true) or use only
   // 2^id_bits slots per block (false).
   bool hybrid = true;
@@ -28,7 +34,9 @@ struct ObjectsConfig {
   WorkerSelection worker_selection = WorkerSelection::kByConnection;
   // How READ/WRITE/LOCATE find an object that compaction moved inside its block.
   Correction correction = Correction::kAskOwner;
-  uint64_t reserve_bytes = 0;       // virtual range exported as "objects"; 0 = memory_bytes
+  // Virtual range exported as "objects"; 0 = 2 x memory_bytes (aliases left by compaction and
+  // released blocks in quarantine hold virtual blocks without memory; untouched range is free).
+  uint64_t reserve_bytes = 0;
   uint64_t max_physical_bytes = 0;  // memfd pages the store may hold; 0 = memory_bytes
   struct Compaction {
     double threshold = 0.3;      // a class is compacted when 1 - live/capacity exceeds this

@@ -265,29 +265,13 @@ TEST(ObjectsMemoryTrace, SpecRoundTripAndErrors) {
   }
 }
 
-TEST(ObjectsMemoryBench, BlockSizeFitsLargestObject) {
-  EXPECT_EQ(BlockSizeFor(64, 65536).value(), 65536u);
-  // 4 KiB blocks hold at most 4023 B: the smallest block for a 4 KiB object is 8 KiB (one slot).
-  EXPECT_EQ(BlockSizeFor(4096, 4096).value(), 8192u);
-  EXPECT_EQ(BlockSizeFor(2048, 4096).value(), 4096u);
-  EXPECT_EQ(BlockSizeFor(4023, 4096).value(), 4096u);
-  EXPECT_EQ(BlockSizeFor(kT3LargeSize, 65536).value(), 256u * 1024);
-  EXPECT_FALSE(BlockSizeFor(2u << 20, 65536).ok());
-  EXPECT_FALSE(BlockSizeFor(64, 5000).ok());
-  // The tuned geometry: 32 KiB hold 7 objects of 4 KiB, 16 KiB 7 of 2 KiB (size_classes.h).
-  constexpr auto kRec = BlockGeometry::kRecommended;
-  EXPECT_EQ(BlockSizeFor(4096, 4096, kRec).value(), 32768u);
-  EXPECT_EQ(BlockSizeFor(2048, 4096, kRec).value(), 16384u);
-  EXPECT_EQ(BlockSizeFor(4023, 4096, kRec).value(), 4096u);
-  EXPECT_FALSE(BlockSizeFor(64, 5000, kRec).ok());
-}
-
 TEST(ObjectsMemoryBench, IdealPacking) {
-  auto classes = corm::SizeClasses::Create(4096).value();
+  auto classes = corm::SizeClasses::Create(corm::GeometryOptions{}).value();
   // 64 B payload -> 80 B slots, 51 per 4 KiB block: 100 objects need 2 blocks.
   const uint32_t c64 = classes.ClassFor(64).value();
   ASSERT_EQ(classes.at(c64).slot_size, 80u);
   ASSERT_EQ(classes.at(c64).slots_per_block, 51u);
+  ASSERT_EQ(classes.at(c64).block_bytes, 4096u);
   std::vector<uint32_t> live(100, 64);
   auto r = IdealMemory(live, classes).value();
   EXPECT_EQ(r.blocks, 2u);
@@ -298,13 +282,16 @@ TEST(ObjectsMemoryBench, IdealPacking) {
   EXPECT_EQ(IdealMemory(live, classes).value().blocks, 2u);
   live.push_back(64);
   EXPECT_EQ(IdealMemory(live, classes).value().blocks, 3u);
-  // Classes are counted separately: one 1000 B object adds a block of its own class.
+  // Classes are counted separately, each block with its class's size: one 1000 B object adds a
+  // block of its own class (a 32 KiB block of 31 slots).
   live.push_back(1000);
+  const uint32_t c1000 = classes.ClassFor(1000).value();
   auto mixed = IdealMemory(live, classes).value();
   EXPECT_EQ(mixed.blocks, 4u);
+  EXPECT_EQ(mixed.bytes, 3u * 4096 + classes.at(c1000).block_bytes);
   EXPECT_EQ(mixed.classes_used, 2u);
   EXPECT_EQ(IdealMemory({}, classes).value().bytes, 0u);
-  EXPECT_FALSE(IdealMemory({5000}, classes).ok());  // does not fit a 4 KiB block
+  EXPECT_FALSE(IdealMemory({2u << 20}, classes).ok());  // larger than the largest class
 }
 
 nlohmann::json CormDoc(double before, double after) {

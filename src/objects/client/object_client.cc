@@ -24,6 +24,7 @@
 #include "objects/client/object_client_internal.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
+#include "objects/format/size_classes.h"
 
 namespace farmem {
 
@@ -194,9 +195,10 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply,
     std::memcpy(&wc, at + size_t{c} * sizeof(wc), sizeof(wc));
     const std::string cls = who + "class " + std::to_string(c) + ": ";
     if (wc.slot_size < 16 || wc.slot_size % corm::kSlotAlign != 0 ||
-        wc.slot_size > head.block_size) {
+        wc.slot_size > corm::kMaxSlotSize) {
       return Status::Protocol(cls + "slot size " + std::to_string(wc.slot_size) +
-                              " is not a multiple of 8 in 16..block size");
+                              " is not a multiple of 8 in 16.." +
+                              std::to_string(corm::kMaxSlotSize));
     }
     if (!info.classes.empty() && wc.slot_size <= info.classes.back().slot_size) {
       return Status::Protocol(cls + "slot sizes are not ascending");
@@ -213,7 +215,18 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply,
       return Status::Protocol(cls + "id mask " + Hex(wc.id_mask) + " does not match id_bits " +
                               std::to_string(head.id_bits));
     }
-    info.classes.push_back({wc.slot_size, wc.payload_capacity, wc.id_mask});
+    // The block geometry decides which bytes a scan reads and which block a pointer's offset
+    // names: a lying server must not make either leave the class's block.
+    const uint32_t slots = wc.block_bytes / wc.slot_size;
+    if (wc.block_bytes % head.block_size != 0 || slots == 0 ||
+        wc.block_bytes > head.region_length ||
+        (slots > 1 && (wc.block_bytes & (wc.block_bytes - 1)) != 0)) {
+      return Status::Protocol(cls + "block of " + std::to_string(wc.block_bytes) +
+                              " bytes is not a whole number of " + std::to_string(head.block_size) +
+                              "-byte base blocks holding a slot (a power of two when it holds "
+                              "several)");
+    }
+    info.classes.push_back({wc.slot_size, wc.payload_capacity, wc.id_mask, wc.block_bytes});
   }
   return info;
 }
@@ -236,8 +249,10 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
                                    " is not an 8-aligned slot inside the " +
                                    std::to_string(info.region_length) + "-byte object region");
   }
-  const uint64_t in_block = p.offset % info.block_size;
-  if (in_block % c.slot_size != 0 || in_block + c.slot_size > info.block_size) {
+  const corm::SizeClass geometry{c.slot_size, c.payload_capacity, c.block_bytes / c.slot_size,
+                                 c.block_bytes};
+  if (!corm::IsSlotStart(p.offset, geometry, info.block_size) ||
+      info.region_length - corm::BlockStartOf(p.offset, geometry) < c.block_bytes) {
     return Status::InvalidArgument(
         who() + "offset " + Hex(p.offset) + " is not on a slot boundary of class " +
         std::to_string(p.size_class) + " (slot size " + std::to_string(c.slot_size) + ")");
@@ -248,6 +263,12 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
                                    ")");
   }
   return Status::OK();
+}
+
+uint64_t BlockStart(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset) {
+  const auto& c = info.classes[size_class];
+  return corm::BlockStartOf(offset, corm::SizeClass{c.slot_size, c.payload_capacity,
+                                                    c.block_bytes / c.slot_size, c.block_bytes});
 }
 
 bool UsesHeaderRecheck(ReadValidation mode, std::string_view transport_name) {
@@ -631,7 +652,9 @@ Task<Status> ObjectClient::locate(Scheduler& sched, Ptr& p) {
       co_await PtrRpc(sched, impl_->servers[p.server].peer, wire::kOpLocate, p, "locate");
   if (!w.ok()) co_return w.status();
   // Objects move only inside their home block as far as the pointer is concerned.
-  if (w->offset / info.block_size != p.offset / info.block_size) {
+  if (w->size_class != p.size_class ||
+      objects_internal::BlockStart(info, p.size_class, w->offset) !=
+          objects_internal::BlockStart(info, p.size_class, p.offset)) {
     co_return Status::Protocol("locate: server moved " + Describe(p) + " to another block (" +
                                Hex(w->offset) + ")");
   }
@@ -703,7 +726,7 @@ Task<Result<std::string>> ObjectClient::stats_json(Scheduler& sched, uint16_t se
 // Slot addresses: WirePtr.offset is relative to the object region, whose base is block-aligned
 // (at least 4 KiB), so offset ≡ address (mod 64) and the offset can stand in for the absolute
 // address in every layout function (they only use it modulo 64). The header's home block index
-// is offset / block_size for the same reason.
+// is the offset of the slot's block (BlockStart) / block_size for the same reason.
 //
 // Validation (ReadValidation). CheckSlot's version bytes prove a copy consistent only if the copy
 // loaded the header first and the tail last, word by word (docs/objects.md, "Writer and reader
@@ -731,7 +754,7 @@ Task<Result<size_t>> ObjectClient::direct_read(Scheduler& sched, Ptr& p, std::sp
   const uint32_t slot = info.classes[p.size_class].slot_size;
   const uint16_t mask = IdMaskOf(info, p.size_class);
   const uint16_t tag = TagOf(p, mask);
-  const auto home = static_cast<uint32_t>(p.offset / info.block_size);
+  const uint32_t home = objects_internal::HomeBlockOf(info, p.size_class, p.offset);
   const bool recheck = impl_->servers[p.server].header_recheck;
   const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, p.offset};
   // Small slots are copied into the coroutine frame: a heap buffer per read cost ~2 % of a
@@ -816,11 +839,11 @@ Task<Result<size_t>> ObjectClient::scan_read(Scheduler& sched, Ptr& p, std::span
   uint16_t tag = TagOf(p, mask);  // changes if the server reports a re-drawn ID
   bool asked = false;             // a scan miss was corrected by the server already
   Backoff locate_backoff(options_.retry_budget, options_.max_backoff);
-  const uint64_t block_off = p.offset - p.offset % info.block_size;
+  const uint64_t block_off = objects_internal::BlockStart(info, p.size_class, p.offset);
   const auto home = static_cast<uint32_t>(block_off / info.block_size);
   const bool recheck = impl_->servers[p.server].header_recheck;
   const RemoteRef ref{impl_->servers[p.server].peer, info.region_key, block_off};
-  std::vector<uint8_t> image(info.block_size);
+  std::vector<uint8_t> image(info.classes[p.size_class].block_bytes);
   std::vector<uint8_t> slot_copy(recheck ? slot : 0);
   Backoff backoff(options_.retry_budget, options_.max_backoff);
   uint64_t retries = 0;

@@ -143,7 +143,7 @@ class FakeServer {
       std::memcpy(reply.data(), &head, sizeof(head));
       for (int c = 0; c < 3; ++c) {
         wire::WireClass wc{kSlots[c], static_cast<uint32_t>(corm::PayloadCapacity(kSlots[c])),
-                           kMasks[c]};
+                           kMasks[c], kBlock};
         std::memcpy(reply.data() + sizeof(head) + c * sizeof(wc), &wc, sizeof(wc));
       }
       return Status::OK();

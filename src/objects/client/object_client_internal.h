@@ -11,6 +11,7 @@
 #include "farmem/objects.h"
 #include "farmem/status.h"
 #include "objects/format/object_layout.h"
+#include "objects/format/size_classes.h"
 
 namespace farmem::objects_internal {
 
@@ -24,6 +25,13 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply, std::
 // index in range, slot inside the region, on a slot boundary of its class inside its block, ID
 // within the class's mask. `op` prefixes the message. Does not check p.server.
 Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_view op);
+
+// Offset of the block holding the slot at `offset` of class `size_class` (valid class and slot:
+// CheckPtrShape), and the virtual block index slot headers name as its home.
+uint64_t BlockStart(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset);
+inline uint32_t HomeBlockOf(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset) {
+  return static_cast<uint32_t>(BlockStart(info, size_class, offset) / info.block_size);
+}
 
 // Whether direct_read/scan_read re-read the header around each copy (ReadValidation) for a server
 // reached through a transport called `transport_name` (Transport::name()). kAuto trusts the

@@ -16,6 +16,7 @@
 #include "objects/client/object_test_util.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
+#include "objects/format/size_classes.h"
 
 namespace farmem {
 namespace {
@@ -32,8 +33,10 @@ std::vector<std::byte> InfoBytes(wire::InfoReply head, const std::vector<wire::W
   return out;
 }
 
-wire::WireClass Cls(uint32_t slot, uint32_t mask = 0xffff) {
-  return {slot, static_cast<uint32_t>(corm::PayloadCapacity(slot)), mask};
+// A class of `slot`-byte slots in 4 KiB blocks (or one-slot blocks of whole base blocks).
+wire::WireClass Cls(uint32_t slot, uint32_t mask = 0xffff, uint32_t block = 0) {
+  if (block == 0) block = slot <= 4096 ? 4096 : (slot + 4095) / 4096 * 4096;
+  return {slot, static_cast<uint32_t>(corm::PayloadCapacity(slot)), mask, block};
 }
 
 wire::InfoReply Head(uint16_t n) {
@@ -75,7 +78,12 @@ TEST(ObjectInfoDecode, RejectsMalformedReplies) {
   cases.push_back({"hybrid", bad_head([](wire::InfoReply& h) { h.hybrid = 2; })});
   cases.push_back({"tiny region", bad_head([](wire::InfoReply& h) { h.region_length = 100; })});
   cases.push_back({"unaligned slot", InfoBytes(Head(1), {Cls(60)})});
-  cases.push_back({"slot > block", InfoBytes(Head(1), {Cls(8192)})});
+  cases.push_back({"slot > block", InfoBytes(Head(1), {Cls(8192, 0xffff, 4096)})});
+  cases.push_back({"block not whole base blocks", InfoBytes(Head(1), {Cls(64, 0xffff, 6000)})});
+  cases.push_back({"several slots in a block that is no power of two",
+                   InfoBytes(Head(1), {Cls(64, 0xffff, 12288)})});
+  cases.push_back({"block larger than the region", InfoBytes(Head(1), {Cls(64, 0xffff, 2 << 20)})});
+  cases.push_back({"slot > largest slot", InfoBytes(Head(1), {Cls(2 << 20, 0, 2 << 20)})});
   cases.push_back({"not ascending", InfoBytes(Head(2), {Cls(64), Cls(32)})});
   wire::WireClass wrong_cap = Cls(64);
   wrong_cap.payload_capacity += 1;
@@ -177,7 +185,15 @@ TEST_P(ObjectClientE2E, ConnectLearnsTheServerGeometry) {
   EXPECT_EQ(info.block_size, 4096u);
   EXPECT_EQ(info.id_bits, 16u);
   EXPECT_GT(info.classes.size(), 10u);
-  EXPECT_EQ(info.max_object_size(), corm::PayloadCapacity(4096));
+  EXPECT_EQ(info.max_object_size(), corm::PayloadCapacity(corm::kMaxSlotSize));
+  // Blocks per class (docs/objects.md, "Block geometry"): 64 B objects in 4 KiB blocks, 2 KiB
+  // objects in 64 KiB blocks of 31 slots, 100 KiB objects one per block of whole base blocks.
+  auto geometry = corm::SizeClasses::Create({}).value();
+  for (size_t size : {size_t{64}, size_t{2048}, size_t{100000}}) {
+    const uint32_t c = geometry.ClassFor(size).value();
+    EXPECT_EQ(info.classes.at(c).block_bytes, geometry.at(c).block_bytes) << size;
+  }
+  EXPECT_EQ(info.classes.at(geometry.ClassFor(2048).value()).block_bytes, 65536u);
   EXPECT_GE(info.region_length, 64ull << 20);
   EXPECT_NE(info.region_key, 0u);
   // An unknown index gets an empty description rather than a crash.
@@ -402,7 +418,7 @@ TEST_P(ObjectClientE2E, ForgedPointersGetClearErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(client_->free(wrong_class).code(), Code::kInvalidArgument);
   // A class whose grid the offset happens to be on (block start): the server refuses it.
   Ptr other_class = p;
-  other_class.offset = p.offset - p.offset % info.block_size;
+  other_class.offset = p.offset - p.offset % info.classes[p.size_class].block_bytes;
   other_class.size_class = static_cast<uint16_t>(p.size_class == 0 ? 1 : p.size_class - 1);
   EXPECT_FALSE(client_->read(other_class, out).ok());
   EXPECT_FALSE(client_->free(other_class).ok());
@@ -482,9 +498,11 @@ TEST_P(ObjectClientE2E, CoroutineCallsInFlightOnOneScheduler) {
 // through read_any with the given correction mode: intact, pointers corrected in place. With
 // `redraws`, merges must have re-drawn IDs (the server's id_bits make them collide) and read_any
 // must have followed them (the new ID comes from the server's LOCATE answer).
-void CompactAndVerify(ObjectClient& client, Correction mode, bool redraws = false) {
+// kSize 48: 4 KiB blocks of 64 slots; 2000: 64 KiB blocks (16 base blocks) of 31 slots, so merges
+// remap multi-page blocks and scans read whole 64 KiB blocks.
+void CompactAndVerify(ObjectClient& client, Correction mode, bool redraws = false,
+                      size_t kSize = 48) {
   constexpr int kObjects = 512;
-  constexpr size_t kSize = 48;
   std::vector<Ptr> ptrs;
   for (int i = 0; i < kObjects; ++i) {
     Result<Ptr> a = client.alloc(kSize);
@@ -524,7 +542,10 @@ void CompactAndVerify(ObjectClient& client, Correction mode, bool redraws = fals
     ASSERT_TRUE(v.checksum_ok) << i;
     ASSERT_EQ(v.index, static_cast<uint64_t>(i));
     ASSERT_EQ(v.seq, 9u);
-    EXPECT_EQ(ptrs[i].offset / 4096, before[i].offset / 4096) << "pointers stay in their block";
+    const ObjectServerInfo& info = client.server_info(0);
+    EXPECT_EQ(objects_internal::BlockStart(info, ptrs[i].size_class, ptrs[i].offset),
+              objects_internal::BlockStart(info, before[i].size_class, before[i].offset))
+        << "pointers stay in their block";
     EXPECT_EQ(ptrs[i].gen, before[i].gen);
     if (ptrs[i].offset != before[i].offset) ++moved;
     if (ptrs[i].id != before[i].id) ++renamed;
@@ -581,6 +602,23 @@ TEST_P(ObjectClientE2E, CompactionMovesObjectsAskOwnerCorrection) {
   CompactAndVerify(*client_, Correction::kAskOwner);
 }
 
+TEST_P(ObjectClientE2E, CompactionOfMultiPageBlocksScanCorrection) {
+  ObjectClientOptions o;
+  o.correction = Correction::kScan;
+  Boot(ObjectEnv::DefaultObjects(), o);
+  const auto& cls =
+      client_->server_info(0).classes[*corm::SizeClasses::Create({}).value().ClassFor(2000)];
+  ASSERT_GT(cls.block_bytes, client_->server_info(0).block_size);
+  CompactAndVerify(*client_, Correction::kScan, /*redraws=*/false, 2000);
+}
+
+TEST_P(ObjectClientE2E, CompactionOfMultiPageBlocksAskOwnerCorrection) {
+  ObjectClientOptions o;
+  o.correction = Correction::kAskOwner;
+  Boot(ObjectEnv::DefaultObjects(), o);
+  CompactAndVerify(*client_, Correction::kAskOwner, /*redraws=*/false, 2000);
+}
+
 TEST_P(ObjectClientE2E, CompactionRedrawsIdsScanCorrection) {
   ObjectClientOptions o;
   o.correction = Correction::kScan;
@@ -613,14 +651,14 @@ TEST_P(ObjectClientE2E, OffsetOnlyObjectsNeverMove) {
   // Offset-only blocks merge only when their occupied offsets are disjoint: keep the first
   // quarter of the slots in every other block and the third quarter in the rest.
   const ObjectServerInfo& info = client_->server_info(0);
-  const uint32_t slots = info.block_size / info.classes[ptrs[0].size_class].slot_size;
+  const uint32_t block_bytes = info.classes[ptrs[0].size_class].block_bytes;
+  const uint32_t slots = block_bytes / info.classes[ptrs[0].size_class].slot_size;
   std::map<uint64_t, int> block_rank;
   std::vector<bool> keep(kN);
   for (int i = 0; i < kN; ++i) {
-    const uint64_t block = ptrs[i].offset / info.block_size;
+    const uint64_t block = ptrs[i].offset / block_bytes;
     const int rank = block_rank.emplace(block, static_cast<int>(block_rank.size())).first->second;
-    const uint64_t slot =
-        ptrs[i].offset % info.block_size / info.classes[ptrs[i].size_class].slot_size;
+    const uint64_t slot = ptrs[i].offset % block_bytes / info.classes[ptrs[i].size_class].slot_size;
     keep[i] = rank % 2 == 0 ? slot < slots / 4 : (slot >= slots / 2 && slot < 3 * slots / 4);
   }
   ASSERT_GE(block_rank.size(), 2u);

@@ -50,7 +50,7 @@ std::vector<std::byte> EncodeInfo(const ObjectServerInfo& info) {
   std::memcpy(out.data(), &head, sizeof(head));
   for (size_t i = 0; i < info.classes.size(); ++i) {
     const wire::WireClass wc{info.classes[i].slot_size, info.classes[i].payload_capacity,
-                             info.classes[i].id_mask};
+                             info.classes[i].id_mask, info.classes[i].block_bytes};
     std::memcpy(out.data() + sizeof(head) + i * sizeof(wc), &wc, sizeof(wc));
   }
   return out;
@@ -65,7 +65,11 @@ void CheckInfo(const ObjectServerInfo& info, std::span<const std::byte> reply) {
   const uint32_t full = info.id_bits == 0 ? 0 : (1u << info.id_bits) - 1;
   uint32_t prev = 0;
   for (const auto& c : info.classes) {
-    FUZZ_CHECK(c.slot_size >= 16 && c.slot_size % corm::kSlotAlign == 0 && c.slot_size <= bs);
+    FUZZ_CHECK(c.slot_size >= 16 && c.slot_size % corm::kSlotAlign == 0 &&
+               c.slot_size <= c.block_bytes && c.block_bytes % bs == 0 &&
+               c.block_bytes <= info.region_length);
+    const uint32_t slots = c.block_bytes / c.slot_size;
+    FUZZ_CHECK(slots == 1 || (c.block_bytes & (c.block_bytes - 1)) == 0);
     FUZZ_CHECK(c.slot_size > prev);
     prev = c.slot_size;
     FUZZ_CHECK(c.payload_capacity == corm::PayloadCapacity(c.slot_size));
@@ -109,7 +113,10 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   const auto& cls = info.classes[p.size_class];
   FUZZ_CHECK(p.offset % corm::kSlotAlign == 0 && p.offset < info.region_length &&
              cls.slot_size <= info.region_length - p.offset);
-  FUZZ_CHECK(p.offset / info.block_size == (p.offset + cls.slot_size - 1) / info.block_size);
+  // The slot lies inside its class's block, which lies inside the region.
+  const uint64_t block = oi::BlockStart(info, p.size_class, p.offset);
+  FUZZ_CHECK(block <= p.offset && p.offset + cls.slot_size <= block + cls.block_bytes &&
+             block + cls.block_bytes <= info.region_length);
   FUZZ_CHECK((p.id & ~cls.id_mask) == 0);
 
   // A one-sided copy of that slot (the server's memory, or garbage a broken server sent).
@@ -139,7 +146,7 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   }
   // With the home the client expects (the pointer's block): a slot homed elsewhere is another
   // object, "moved"; the other verdicts come first.
-  const auto home = static_cast<uint32_t>(p.offset / info.block_size);
+  const uint32_t home = oi::HomeBlockOf(info, p.size_class, p.offset);
   const corm::SlotCheck home_check = oi::CheckHeaderWord(word, tag, kFull, p.size_class, home);
   if (h.home_block == home || head_check != corm::SlotCheck::kOk) {
     FUZZ_CHECK(home_check == head_check);

@@ -1,5 +1,5 @@
-// BlockAllocator: memfd pools mapped block by block into one reserved virtual range; remap and
-// punch for compaction; home reference counts and FIFO quarantine for virtual-block reuse (see
+// BlockAllocator: memfd pools mapped span by span into one reserved virtual range; remap and
+// punch for compaction; home reference counts and FIFO quarantine for virtual-span reuse (see
 // block_allocator.h).
 
 #include "objects/engine/block_allocator.h"
@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <string>
 
@@ -89,15 +91,21 @@ Result<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
   a->base_ = reinterpret_cast<uint8_t*>(aligned);
   a->reserve_bytes_ = options.reserve_bytes;
   a->num_vblocks_ = static_cast<uint32_t>(nblocks);
-  a->vstate_.assign(nblocks, VState::kFree);
-  a->vphys_.assign(nblocks, 0);
-  a->refs_.assign(nblocks, 0);
+  FARMEM_RETURN_IF_ERROR(a->vstate_.Allocate(nblocks));
+  FARMEM_RETURN_IF_ERROR(a->vspan_.Allocate(nblocks));
+  FARMEM_RETURN_IF_ERROR(a->vphys_.Allocate(nblocks));
+  FARMEM_RETURN_IF_ERROR(a->refs_.Allocate(nblocks));
   return a;
 }
 
 BlockAllocator::~BlockAllocator() {
   if (map_base_ != nullptr) munmap(map_base_, map_len_);
   for (const Pool& p : pools_) close(p.fd);
+}
+
+uint32_t BlockAllocator::virtual_high_water() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fresh_virt_;
 }
 
 Result<uint32_t> BlockAllocator::VBlockOf(uint64_t addr) const {
@@ -110,21 +118,44 @@ Result<uint32_t> BlockAllocator::VBlockOf(uint64_t addr) const {
 
 BlockMapping BlockAllocator::PhysLocation(uint32_t pblock) const {
   return BlockMapping{pools_[pblock / blocks_per_pool_].fd,
-                      (pblock % blocks_per_pool_) * uint64_t{block_size_}};
+                      (pblock % blocks_per_pool_) * uint64_t{block_size_},
+                      pblock < pspan_.size() ? pspan_[pblock] : 0u};
 }
 
-Result<uint32_t> BlockAllocator::TakePhysicalLocked() {
-  if (max_physical_blocks_ != 0 && phys_in_use_count_ >= max_physical_blocks_) {
+std::vector<uint32_t>& BlockAllocator::FreePhysLocked(uint32_t span) {
+  if (free_phys_.size() <= span) free_phys_.resize(span + 1);
+  return free_phys_[span];
+}
+
+void BlockAllocator::PutPhysicalPieceLocked(uint32_t first, uint32_t n) {
+  // A never-used run (zero pages): as good as a punched span of its length.
+  if (n == 0) return;
+  FreePhysLocked(n).push_back(first);
+  free_phys_blocks_ += n;
+}
+
+Result<uint32_t> BlockAllocator::TakePhysicalLocked(uint32_t span) {
+  if (max_physical_blocks_ != 0 && phys_in_use_count_ + span > max_physical_blocks_) {
     return Status::ResourceExhausted("CoRM physical memory budget exhausted (" +
                                      std::to_string(max_physical_blocks_ * block_size_) +
                                      " bytes)");
   }
   uint32_t p;
-  if (!free_phys_.empty()) {
-    p = free_phys_.back();
-    free_phys_.pop_back();
+  std::vector<uint32_t>& list = FreePhysLocked(span);
+  if (!list.empty()) {
+    p = list.back();
+    list.pop_back();
+    free_phys_blocks_ -= span;
   } else {
-    if (fresh_phys_ == pools_.size() * blocks_per_pool_) {
+    // A span lies inside one pool (one mmap of one file range): skip a pool's tail that is too
+    // short, keeping it for spans of its length.
+    const uint64_t in_pool = fresh_phys_ % blocks_per_pool_;
+    if (in_pool != 0 && in_pool + span > blocks_per_pool_) {
+      const auto rest = static_cast<uint32_t>(blocks_per_pool_ - in_pool);
+      PutPhysicalPieceLocked(static_cast<uint32_t>(fresh_phys_), rest);
+      fresh_phys_ += rest;
+    }
+    if (fresh_phys_ + span > pools_.size() * blocks_per_pool_) {
       if ((pools_.size() + 1) * blocks_per_pool_ > UINT32_MAX) {
         return Status::ResourceExhausted("too many physical blocks");
       }
@@ -136,113 +167,161 @@ Result<uint32_t> BlockAllocator::TakePhysicalLocked() {
         return Status::FromErrno("ftruncate memfd pool", err);
       }
       pools_.push_back(Pool{fd});
-      phys_in_use_.resize(pools_.size() * blocks_per_pool_, 0);
+      pspan_.resize(pools_.size() * blocks_per_pool_, 0);
     }
-    p = static_cast<uint32_t>(fresh_phys_++);
+    p = static_cast<uint32_t>(fresh_phys_);
+    fresh_phys_ += span;
   }
-  phys_in_use_[p] = 1;
-  ++phys_in_use_count_;
+  pspan_[p] = static_cast<uint16_t>(span);
+  phys_in_use_count_ += span;
   return p;
 }
 
-Status BlockAllocator::MapLocked(uint32_t vblock, uint32_t pblock) {
+Result<uint32_t> BlockAllocator::TakeVirtualLocked(uint32_t span) {
+  if (free_virt_.size() <= span) {
+    free_virt_.resize(span + 1);
+    gap_virt_.resize(span + 1);
+  }
+  std::deque<Released>& released = free_virt_[span];
+  // Oldest released span first, and only past the quarantine while fresh blocks remain: the
+  // block a stale pointer names is reused as late as possible.
+  if (!released.empty() && released_blocks_ - released.front().stamp >= vblock_quarantine_) {
+    const uint32_t v = released.front().vblock;
+    released.pop_front();
+    return v;
+  }
+  if (!gap_virt_[span].empty()) {
+    const uint32_t v = gap_virt_[span].back();
+    gap_virt_[span].pop_back();
+    return v;
+  }
+  // Power-of-two spans start at a multiple of themselves (a slot's block is found from its
+  // offset alone); the pieces skipped to get there are kept for spans of their sizes.
+  const bool aligned = std::has_single_bit(span);
+  const uint64_t start = aligned ? (uint64_t{fresh_virt_} + span - 1) / span * span : fresh_virt_;
+  if (start + span <= num_vblocks_) {
+    uint64_t at = fresh_virt_;
+    while (at < start) {
+      // Largest power of two that divides `at` (> 0: `start` is past it) and fits before
+      // `start`; shorter than `span`, so its lists exist.
+      uint64_t piece = at & (~at + 1);
+      while (at + piece > start) piece /= 2;
+      gap_virt_[static_cast<uint32_t>(piece)].push_back(static_cast<uint32_t>(at));
+      at += piece;
+    }
+    fresh_virt_ = static_cast<uint32_t>(start + span);
+    return static_cast<uint32_t>(start);
+  }
+  if (!released.empty()) {  // no fresh space left: past the quarantine or not
+    const uint32_t v = released.front().vblock;
+    released.pop_front();
+    return v;
+  }
+  return Status::ResourceExhausted("CoRM virtual range exhausted");
+}
+
+Status BlockAllocator::MapLocked(uint32_t vblock, uint32_t pblock, uint32_t span) {
   const BlockMapping loc = PhysLocation(pblock);
   [[maybe_unused]] TsanIgnoreScope ignore;
-  void* r = mmap(VAddr(vblock), block_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                 loc.memfd, static_cast<off_t>(loc.file_offset));
+  void* r = mmap(VAddr(vblock), size_t{span} * block_size_, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_FIXED, loc.memfd, static_cast<off_t>(loc.file_offset));
   if (r == MAP_FAILED) return Status::FromErrno("mmap CoRM block", errno);
   vphys_[vblock] = pblock;
   return Status::OK();
 }
 
-Result<BlockGrant> BlockAllocator::AllocBlock() {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t v;
-  bool fresh_v = false;
-  // Oldest released block first, and only past the quarantine while fresh blocks remain: the
-  // block a stale pointer names is reused as late as possible.
-  if (!free_virt_.empty() &&
-      (free_virt_.size() > vblock_quarantine_ || fresh_virt_ == num_vblocks_)) {
-    v = free_virt_.front();
-  } else if (fresh_virt_ < num_vblocks_) {
-    v = fresh_virt_;
-    fresh_v = true;
-  } else {
-    return Status::ResourceExhausted("CoRM virtual range exhausted");
+Result<BlockGrant> BlockAllocator::AllocBlock(uint32_t span) {
+  if (span == 0 || span > blocks_per_pool_ || span > UINT16_MAX) {
+    return Status::InvalidArgument(
+        "block of " + std::to_string(span) + " base blocks: must be 1.." +
+        std::to_string(std::min<size_t>(blocks_per_pool_, UINT16_MAX)) + " (one pool)");
   }
-  FARMEM_ASSIGN_OR_RETURN(uint32_t p, TakePhysicalLocked());
-  Status st = MapLocked(v, p);
+  std::lock_guard<std::mutex> lock(mu_);
+  FARMEM_ASSIGN_OR_RETURN(uint32_t p, TakePhysicalLocked(span));
+  auto v = TakeVirtualLocked(span);
+  Status st = v.ok() ? MapLocked(*v, p, span) : v.status();
   if (!st.ok()) {
-    phys_in_use_[p] = 0;
-    --phys_in_use_count_;
-    free_phys_.push_back(p);
+    pspan_[p] = 0;
+    phys_in_use_count_ -= span;
+    FreePhysLocked(span).push_back(p);
+    free_phys_blocks_ += span;
+    // A virtual span taken but not mapped goes back as a never-used piece.
+    if (v.ok()) gap_virt_[span].push_back(*v);
     return st;
   }
-  if (fresh_v) {
-    ++fresh_virt_;
-  } else {
-    free_virt_.pop_front();
-  }
-  vstate_[v] = VState::kMapped;
-  refs_[v] = 0;
-  ++vblocks_in_use_;
-  return BlockGrant{v, p};
+  vstate_[*v] = VState::kMapped;
+  vspan_[*v] = static_cast<uint16_t>(span);
+  refs_[*v] = 0;
+  vblocks_in_use_ += span;
+  return BlockGrant{*v, p};
 }
 
 Status BlockAllocator::Remap(uint32_t vblock, uint32_t pblock) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (vblock >= num_vblocks_ || vstate_[vblock] != VState::kMapped) {
+  if (!HeadMappedLocked(vblock)) {
     return Status::InvalidArgument("remap of an unmapped virtual block");
   }
-  if (pblock >= phys_in_use_.size() || !phys_in_use_[pblock]) {
+  if (pblock >= pspan_.size() || pspan_[pblock] == 0) {
     return Status::InvalidArgument("remap onto a physical block that is not in use");
   }
-  FARMEM_RETURN_IF_ERROR(MapLocked(vblock, pblock));
+  if (pspan_[pblock] != vspan_[vblock]) {
+    return Status::InvalidArgument("remap of a " + std::to_string(vspan_[vblock]) +
+                                   "-block span onto a " + std::to_string(pspan_[pblock]) +
+                                   "-block one");
+  }
+  FARMEM_RETURN_IF_ERROR(MapLocked(vblock, pblock, vspan_[vblock]));
   ++remaps_;
   return Status::OK();
 }
 
 Status BlockAllocator::ReleasePhysical(uint32_t pblock) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (pblock >= phys_in_use_.size() || !phys_in_use_[pblock]) {
+  if (pblock >= pspan_.size() || pspan_[pblock] == 0) {
     return Status::InvalidArgument("release of a physical block that is not in use");
   }
   const BlockMapping loc = PhysLocation(pblock);
-  phys_in_use_[pblock] = 0;
-  --phys_in_use_count_;
+  const uint32_t span = pspan_[pblock];
+  pspan_[pblock] = 0;
+  phys_in_use_count_ -= span;
   if (fallocate(loc.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(loc.file_offset), static_cast<off_t>(block_size_)) != 0) {
+                static_cast<off_t>(loc.file_offset),
+                static_cast<off_t>(size_t{span} * block_size_)) != 0) {
     // Not reused: a new block must start with zero pages (all headers "not allocated"), which an
-    // unpunched block does not guarantee. Losing one block is the safe failure.
+    // unpunched block does not guarantee. Losing one span is the safe failure.
     return Status::FromErrno("punching CoRM block (block retired)", errno);
   }
-  free_phys_.push_back(pblock);
+  FreePhysLocked(span).push_back(pblock);
+  free_phys_blocks_ += span;
   ++punches_;
   return Status::OK();
 }
 
 Status BlockAllocator::ReleaseVirtual(uint32_t vblock) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (vblock >= num_vblocks_ || vstate_[vblock] != VState::kMapped) {
+  if (!HeadMappedLocked(vblock)) {
     return Status::InvalidArgument("release of an unmapped virtual block");
   }
   if (refs_[vblock] != 0) {
     return Status::InvalidArgument("virtual block " + std::to_string(vblock) + " still homes " +
                                    std::to_string(refs_[vblock]) + " objects");
   }
+  const uint32_t span = vspan_[vblock];
   [[maybe_unused]] TsanIgnoreScope ignore;
   // Replaces the shared mapping in one step: a concurrent reader sees the old pages or zeros.
-  void* r = mmap(VAddr(vblock), block_size_, kHoleProt, kHoleFlags | MAP_FIXED, -1, 0);
+  void* r =
+      mmap(VAddr(vblock), size_t{span} * block_size_, kHoleProt, kHoleFlags | MAP_FIXED, -1, 0);
   if (r == MAP_FAILED) return Status::FromErrno("unmapping CoRM block", errno);
   vstate_[vblock] = VState::kFree;
-  free_virt_.push_back(vblock);
-  --vblocks_in_use_;
+  vspan_[vblock] = 0;
+  released_blocks_ += span;
+  free_virt_[span].push_back(Released{vblock, released_blocks_});
+  vblocks_in_use_ -= span;
   return Status::OK();
 }
 
 Status BlockAllocator::AddHomeRef(uint32_t vblock) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (vblock >= num_vblocks_ || vstate_[vblock] != VState::kMapped) {
+  if (!HeadMappedLocked(vblock)) {
     return Status::InvalidArgument("home reference on an unmapped virtual block");
   }
   ++refs_[vblock];
@@ -251,7 +330,7 @@ Status BlockAllocator::AddHomeRef(uint32_t vblock) {
 
 Result<uint32_t> BlockAllocator::DropHomeRef(uint32_t vblock) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (vblock >= num_vblocks_ || vstate_[vblock] != VState::kMapped || refs_[vblock] == 0) {
+  if (!HeadMappedLocked(vblock) || refs_[vblock] == 0) {
     return Status::Internal("home reference underflow on virtual block " + std::to_string(vblock));
   }
   return --refs_[vblock];
@@ -264,7 +343,7 @@ uint32_t BlockAllocator::HomeRefs(uint32_t vblock) const {
 
 Result<BlockMapping> BlockAllocator::MappingOf(uint32_t vblock) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (vblock >= num_vblocks_ || vstate_[vblock] != VState::kMapped) {
+  if (!HeadMappedLocked(vblock)) {
     return Status::NotFound("virtual block " + std::to_string(vblock) + " is not mapped");
   }
   return PhysLocation(vphys_[vblock]);
@@ -275,18 +354,25 @@ BlockAllocatorStats BlockAllocator::Stats() const {
   BlockAllocatorStats s;
   s.physical_blocks_in_use = phys_in_use_count_;
   s.physical_bytes_held = phys_in_use_count_ * block_size_;
-  s.physical_blocks_free = free_phys_.size();
+  s.physical_blocks_free = free_phys_blocks_;
   s.virtual_blocks_in_use = vblocks_in_use_;
   s.pools = pools_.size();
   s.pool_bytes_total = pools_.size() * pool_bytes_;
   s.remaps = remaps_;
   s.punches = punches_;
+  uint64_t lists = 0;
+  for (const auto& l : free_phys_) lists += sizeof(l) + l.capacity() * sizeof(uint32_t);
+  for (const auto& l : gap_virt_) lists += sizeof(l) + l.capacity() * sizeof(uint32_t);
   // libstdc++'s deque holds its elements in 512-byte chunks (plus a small map of them).
-  const uint64_t deque_bytes = (free_virt_.size() * sizeof(uint32_t) / 512 + 1) * 512;
-  s.metadata_bytes = vstate_.capacity() * sizeof(VState) + vphys_.capacity() * sizeof(uint32_t) +
-                     refs_.capacity() * sizeof(uint32_t) + phys_in_use_.capacity() +
-                     free_phys_.capacity() * sizeof(uint32_t) + pools_.capacity() * sizeof(Pool) +
-                     deque_bytes;
+  for (const auto& d : free_virt_) {
+    lists += sizeof(d) + (d.size() * sizeof(Released) / 512 + 1) * 512;
+  }
+  // The per-virtual-block tables are lazily zeroed: only the part up to the high-water mark was
+  // ever touched (whole pages of it).
+  const uint64_t per_vblock = sizeof(VState) + sizeof(uint16_t) + 2 * sizeof(uint32_t);
+  const uint64_t touched = (uint64_t{fresh_virt_} * per_vblock + 4095) / 4096 * 4096;
+  s.metadata_bytes =
+      touched + pspan_.capacity() * sizeof(uint16_t) + pools_.capacity() * sizeof(Pool) + lists;
   return s;
 }
 

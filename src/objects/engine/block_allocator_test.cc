@@ -167,6 +167,102 @@ TEST(BlockAllocator, PoolsGrowAcrossMemfds) {
   EXPECT_EQ((*ba)->Stats().physical_blocks_in_use, 10u);
 }
 
+// Blocks of several base blocks (spans): contiguous pages of one pool, power-of-two spans
+// aligned to themselves, remapped only onto spans of their own length, and every base block
+// accounted.
+TEST(BlockAllocator, SpansAreContiguousAlignedAndRemappedWhole) {
+  auto o = SmallOptions();
+  o.pool_bytes = 16 * 4096;
+  auto ba = BlockAllocator::Create(o);
+  ASSERT_TRUE(ba.ok()) << ba.status().ToString();
+  auto& a = **ba;
+  auto one = a.AllocBlock(1);
+  auto four = a.AllocBlock(4);
+  auto three = a.AllocBlock(3);  // not a power of two: no alignment
+  auto four2 = a.AllocBlock(4);
+  ASSERT_TRUE(one.ok() && four.ok() && three.ok() && four2.ok());
+  EXPECT_EQ(four->vblock % 4, 0u);
+  EXPECT_EQ(four2->vblock % 4, 0u);
+  EXPECT_EQ(a.Stats().physical_blocks_in_use, 12u);
+  EXPECT_EQ(a.Stats().virtual_blocks_in_use, 12u);
+  // Every byte of a span is its own memory (one mapping of consecutive pool pages).
+  std::memset(a.VAddr(four->vblock), 0x44, 4 * 4096);
+  std::memset(a.VAddr(four2->vblock), 0x55, 4 * 4096);
+  std::memset(a.VAddr(three->vblock), 0x33, 3 * 4096);
+  EXPECT_EQ(ByteSum(a.VAddr(four->vblock), 4 * 4096), 0x44u * 4 * 4096);
+  auto m = a.MappingOf(four->vblock);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->span, 4u);
+  // The skipped virtual block before the first aligned span serves a later 1-block span.
+  auto gap = a.AllocBlock(1);
+  ASSERT_TRUE(gap.ok());
+  EXPECT_LT(gap->vblock, four2->vblock) << "an alignment gap is reused";
+  // Remap a whole span onto another of the same length; other lengths are refused.
+  ASSERT_TRUE(a.Remap(four->vblock, four2->pblock).ok());
+  EXPECT_EQ(ByteSum(a.VAddr(four->vblock), 4 * 4096), 0x55u * 4 * 4096);
+  EXPECT_EQ(a.Remap(four->vblock, three->pblock).code(), Code::kInvalidArgument);
+  EXPECT_EQ(a.Remap(three->vblock, four->pblock).code(), Code::kInvalidArgument);
+  // Releasing punches and frees all of a span's base blocks.
+  ASSERT_TRUE(a.ReleasePhysical(four->pblock).ok());
+  EXPECT_EQ(a.Stats().physical_blocks_in_use, 9u);
+  auto again = a.AllocBlock(4);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->pblock, four->pblock) << "a freed span is reused for its length";
+  for (size_t i = 0; i < 4 * 4096; ++i) ASSERT_EQ(a.VAddr(again->vblock)[i], 0) << i;
+  ASSERT_TRUE(a.ReleaseVirtual(three->vblock).ok());
+  EXPECT_EQ(a.Stats().virtual_blocks_in_use, 14u);  // 1 + 4 + 4 + 1 + 4
+  // Bad spans.
+  EXPECT_EQ(a.AllocBlock(0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(a.AllocBlock(17).status().code(), Code::kInvalidArgument) << "larger than a pool";
+}
+
+// A span never straddles two pools: the tail of a pool that is too short is skipped (and kept
+// for a span of its length).
+TEST(BlockAllocator, SpansStayInsideOnePool) {
+  auto o = SmallOptions();
+  o.pool_bytes = 8 * 4096;
+  auto ba = BlockAllocator::Create(o);
+  ASSERT_TRUE(ba.ok());
+  auto& a = **ba;
+  auto first = a.AllocBlock(5);
+  auto second = a.AllocBlock(5);  // 3 blocks left in pool 0: goes to pool 1
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(a.Stats().pools, 2u);
+  EXPECT_EQ(first->pblock / 8, 0u);
+  EXPECT_EQ(second->pblock / 8, 1u);
+  auto m = a.MappingOf(second->vblock);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->file_offset, 0u);
+  std::memset(a.VAddr(second->vblock), 0x77, 5 * 4096);
+  EXPECT_EQ(ByteSum(a.VAddr(second->vblock), 5 * 4096), 0x77u * 5 * 4096);
+  auto tail = a.AllocBlock(3);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(tail->pblock, 5u) << "pool 0's skipped tail serves a span of its length";
+  EXPECT_EQ(a.Stats().pools, 2u);
+}
+
+// The quarantine counts base blocks released after a span, whatever their spans.
+TEST(BlockAllocator, QuarantineCountsBaseBlocks) {
+  auto o = SmallOptions();
+  o.vblock_quarantine = 8;
+  auto ba = BlockAllocator::Create(o);
+  ASSERT_TRUE(ba.ok());
+  auto& a = **ba;
+  auto s = a.AllocBlock(2);
+  auto big = a.AllocBlock(8);
+  ASSERT_TRUE(s.ok() && big.ok());
+  ASSERT_TRUE(a.ReleasePhysical(s->pblock).ok());
+  ASSERT_TRUE(a.ReleaseVirtual(s->vblock).ok());
+  auto next = a.AllocBlock(2);
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(next->vblock, s->vblock) << "quarantined: nothing released after it";
+  ASSERT_TRUE(a.ReleasePhysical(big->pblock).ok());
+  ASSERT_TRUE(a.ReleaseVirtual(big->vblock).ok());  // 8 base blocks released after it
+  auto reused = a.AllocBlock(2);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_EQ(reused->vblock, s->vblock);
+}
+
 TEST(BlockAllocator, ReleasedBlockReadsAsZeros) {
   auto ba = BlockAllocator::Create(SmallOptions());
   ASSERT_TRUE(ba.ok()) << ba.status().ToString();

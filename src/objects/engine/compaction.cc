@@ -18,11 +18,12 @@ BlockSnapshot SnapshotLocked(const detail::Block& b) {
   BlockSnapshot s;
   s.mode = b.mode;
   s.capacity = b.capacity;
-  s.occupied.assign(b.occupied.begin(), b.occupied.end());
+  s.occupied.resize(b.slots);
+  for (uint32_t slot = 0; slot < b.slots; ++slot) s.occupied[slot] = b.occupied(slot) ? 1 : 0;
   if (b.mode == ClassMode::kIds) {
     s.ids.reserve(b.live.load(std::memory_order_relaxed));
     for (uint32_t slot = 0; slot < b.slots; ++slot) {
-      if (b.occupied[slot]) s.ids.push_back(b.slot_id[slot]);
+      if (b.occupied(slot)) s.ids.push_back(b.slot_id()[slot]);
     }
   }
   return s;
@@ -74,6 +75,7 @@ Compactor::Compactor(Store& store, CompactionOptions options)
             (void)CompactClassLocked(c, /*paced=*/false);
           }
         }
+        CompactStructsLocked();
       }
       urgent_.fetch_sub(1);
     });
@@ -99,6 +101,7 @@ Result<BlockSnapshot> Compactor::Snapshot(uint32_t vblock) {
   if (vblock >= store_.ba_->num_virtual_blocks()) {
     return Status::OutOfRange("virtual block out of range");
   }
+  StructGrace::Scope grace(store_.grace_);  // the struct's page stays while we use it
   detail::Block* b = store_.table_[vblock].load(std::memory_order_acquire);
   if (b == nullptr) return Status::NotFound("virtual block not in use");
   if (!b->mu.LockShared(options_.lock_timeout)) return Status::TimedOut("block busy");
@@ -134,7 +137,21 @@ Result<uint32_t> Compactor::CompactClass(uint32_t size_class, Deadline deadline)
     return Status::InvalidArgument("size class " + std::to_string(size_class) + " does not exist");
   }
   std::lock_guard<std::mutex> lock(round_mu_);
-  return CompactClassLocked(size_class, /*paced=*/true, deadline);
+  auto r = CompactClassLocked(size_class, /*paced=*/true, deadline);
+  if (r.ok() && *r > 0) CompactStructsLocked();
+  return r;
+}
+
+void Compactor::CompactStructsLocked() {
+  auto r = store_.CompactBlockStructs(std::chrono::steady_clock::now() + options_.lock_timeout);
+  if (!r.ok()) {
+    FARMEM_LOG_WARN("CoRM block struct compaction: {}", r.status().ToString());
+    return;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.structs_moved += r->moved;
+  stats_.struct_pages_released += r->pages_released;
+  stats_.struct_grace_timeouts += r->grace_timed_out ? 1 : 0;
 }
 
 void Compactor::Pace() {
@@ -219,6 +236,7 @@ Result<uint32_t> Compactor::CompactAll(Deadline deadline) {
       first_error = r.status();
     }
   }
+  if (total > 0) CompactStructsLocked();
   if (total == 0 && !first_error.ok()) return first_error;
   return total;
 }
@@ -232,6 +250,7 @@ Result<uint32_t> Compactor::RunOnce() {
     auto r = CompactClassLocked(c, /*paced=*/true);
     if (r.ok()) total += *r;
   }
+  if (total > 0) CompactStructsLocked();
   return total;
 }
 
@@ -308,19 +327,19 @@ bool Compactor::PlanRedraws(const detail::Block& src, const detail::Block& dst,
   auto is_used = [&](uint32_t id) { return (used[id >> 6] >> (id & 63)) & 1; };
   auto use = [&](uint32_t id) { used[id >> 6] |= uint64_t{1} << (id & 63); };
   for (uint32_t s = 0; s < dst.slots; ++s) {
-    if (dst.occupied[s]) use(dst.slot_id[s]);
+    if (dst.occupied(s)) use(dst.slot_id()[s]);
   }
   // IDs of source objects the destination has too: those objects get new IDs. Source IDs are
   // unique among themselves, so a source ID already marked is a collision.
   std::vector<uint32_t> colliding;
   ids.assign(src.slots, 0);
   for (uint32_t s = 0; s < src.slots; ++s) {
-    if (!src.occupied[s]) continue;
-    ids[s] = src.slot_id[s];
-    if (is_used(src.slot_id[s])) {
+    if (!src.occupied(s)) continue;
+    ids[s] = src.slot_id()[s];
+    if (is_used(src.slot_id()[s])) {
       colliding.push_back(s);
     } else {
-      use(src.slot_id[s]);
+      use(src.slot_id()[s]);
     }
   }
   // Old IDs that pointers still carry (renames of either block) are never handed out again
@@ -388,10 +407,11 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     uint32_t from, to;
   };
   std::vector<Move> plan;
-  std::vector<uint8_t> taken(dst.occupied.begin(), dst.occupied.end());
+  std::vector<uint8_t> taken(dst.slots);
+  for (uint32_t s = 0; s < dst.slots; ++s) taken[s] = dst.occupied(s) ? 1 : 0;
   std::vector<uint8_t> planned(src.slots, 0);
   for (uint32_t s = 0; s < src.slots; ++s) {
-    if (src.occupied[s] && !taken[s]) {
+    if (src.occupied(s) && !taken[s]) {
       plan.push_back({s, s});
       taken[s] = 1;
       planned[s] = 1;
@@ -399,7 +419,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   }
   uint32_t next_free = 0;
   for (uint32_t s = 0; s < src.slots; ++s) {
-    if (!src.occupied[s] || planned[s]) continue;
+    if (!src.occupied(s) || planned[s]) continue;
     while (next_free < dst.slots && taken[next_free]) ++next_free;
     if (next_free == dst.slots || src.mode == ClassMode::kOffsetOnly) {
       return Status::Internal("CoRM merge plan found no destination slot");
@@ -441,13 +461,13 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     uint8_t* to = dst_base + size_t{plan[k].to} * size;
     ReadSlotWords(from, in.data(), size);
     ReLaySlot(in, reinterpret_cast<uint64_t>(from), out, reinterpret_cast<uint64_t>(to));
-    if (!new_ids.empty() && new_ids[plan[k].from] != src.slot_id[plan[k].from]) {
+    if (!new_ids.empty() && new_ids[plan[k].from] != src.slot_id()[plan[k].from]) {
       // A re-drawn ID: the copy carries the new tag, so a pointer with the old ID fails the
       // one-sided tag check everywhere (and is corrected by the server's rename entry).
       uint64_t word;
       std::memcpy(&word, out.data(), sizeof(word));
       Header h = Header::Unpack(word);
-      h.tag = TagOf(new_ids[plan[k].from], src.slot_gen[plan[k].from], id_mask);
+      h.tag = TagOf(new_ids[plan[k].from], src.slot_gen()[plan[k].from], id_mask);
       word = h.Pack();
       std::memcpy(out.data(), &word, sizeof(word));
     }
@@ -506,8 +526,8 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     }
     for (size_t k = 0; k < plan.size(); ++k) {
       const uint32_t s = plan[k].from;
-      if (new_ids[s] != src.slot_id[s]) {
-        src.renames.push_back({homes[k], src.slot_id[s], src.slot_gen[s], new_ids[s]});
+      if (new_ids[s] != src.slot_id()[s]) {
+        src.renames.push_back({homes[k], src.slot_id()[s], src.slot_gen()[s], new_ids[s]});
       }
     }
   }
@@ -516,8 +536,8 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
   for (const Move& m : plan) {
     // The object keeps its generation (its pointers carry it) and its owner (FreeOwned must
     // still find it; the per-owner counts do not change); its ID unless re-drawn.
-    const uint16_t id = new_ids.empty() ? src.slot_id[m.from] : new_ids[m.from];
-    dst.AddObject(m.to, id, src.slot_gen[m.from], src.slot_owner[m.from]);
+    const uint16_t id = new_ids.empty() ? src.slot_id()[m.from] : new_ids[m.from];
+    dst.AddObject(m.to, id, src.slot_gen()[m.from], src.slot_owner()[m.from]);
   }
   dst.live.fetch_add(static_cast<uint32_t>(plan.size()), std::memory_order_relaxed);
   store_.SyncAvailLocked(dst);  // dst may be full now: off its owner's free-slot list
@@ -539,6 +559,7 @@ Result<bool> Compactor::MergeLocked(detail::Block& src, detail::Block& dst) {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.compactions;
     ++stats_.blocks_freed;
+    stats_.physical_bytes_freed += store_.BlockBytes(src.size_class);
     stats_.objects_copied += plan.size();
     stats_.objects_relocated += relocated;
     stats_.bytes_moved += uint64_t{plan.size()} * size;

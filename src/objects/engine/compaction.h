@@ -72,9 +72,10 @@ struct ClassMergeStats {
 
 struct CompactionStats {
   uint64_t rounds = 0;
-  uint64_t compactions = 0;   // successful block merges
-  uint64_t blocks_freed = 0;  // physical blocks released by merges
-  uint64_t bytes_moved = 0;   // slot bytes copied into destination blocks
+  uint64_t compactions = 0;           // successful block merges
+  uint64_t blocks_freed = 0;          // physical blocks released by merges
+  uint64_t physical_bytes_freed = 0;  // their bytes (blocks of each class have their own size)
+  uint64_t bytes_moved = 0;           // slot bytes copied into destination blocks
   uint64_t objects_copied = 0;
   uint64_t objects_relocated = 0;  // copied to a different offset (kept their ID)
   uint64_t collisions = 0;         // merge attempts rejected (ID or offset collision)
@@ -86,6 +87,11 @@ struct CompactionStats {
   // remap; only with wait_for_readers set): total and longest single wait.
   uint64_t grace_wait_ns = 0;
   uint64_t grace_wait_max_ns = 0;
+  // Block structs packed after rounds that merged (Store::CompactBlockStructs): structs moved to
+  // lower slots, pages of free structs given back, grace periods that timed out (pages kept).
+  uint64_t structs_moved = 0;
+  uint64_t struct_pages_released = 0;
+  uint64_t struct_grace_timeouts = 0;
   std::vector<ClassMergeStats> classes;  // one entry per size class
 };
 
@@ -157,6 +163,9 @@ class Compactor {
   // at full speed, bounded by max_merges_per_round as without pacing).
   void Pace();
   void MergeDone();  // a paced merge happened: the next one waits one gap
+  // After a round that merged (round_mu_ held): pack the block structs and give back the pages
+  // of dead ones (Store::CompactBlockStructs), counted in stats_.
+  void CompactStructsLocked();
 
   Store& store_;
   const CompactionOptions options_;

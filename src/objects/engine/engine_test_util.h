@@ -25,6 +25,14 @@ inline void ApplyObjectsFault(CompactionOptions& co) {
   if (!v.empty()) std::printf("[ fault    ] FARMEM_OBJECTS_FAULT=%s\n", e);
 }
 
+// =no_struct_grace: block struct pages are given back without waiting for the grace period;
+// =no_struct_moves: structs of live blocks are never moved down (Store::CompactBlockStructs).
+inline void ApplyObjectsFault(Store& st) {
+  const char* e = std::getenv("FARMEM_OBJECTS_FAULT");
+  const std::string v = e != nullptr ? e : "";
+  st.set_struct_faults(v == "no_struct_grace", v == "no_struct_moves");
+}
+
 inline std::string ObjectsFault() {
   const char* e = std::getenv("FARMEM_OBJECTS_FAULT");
   return e != nullptr ? e : "";

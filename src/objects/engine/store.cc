@@ -130,23 +130,6 @@ void IdTable::Clear() {
   count_ = 0;
 }
 
-uint32_t IdTable::Find(uint16_t id, std::span<const uint16_t> slot_id,
-                       std::span<const uint8_t> occupied) const {
-  if (entries_.empty()) {
-    const uint32_t n = std::min<uint32_t>(slots_, static_cast<uint32_t>(slot_id.size()));
-    for (uint32_t s = 0; s < n; ++s) {
-      if (occupied[s] && slot_id[s] == id) return s;
-    }
-    return kNotFound;
-  }
-  // At least half the entries are free, so the probe ends; the bound is belt and braces.
-  uint32_t i = Home(id);
-  for (uint32_t n = 0; n <= mask_ && Used(i); ++n, i = (i + 1) & mask_) {
-    if (slot_id[entries_[i]] == id) return entries_[i];
-  }
-  return kNotFound;
-}
-
 bool IdTable::Insert(uint32_t slot, std::span<const uint16_t> slot_id) {
   if (entries_.empty()) {
     ++count_;
@@ -187,24 +170,23 @@ bool IdTable::Erase(uint32_t slot, std::span<const uint16_t> slot_id) {
 }
 
 void Block::AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner) {
-  occupied[slot] = 1;
-  slot_id[slot] = id;
-  slot_gen[slot] = gen;
-  slot_owner[slot] = owner;
-  if (mode == ClassMode::kIds) (void)ids.Insert(slot, slot_id);
+  slot_table.set_occupied(slot, true);
+  slot_id()[slot] = id;
+  slot_gen()[slot] = gen;
+  slot_owner()[slot] = owner;
+  if (mode == ClassMode::kIds) (void)ids.Insert(slot, slot_id());
 }
 
 void Block::RemoveObject(uint32_t slot) {
-  if (mode == ClassMode::kIds) (void)ids.Erase(slot, slot_id);
-  if (!renames.empty()) DropRenames(slot_id[slot]);
-  occupied[slot] = 0;
-  slot_owner[slot] = kPersistentOwner;
+  if (mode == ClassMode::kIds) (void)ids.Erase(slot, slot_id());
+  if (!renames.empty()) DropRenames(slot_id()[slot]);
+  slot_table.set_occupied(slot, false);
+  slot_owner()[slot] = kPersistentOwner;
   if (slot < first_free) first_free = slot;
 }
 
 uint64_t Block::SlotArrayBytes() const {
-  return occupied.MemoryBytes() + slot_id.MemoryBytes() + slot_gen.MemoryBytes() +
-         slot_owner.MemoryBytes() + vblocks.MemoryBytes() + renames.MemoryBytes();
+  return slot_table.MemoryBytes() + vblocks.MemoryBytes() + renames.MemoryBytes();
 }
 
 int32_t Block::FindRenamed(uint32_t home, uint16_t old_id, uint16_t gen) const {
@@ -257,12 +239,20 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
   if (options.op_timeout.count() <= 0) {
     return Status::InvalidArgument("op_timeout must be positive");
   }
-  FARMEM_ASSIGN_OR_RETURN(SizeClasses classes, SizeClasses::Create(options.block_size));
+  // A base block larger than the default largest block raises the largest block with it.
+  FARMEM_ASSIGN_OR_RETURN(
+      SizeClasses classes,
+      SizeClasses::Create(GeometryOptions{options.block_size,
+                                          std::max(options.max_block_size, options.block_size),
+                                          options.min_slots_per_block}));
+  // A block lies inside one memfd pool: pools are at least as large as the largest block.
+  const size_t min_pool = (classes.max_block_bytes() + options.block_size - 1) /
+                          options.block_size * options.block_size;
   std::unique_ptr<Store> s(new Store(options, std::move(classes)));
   BlockAllocatorOptions bo;
   bo.block_size = options.block_size;
   bo.reserve_bytes = options.reserve_bytes;
-  bo.pool_bytes = options.pool_bytes;
+  bo.pool_bytes = std::max(options.pool_bytes, min_pool);
   bo.max_physical_bytes = options.max_physical_bytes;
   bo.vblock_quarantine = options.vblock_quarantine;
   FARMEM_ASSIGN_OR_RETURN(s->ba_, BlockAllocator::Create(bo));
@@ -292,11 +282,12 @@ Result<std::unique_ptr<Store>> Store::Create(const StoreOptions& options) {
     s->class_capacity_.push_back(cap);
   }
   const uint32_t nv = s->ba_->num_virtual_blocks();
-  s->table_ = std::make_unique<std::atomic<detail::Block*>[]>(nv);
-  for (uint32_t i = 0; i < nv; ++i) s->table_[i].store(nullptr, std::memory_order_relaxed);
-  s->next_gen_ = std::make_unique<uint16_t[]>(nv);  // value-initialised: generation 0 first
-  s->owned_ = std::make_unique<std::atomic<uint64_t>[]>(kOwnerIds);  // value-initialised: 0
-  s->owner_pending_ = std::make_unique<std::atomic<uint32_t>[]>(kOwnerIds);
+  FARMEM_RETURN_IF_ERROR(s->table_.Allocate(nv));  // all nullptr
+  // A live block holds at least one virtual block: never more structs in use than those.
+  FARMEM_RETURN_IF_ERROR(s->structs_.Init(nv));
+  FARMEM_RETURN_IF_ERROR(s->next_gen_.Allocate(nv));      // generation 0 first
+  FARMEM_RETURN_IF_ERROR(s->owned_.Allocate(kOwnerIds));  // all 0
+  FARMEM_RETURN_IF_ERROR(s->owner_pending_.Allocate(kOwnerIds));
   std::random_device rd;
   const uint64_t seed = options.seed != 0 ? options.seed : (uint64_t{rd()} << 32 | rd());
   for (uint32_t w = 0; w < options.workers; ++w) {
@@ -326,34 +317,10 @@ Status Store::TimedOutLocking() const {
                           std::to_string(options_.op_timeout.count()) + " ms");
 }
 
-detail::Block* Store::TakeBlockStruct() {
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  if (!free_blocks_.empty()) {
-    detail::Block* b = free_blocks_.back();
-    free_blocks_.pop_back();
-    return b;
-  }
-  if (blocks_made_ == block_chunks_.size() * kBlockChunk) {
-    block_chunks_.push_back(std::make_unique<detail::Block[]>(kBlockChunk));
-  }
-  return BlockAtLocked(blocks_made_++);
-}
-
-std::vector<detail::Block*> Store::AllBlockStructs() {
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  std::vector<detail::Block*> all;
-  all.reserve(blocks_made_);
-  for (size_t i = 0; i < blocks_made_; ++i) all.push_back(BlockAtLocked(i));
-  return all;
-}
-
-void Store::RecycleBlockStruct(detail::Block* b) {
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  free_blocks_.push_back(b);
-}
-
 Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
-  FARMEM_ASSIGN_OR_RETURN(BlockGrant g, ba_->AllocBlock());
+  const SizeClass& sc = classes_.at(c);
+  FARMEM_ASSIGN_OR_RETURN(
+      BlockGrant g, ba_->AllocBlock(static_cast<uint32_t>(sc.block_bytes / ba_->block_size())));
   detail::Block* b = TakeBlockStruct();
   // A recycled struct is dead and unreachable from table_, but a stale thread may still try to
   // lock it: initialise it under its lock.
@@ -363,8 +330,7 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
     (void)ba_->ReleaseVirtual(g.vblock);
     return TimedOutLocking();
   }
-  const SizeClass& sc = classes_.at(c);
-  ++b->generation;
+  b->generation = NextGeneration();
   b->size_class = c;
   b->slot_size = sc.slot_size;
   b->slots = sc.slots_per_block;
@@ -374,9 +340,8 @@ Result<detail::Block*> Store::NewBlockLocked(ThreadAllocator& w, uint32_t c) {
   b->pblock = g.pblock;
   b->first_free = 0;
   MetaArena& a = *meta_;
-  const bool meta_ok = b->vblocks.Assign(a, 1, g.vblock) && b->occupied.Assign(a, b->slots, 0) &&
-                       b->slot_id.Assign(a, b->slots, 0) && b->slot_gen.Assign(a, b->slots, 0) &&
-                       b->slot_owner.Assign(a, b->slots, kPersistentOwner) &&
+  static_assert(kPersistentOwner == 0, "SlotTable::Assign starts every owner at 0");
+  const bool meta_ok = b->vblocks.Assign(a, 1, g.vblock) && b->slot_table.Assign(a, b->slots) &&
                        b->ids.Reset(a, b->slots, b->mode == ClassMode::kIds ? b->capacity : 0);
   b->renames.Release();  // (already freed when the struct's last block died)
   if (!meta_ok) {
@@ -411,7 +376,7 @@ Result<ObjectPtr> Store::AllocInBlockLocked(ThreadAllocator& w, detail::Block& b
   // First free slot; with IDs the offset carries no meaning, so first-fit keeps blocks dense.
   // first_free (raised here, lowered by frees) makes filling a block linear, not quadratic.
   for (uint32_t i = b.first_free; i < b.slots; ++i) {
-    if (!b.occupied[i]) {
+    if (!b.occupied(i)) {
       slot = i;
       break;
     }
@@ -465,7 +430,7 @@ Result<ObjectPtr> Store::Alloc(size_t size, uint32_t worker, OwnerId owner) {
   }
   FARMEM_ASSIGN_OR_RETURN(uint32_t c, classes_.ClassFor(size));
   // In flight for `owner` until it returns: FreeOwned(owner) waits for it (see FreeOwned).
-  PendingForOwner pending(owner_pending_.get(), owner);
+  PendingForOwner pending(owner_pending_.data(), owner);
   ThreadAllocator& w = *workers_[worker];
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status failure;
@@ -527,18 +492,23 @@ Result<detail::Block*> Store::LockBlockOf(const ObjectPtr& p, bool exclusive) {
     return Status::InvalidArgument("object ID " + std::to_string(p.id) +
                                    " has bits beyond the class's ID width");
   }
-  FARMEM_ASSIGN_OR_RETURN(uint32_t v, ba_->VBlockOf(p.addr));
-  if (v != p.block) {
-    return Status::InvalidArgument("pointer's block does not match its address");
-  }
-  const uint64_t off = p.addr - reinterpret_cast<uint64_t>(ba_->VAddr(v));
+  FARMEM_RETURN_IF_ERROR(ba_->VBlockOf(p.addr).status());
   const SizeClass& sc = classes_.at(p.size_class);
-  if (off % sc.slot_size != 0 || off / sc.slot_size >= sc.slots_per_block) {
-    return Status::InvalidArgument("pointer offset " + std::to_string(off) +
+  const uint64_t region_off = p.addr - reinterpret_cast<uint64_t>(ba_->base());
+  if (!IsSlotStart(region_off, sc, ba_->block_size())) {
+    return Status::InvalidArgument("pointer offset " + std::to_string(region_off) +
                                    " is not a slot of size class " + std::to_string(p.size_class));
   }
+  const uint64_t head = BlockStartOf(region_off, sc) / ba_->block_size();
+  if (head != p.block || region_off + sc.slot_size > ba_->reserve_bytes()) {
+    return Status::InvalidArgument("pointer's block does not match its address");
+  }
+  const uint32_t v = p.block;
   // table_ changes only under the block's exclusive lock; re-check after locking. The bound on
   // retries only matters if blocks are merged continuously; each retry follows a completed merge.
+  // The grace scope covers the struct pointer from its load until it is validated and locked
+  // (or unlocked again): its page cannot be given back meanwhile (CompactBlockStructs).
+  StructGrace::Scope grace(grace_);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     detail::Block* b = table_[v].load(std::memory_order_acquire);
     if (b == nullptr) {
@@ -566,6 +536,14 @@ Result<detail::Block*> Store::LockBlockOf(const ObjectPtr& p, bool exclusive) {
 Result<uint32_t> Store::ResolveSlotLocked(const detail::Block& b, const ObjectPtr& p) const {
   uint32_t slot;
   if (b.mode == ClassMode::kIds) {
+    // Most objects never moved: the slot at the pointer's offset first (the ID decides; the
+    // identity check below then runs as for a slot found by ID).
+    const auto at = static_cast<uint32_t>(
+        (p.addr - reinterpret_cast<uint64_t>(ba_->VAddr(p.block))) / b.slot_size);
+    if (at < b.slots && b.occupied(at) && b.slot_id()[at] == p.id) {
+      Result<uint32_t> r = CheckIdentityLocked(b, p, at);
+      if (r.ok()) return r;
+    }
     slot = b.FindSlot(p.id);
     Result<uint32_t> r =
         slot == detail::IdTable::kNotFound
@@ -578,7 +556,7 @@ Result<uint32_t> Store::ResolveSlotLocked(const detail::Block& b, const ObjectPt
   } else {
     slot = static_cast<uint32_t>((p.addr - reinterpret_cast<uint64_t>(ba_->VAddr(p.block))) /
                                  b.slot_size);
-    if (!b.occupied[slot]) {
+    if (!b.occupied(slot)) {
       return Status::NotFound("no object at " + Hex(p.addr) + " (freed?)");
     }
   }
@@ -595,9 +573,9 @@ Result<uint32_t> Store::CheckIdentityLocked(const detail::Block& b, const Object
   }
   // The ID (or, offset-only, the offset) names a live object; the generation says whether it is
   // the allocation the pointer was made for, or a later one in a reused slot.
-  if (b.slot_gen[slot] != p.gen) {
+  if (b.slot_gen()[slot] != p.gen) {
     return Status::NotFound("object at " + Hex(p.addr) + " is generation " +
-                            std::to_string(b.slot_gen[slot]) + ", the pointer's is " +
+                            std::to_string(b.slot_gen()[slot]) + ", the pointer's is " +
                             std::to_string(p.gen) + " (freed; the slot was reused)");
   }
   return slot;
@@ -605,7 +583,7 @@ Result<uint32_t> Store::CheckIdentityLocked(const detail::Block& b, const Object
 
 Result<uint32_t> Store::ScanSlotLocked(const detail::Block& b, const ObjectPtr& p) const {
   if (b.mode == ClassMode::kOffsetOnly) return ResolveSlotLocked(b, p);  // offsets never move
-  const size_t bs = ba_->block_size();
+  const size_t bs = BlockBytes(b.size_class);
   std::vector<uint8_t> image(bs);
   ReadSlotWords(ba_->VAddr(p.block), image.data(), bs);
   const int64_t off = ScanBlockImage(image, b.slot_size, TagOf(p.id, p.gen, IdMask(p.size_class)),
@@ -656,7 +634,7 @@ Status Store::FreeSlotLocked(detail::Block& b, uint32_t slot) {
   if (!CasHeader(addr, old, freed.Pack())) {
     return Status::Internal("CoRM header changed under the exclusive block lock");
   }
-  CountOwner(b.slot_owner[slot], -1);
+  CountOwner(b.slot_owner()[slot], -1);
   b.RemoveObject(slot);
   ShrinkRenamesLocked(b);
   b.live.fetch_sub(1, std::memory_order_relaxed);
@@ -679,6 +657,12 @@ Status Store::Free(const ObjectPtr& p) {
 
 void Store::CountOwner(OwnerId owner, int64_t delta) {
   owned_[owner].fetch_add(static_cast<uint64_t>(delta), std::memory_order_relaxed);
+  // For the metadata figures only (the tables are lazily zeroed: pages up to the highest owner
+  // used cost memory).
+  uint32_t high = owner_high_.load(std::memory_order_relaxed);
+  while (owner > high &&
+         !owner_high_.compare_exchange_weak(high, owner, std::memory_order_relaxed)) {
+  }
 }
 
 uint64_t Store::OwnedObjects(OwnerId owner) const {
@@ -687,13 +671,13 @@ uint64_t Store::OwnedObjects(OwnerId owner) const {
 
 Status Store::SetOwner(const ObjectPtr& p, OwnerId owner) {
   // Giving an object to `owner` is like allocating for it: in flight for FreeOwned(owner).
-  PendingForOwner pending(owner_pending_.get(), owner);
+  PendingForOwner pending(owner_pending_.data(), owner);
   FARMEM_ASSIGN_OR_RETURN(detail::Block * b, LockBlockOf(p, /*exclusive=*/true));
   Status st = [&]() -> Status {
     FARMEM_ASSIGN_OR_RETURN(uint32_t slot, ResolveSlotLocked(*b, p));
-    const OwnerId old = b->slot_owner[slot];
+    const OwnerId old = b->slot_owner()[slot];
     if (old == owner) return Status::OK();
-    b->slot_owner[slot] = owner;
+    b->slot_owner()[slot] = owner;
     CountOwner(old, -1);
     CountOwner(owner, +1);
     return Status::OK();
@@ -743,7 +727,7 @@ Result<uint64_t> Store::FreeOwned(OwnerId owner) {
 }
 
 Status Store::SweepOwnedLocked(OwnerId owner, uint64_t* freed) {
-  const std::vector<detail::Block*> all = AllBlockStructs();
+  const std::vector<detail::Block*> all = structs_.AllConstructed();
   for (detail::Block* b : all) {
     // A dead block holds no object; one revived after this check holds only objects allocated
     // after the call began, none of them `owner`'s (merges into it are excluded).
@@ -751,7 +735,7 @@ Status Store::SweepOwnedLocked(OwnerId owner, uint64_t* freed) {
     if (!b->mu.Lock(options_.op_timeout)) return TimedOutLocking();
     Status st;
     for (uint32_t slot = 0; slot < b->slots && !b->dead.load(std::memory_order_relaxed); ++slot) {
-      if (!b->occupied[slot] || b->slot_owner[slot] != owner) continue;
+      if (!b->occupied(slot) || b->slot_owner()[slot] != owner) continue;
       // A retirement (the block emptied) marks it dead and ends the loop.
       st = FreeSlotLocked(*b, slot);
       if (!st.ok()) break;
@@ -793,10 +777,7 @@ void Store::DropSlotMetadataLocked(detail::Block& b) {
   // 4 KiB blocks kept ~4 MiB of it for 0.6 MiB of blocks). A stale thread that locks the dead
   // struct re-checks `dead` or table_ before touching the arrays, as for a pooled struct.
   MetaArena& a = *meta_;
-  b.occupied.Release(a);
-  b.slot_id.Release(a);
-  b.slot_gen.Release(a);
-  b.slot_owner.Release(a);
+  b.slot_table.Release(a);
   b.vblocks.Release(a);
   b.renames.Release();
   (void)b.ids.Reset(a, 0, 0);  // releasing cannot fail
@@ -809,10 +790,7 @@ void Store::RelocateMetadataLocked(detail::Block& b) {
   // empty out (and go back to the OS).
   MetaArena& a = *meta_;
   b.vblocks.Relocate(a);
-  b.occupied.Relocate(a);
-  b.slot_id.Relocate(a);
-  b.slot_gen.Relocate(a);
-  b.slot_owner.Relocate(a);
+  b.slot_table.Relocate(a);
   b.ids.Relocate(a);
 }
 
@@ -878,7 +856,7 @@ void Store::RecycleDeadLocked(ThreadAllocator& w) {
       busy.push_back(b);
       continue;
     }
-    ++b->generation;
+    b->generation = NextGeneration();
     // Its per-slot metadata went when it died (DropSlotMetadataLocked).
     b->mu.Unlock();
     RecycleBlockStruct(b);
@@ -1009,21 +987,21 @@ Result<ObjectPtr> Store::ReleasePtr(const ObjectPtr& p) {
     FARMEM_RETURN_IF_ERROR(ba_->AddHomeRef(primary));
     // A new name is a new identity: a generation of the primary's sequence, so the old pointer
     // fails the generation check as well as the home check.
-    const uint16_t old_gen = b->slot_gen[slot];
-    q.gen = IssueGenLocked(primary, b->slot_id[slot], IdMask(b->size_class), h.tag);
+    const uint16_t old_gen = b->slot_gen()[slot];
+    q.gen = IssueGenLocked(primary, b->slot_id()[slot], IdMask(b->size_class), h.tag);
     h.home_block = primary;
-    h.tag = TagOf(b->slot_id[slot], q.gen, IdMask(b->size_class));
+    h.tag = TagOf(b->slot_id()[slot], q.gen, IdMask(b->size_class));
     // Only the home and tag change, not the payload: a copy mixing the old and the new header
     // word holds the same bytes, so no version bump is needed.
-    b->slot_gen[slot] = q.gen;
+    b->slot_gen()[slot] = q.gen;
     if (!CasHeader(addr, old, h.Pack())) {
-      b->slot_gen[slot] = old_gen;
+      b->slot_gen()[slot] = old_gen;
       (void)ba_->DropHomeRef(primary);
       return Status::Internal("CoRM header changed under the exclusive block lock");
     }
     // The old names are dead (a new home and generation): so are the renames they had.
     if (!b->renames.empty()) {
-      b->DropRenames(b->slot_id[slot]);
+      b->DropRenames(b->slot_id()[slot]);
       ShrinkRenamesLocked(*b);
     }
     FARMEM_ASSIGN_OR_RETURN(uint32_t refs, ba_->DropHomeRef(p.block));
@@ -1073,24 +1051,24 @@ StoreStats Store::Stats() {
 namespace {
 
 // The parts of MetadataStats that Metadata() and RecountMetadata() compute the same way.
-void AddFixedAndListMetadata(MetadataStats& m, uint64_t block_structs, uint64_t pool_slots,
-                             uint64_t list_bytes, uint64_t vblocks, uint64_t ba_bytes) {
-  m.block_structs = block_structs * sizeof(detail::Block) + pool_slots;
+void AddFixedAndListMetadata(MetadataStats& m, uint64_t struct_bytes, uint64_t slab_bookkeeping,
+                             uint64_t list_bytes, uint64_t vblocks, uint64_t ba_bytes,
+                             uint64_t owner_high) {
+  m.block_structs = struct_bytes + slab_bookkeeping;
   m.owner_lists = list_bytes;
-  m.per_vblock = vblocks * (sizeof(std::atomic<detail::Block*>) + sizeof(uint16_t)) + ba_bytes;
-  m.per_owner = kOwnerIds * (sizeof(std::atomic<uint64_t>) + sizeof(std::atomic<uint32_t>));
+  // table_ and next_gen_ are lazily zeroed: the pages up to the highest virtual block used.
+  auto pages = [](uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  m.per_vblock = pages(vblocks * sizeof(std::atomic<detail::Block*>)) +
+                 pages(vblocks * sizeof(uint16_t)) + ba_bytes;
+  m.per_owner = pages((owner_high + 1) * sizeof(std::atomic<uint64_t>)) +
+                pages((owner_high + 1) * sizeof(std::atomic<uint32_t>));
 }
 
 }  // namespace
 
 MetadataStats Store::Metadata() {
-  uint64_t structs = 0, pool_slots = 0, lists = 0;
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    structs = block_chunks_.size() * kBlockChunk;  // whole chunks: made and spare structs
-    pool_slots = block_chunks_.capacity() * sizeof(std::unique_ptr<detail::Block[]>) +
-                 free_blocks_.capacity() * sizeof(detail::Block*);
-  }
+  uint64_t lists = 0;
+  const StructSlabStats slab = structs_.Stats();
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> lock(w->lists_mu_);
     for (const auto& l : w->lists_) {
@@ -1100,8 +1078,9 @@ MetadataStats Store::Metadata() {
              w->dead_.capacity() * sizeof(detail::Block*);
   }
   MetadataStats m;
-  AddFixedAndListMetadata(m, structs, pool_slots, lists, ba_->num_virtual_blocks(),
-                          ba_->Stats().metadata_bytes);
+  AddFixedAndListMetadata(m, slab.resident_pages * StructSlab<detail::Block>::kPage,
+                          slab.bookkeeping_bytes, lists, ba_->virtual_high_water(),
+                          ba_->Stats().metadata_bytes, owner_high_.load(std::memory_order_relaxed));
   m.per_slot = slot_meta_bytes_.load(std::memory_order_relaxed);
   m.id_tables = id_meta_bytes_.load(std::memory_order_relaxed);
   const MetaArenaStats as = meta_->Stats();
@@ -1112,8 +1091,14 @@ MetadataStats Store::Metadata() {
 }
 
 Result<MetadataStats> Store::RecountMetadata() {
+  // Exclusive: no merge, struct move or page release while it walks every struct.
+  if (!merge_gate_.Lock(options_.op_timeout)) return TimedOutLocking();
+  struct GateRelease {
+    RwLock& g;
+    ~GateRelease() { g.Unlock(); }
+  } gate{merge_gate_};
   MetadataStats m = Metadata();
-  const std::vector<detail::Block*> all = AllBlockStructs();
+  const std::vector<detail::Block*> all = structs_.AllConstructed();
   m.per_slot = 0;
   m.id_tables = 0;
   for (detail::Block* b : all) {
@@ -1124,6 +1109,132 @@ Result<MetadataStats> Store::RecountMetadata() {
     b->mu.UnlockShared();
   }
   return m;
+}
+
+// ---- Block struct compaction ----------------------------------------------------------------
+
+void Store::MoveBlockStructLocked(detail::Block& old, detail::Block& nb) {
+  // Scalars and the arrays' storage (ArenaArray and IdTable are plain handles to arena memory):
+  // the new struct takes them over, the old one is left with none.
+  nb.generation = NextGeneration();
+  nb.size_class = old.size_class;
+  nb.slot_size = old.slot_size;
+  nb.slots = old.slots;
+  nb.capacity = old.capacity;
+  nb.mode = old.mode;
+  nb.owner = old.owner;
+  nb.pblock = old.pblock;
+  nb.first_free = old.first_free;
+  nb.vblocks = old.vblocks;
+  nb.slot_table = old.slot_table;
+  nb.ids = old.ids;
+  std::swap(nb.renames, old.renames);
+  nb.counted_slot_bytes = old.counted_slot_bytes;
+  nb.counted_id_bytes = old.counted_id_bytes;
+  old.vblocks = {};
+  old.slot_table = {};
+  old.ids = {};
+  old.counted_slot_bytes = 0;
+  old.counted_id_bytes = 0;
+  nb.live.store(old.live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  nb.dead.store(false, std::memory_order_release);
+  // Every path to the block goes through table_ (under the block lock) or the owner's lists
+  // (under lists_mu): repoint both. A thread that loaded `old` re-validates after locking it,
+  // finds it dead and retries through table_.
+  for (uint32_t v : nb.vblocks) table_[v].store(&nb, std::memory_order_release);
+  {
+    ThreadAllocator& w = *workers_[nb.owner];
+    std::lock_guard<std::mutex> lock(w.lists_mu_);
+    auto& lists = w.lists_[nb.size_class];
+    nb.list_pos = old.list_pos;
+    lists.blocks[nb.list_pos] = &nb;
+    nb.in_avail = old.in_avail;
+    nb.avail_pos = old.avail_pos;
+    if (nb.in_avail) lists.avail[nb.avail_pos] = &nb;
+    old.list_pos = detail::kNoPos;
+    old.avail_pos = detail::kNoPos;
+    old.in_avail = false;
+  }
+  old.live.store(0, std::memory_order_relaxed);
+  old.dead.store(true, std::memory_order_release);
+  old.generation = NextGeneration();
+}
+
+Result<Store::StructCompaction> Store::CompactBlockStructs(
+    std::chrono::steady_clock::time_point deadline, uint32_t max_moves) {
+  StructCompaction out;
+  auto left = [&deadline] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  // Shared: excludes FreeOwned's sweep and RecountMetadata, which walk every struct; merges run
+  // alongside (each holds both its blocks' locks, which a move takes too).
+  if (!merge_gate_.LockShared(left())) return out;
+  // 1. Moves: a live struct above the lowest free slot goes down into it, so the structs in use
+  //    end up packed at the bottom and the pages above hold none.
+  for (auto& wp : workers_) {
+    ThreadAllocator& w = *wp;
+    if (fault_no_struct_moves_) max_moves = 0;  // (dead structs are still recycled below)
+    // Worker::mu: the worker's Alloc holds it while it uses a struct from its free-slot list
+    // without a grace scope, so no Alloc of this worker runs while its structs move.
+    std::lock_guard<std::mutex> wlock(w.mu_);
+    // The structs of blocks that died (merged away, emptied) wait on their owner's dead list
+    // for its next Alloc; free them now, or after compaction they would hold their pages.
+    RecycleDeadLocked(w);
+    // Only a struct above the number in use can always go lower; highest first.
+    const size_t in_use = structs_.in_use();
+    std::vector<detail::Block*> high;
+    {
+      std::lock_guard<std::mutex> lock(w.lists_mu_);
+      for (const auto& lists : w.lists_) {
+        for (detail::Block* b : lists.blocks) {
+          if (structs_.IndexOf(b) >= in_use) high.push_back(b);
+        }
+      }
+    }
+    std::sort(high.begin(), high.end(), std::greater<>());
+    for (detail::Block* b : high) {
+      if (out.moved >= max_moves || std::chrono::steady_clock::now() >= deadline) break;
+      detail::Block* nb = structs_.Take(b);
+      if (nb == nullptr) break;  // no free slot below this one, nor below the rest
+      // nb is free (no live path leads to it), but a stale thread may hold its lock briefly:
+      // do not wait. Lower address first (store.h lock order).
+      if (!nb->mu.TryLock()) {
+        structs_.Put(nb);
+        continue;
+      }
+      if (!b->mu.Lock(left())) {
+        nb->mu.Unlock();
+        structs_.Put(nb);
+        continue;
+      }
+      const bool movable = !b->dead.load(std::memory_order_relaxed) && b->owner == w.index();
+      if (movable) MoveBlockStructLocked(*b, *nb);
+      nb->mu.Unlock();
+      b->mu.Unlock();
+      if (movable) {
+        structs_.Put(b);
+        ++out.moved;
+      } else {
+        structs_.Put(nb);
+      }
+    }
+  }
+  // 2. Pages of free structs go back once every thread that could have loaded a pointer to one
+  //    of them (before it was freed) is done with it.
+  const std::vector<size_t> pages = structs_.BeginRelease();
+  if (!pages.empty()) {
+    if (fault_no_struct_grace_ || grace_.Synchronize(deadline)) {
+      structs_.FinishRelease(pages);
+      out.pages_released = pages.size();
+    } else {
+      structs_.AbortRelease(pages);
+      out.grace_timed_out = true;
+    }
+  }
+  merge_gate_.UnlockShared();
+  return out;
 }
 
 }  // namespace farmem::corm

@@ -12,7 +12,7 @@
 //   3. Worker::lists_mu  (the owner's per-class block lists, free-slot lists and dead list; at
 //                         most one worker's at a time; held only for O(1) list edits or a walk
 //                         of one class's list (Stats, compaction's Collect))
-//   4. Store::pool_mu_   (the recycled Block structs)
+//   4. StructSlab::mu_   (inside Store::structs_, the block structs; leaf)
 //   5. BlockAllocator::mu_ (inside BlockAllocator; leaf)
 //   5. MetaArena::mu_      (inside the metadata arena; leaf, never held with BlockAllocator::mu_)
 // Block::mu protects a block's metadata (occupancy, ID -> slot table, virtual blocks, owning
@@ -27,12 +27,13 @@
 // publishing; the compactor sets the compaction bit on every object it moves before copying and
 // clears it (on the destination copy) after the remap, so one-sided readers retry meanwhile.
 // Block::dead / Block::live are atomics so stats and compaction can read them without locking.
-// Store::table_[vblock] (atomic Block*) maps every mapped virtual block to the logical block
-// whose pages it shows; it is written only under the block's exclusive lock. A thread that
-// loads it, locks the block and finds the entry changed (compaction, retirement) retries.
-// Owner lists (per worker and class, under Worker::lists_mu): `blocks` = every live block the
-// worker owns, `avail` = the live blocks with a free slot; each block stores its index in both
-// (swap-remove in O(1)). Invariant: Block::in_avail == (!dead && live < capacity), and in_avail
+// Store::table_[vblock] (atomic Block*) maps the head of every mapped virtual block (a block of a
+// class may span several base blocks: size_classes.h) to the logical block whose pages it shows; it
+// is written only under the block's exclusive lock. A thread that loads it, locks the block and
+// finds the entry changed (compaction, retirement) retries. Owner lists (per worker and class,
+// under Worker::lists_mu): `blocks` = every live block the worker owns, `avail` = the live blocks
+// with a free slot; each block stores its index in both (swap-remove in O(1)). Invariant:
+// Block::in_avail == (!dead && live < capacity), and in_avail
 // <=> the block is in its owner's `avail`. Whoever changes live or dead (alloc, free, merge,
 // retirement; all under the block's exclusive lock) restores it before unlocking
 // (Store::SyncAvailLocked / MarkDeadLocked), taking the owner's lists_mu after Block::mu.
@@ -64,7 +65,10 @@
 
 #include "farmem/status.h"
 #include "objects/engine/block_allocator.h"
+#include "objects/engine/lazy_array.h"
 #include "objects/engine/meta_arena.h"
+#include "objects/engine/struct_grace.h"
+#include "objects/engine/struct_slab.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/size_classes.h"
 
@@ -88,8 +92,13 @@ enum class ClassMode : uint8_t {
 };
 
 struct StoreOptions {
-  size_t block_size = 4096;  // 4 KiB .. 1 MiB, power of two
-  int id_bits = 16;          // 0, 8, 12 or 16
+  // Block geometry (size_classes.h, docs/objects.md "Block geometry"): the base block (4 KiB ..
+  // 1 MiB, power of two: the unit of virtual addresses, remaps and home indexes), the largest
+  // multi-slot block, and how many slots a class's block should hold at least.
+  size_t block_size = 4096;
+  size_t max_block_size = size_t{64} << 10;
+  uint32_t min_slots_per_block = 16;
+  int id_bits = 16;  // 0, 8, 12 or 16
   // Classes with more slots per block than 2^id_bits: true -> offset-only (hybrid CoRM);
   // false -> blocks of those classes use only 2^id_bits slots (pure CoRM-k).
   bool hybrid = true;
@@ -134,14 +143,18 @@ struct ClassStats {
 struct MetadataStats {
   // Block struct chunks (spare and pooled structs too: never freed) + the pool's vectors.
   uint64_t block_structs = 0;
-  // occupied, slot_id, slot_gen, slot_owner and vblocks arrays, and merges' rename entries
+  // per-slot tables (SlotTable: IDs, generations, owners, occupancy) and vblocks arrays, and
+  // merges' rename entries
   uint64_t per_slot = 0;
   uint64_t id_tables = 0;    // IdTable entries and used bits
   uint64_t owner_lists = 0;  // per worker and class `blocks` / `avail` lists, dead lists
-  // Fixed at Create, sized by reserve_bytes / block_size: table_, next_gen_ and the block
-  // allocator's per-virtual-block arrays; plus its per-physical-block array and free lists.
+  // table_, next_gen_ and the block allocator's per-virtual-block arrays (lazily zeroed tables
+  // sized by reserve_bytes / block_size, counted in whole pages up to the highest virtual block
+  // ever used), plus the allocator's per-physical-block array and free lists.
   uint64_t per_vblock = 0;
-  uint64_t per_owner = 0;  // fixed: owned_ and owner_pending_ (65536 entries each)
+  // owned_ and owner_pending_ (65536 entries each, lazily zeroed): the pages holding an entry of
+  // a session that had objects.
+  uint64_t per_owner = 0;
   // The metadata arena's cost beyond per_slot and id_tables: the free parts of its resident
   // pages and its bitmap / per-page counts (MetaArena).
   uint64_t arena_slack = 0;
@@ -193,7 +206,7 @@ namespace detail {
 // RPC, while the table would cost ~200 B (with vector and malloc overhead) per small block.
 class IdTable {
  public:
-  static constexpr uint32_t kScanMaxSlots = 32;
+  static constexpr uint32_t kScanMaxSlots = 256;
   static constexpr uint32_t kNotFound = UINT32_MAX;
 
   // Empties the table and sizes it for a block of `slots` slots holding at most `capacity` IDs
@@ -207,9 +220,26 @@ class IdTable {
   }
   // Drops every entry, keeps the size.
   void Clear();
-  // Slot holding `id`, or kNotFound. slot_id / occupied are the block's per-slot arrays.
-  uint32_t Find(uint16_t id, std::span<const uint16_t> slot_id,
-                std::span<const uint8_t> occupied) const;
+  // Slot holding `id`, or kNotFound. slot_id is the block's per-slot ID array, occupied(s) says
+  // whether slot s holds an object.
+  template <typename Occupied>
+  uint32_t Find(uint16_t id, std::span<const uint16_t> slot_id, Occupied occupied) const {
+    if (entries_.empty()) {
+      // Compare IDs first (a free slot keeps its last ID, so a match is checked for occupancy):
+      // the loop over slot_id alone vectorises.
+      const uint32_t n = std::min<uint32_t>(slots_, static_cast<uint32_t>(slot_id.size()));
+      for (uint32_t s = 0; s < n; ++s) {
+        if (slot_id[s] == id && occupied(s)) return s;
+      }
+      return kNotFound;
+    }
+    // At least half the entries are free, so the probe ends; the bound is belt and braces.
+    uint32_t i = Home(id);
+    for (uint32_t n = 0; n <= mask_ && Used(i); ++n, i = (i + 1) & mask_) {
+      if (slot_id[entries_[i]] == id) return entries_[i];
+    }
+    return kNotFound;
+  }
   // Indexes `slot`, whose ID slot_id[slot] must not be indexed yet. False (nothing changed) when
   // the table is full, which the callers' live <= capacity bound rules out.
   bool Insert(uint32_t slot, std::span<const uint16_t> slot_id);
@@ -239,6 +269,51 @@ class IdTable {
 };
 
 inline constexpr uint32_t kNoPos = UINT32_MAX;
+
+// A block's per-slot metadata in one arena allocation (one allocation, not four: each is rounded
+// up to the arena's 16 B unit, and each handle costs the block struct 16 B). Layout, in 16-bit
+// words: slots IDs (valid when occupied), slots generations (of the object in the slot, of the
+// last one when free; they move with the object in a merge, and the header holds only their low
+// bits: TagOf), slots owners (OwnerId, kPersistentOwner when free; moved like generations), then
+// the occupancy bitmap (bit s of word s / 16). 6 B + 1 bit per slot.
+class SlotTable {
+ public:
+  // All slots free, IDs and generations 0, owners kPersistentOwner (0). False when the arena is
+  // full (the table is then empty).
+  bool Assign(MetaArena& a, uint32_t slots) {
+    slots_ = slots;
+    if (!words_.Assign(a, Words(slots), 0)) {
+      slots_ = 0;
+      return false;
+    }
+    return true;
+  }
+  void Release(MetaArena& a) {
+    words_.Release(a);
+    slots_ = 0;
+  }
+  void Relocate(MetaArena& a) { words_.Relocate(a); }
+  uint64_t MemoryBytes() const { return words_.MemoryBytes(); }
+  uint32_t size() const { return slots_; }
+
+  std::span<uint16_t> ids() { return {words_.data(), slots_}; }
+  std::span<const uint16_t> ids() const { return {words_.data(), slots_}; }
+  std::span<uint16_t> gens() { return {words_.data() + slots_, slots_}; }
+  std::span<const uint16_t> gens() const { return {words_.data() + slots_, slots_}; }
+  std::span<uint16_t> owners() { return {words_.data() + 2 * size_t{slots_}, slots_}; }
+  std::span<const uint16_t> owners() const { return {words_.data() + 2 * size_t{slots_}, slots_}; }
+  bool occupied(uint32_t s) const { return (Bits()[s / 16] >> (s % 16)) & 1; }
+  void set_occupied(uint32_t s, bool on) {
+    uint16_t& w = const_cast<uint16_t*>(Bits())[s / 16];
+    w = static_cast<uint16_t>(on ? w | (1u << (s % 16)) : w & ~(1u << (s % 16)));
+  }
+
+ private:
+  static size_t Words(uint32_t slots) { return 3 * size_t{slots} + (size_t{slots} + 15) / 16; }
+  const uint16_t* Bits() const { return words_.data() + 3 * size_t{slots_}; }
+  ArenaArray<uint16_t> words_;
+  uint32_t slots_ = 0;
+};
 
 // An ID a merge re-drew (docs/objects.md, "Merges that re-draw IDs"): pointers made before the
 // re-draw carry (home, old_id, gen); the object now has ID `id` (kept current when it is re-drawn
@@ -307,14 +382,16 @@ struct Block {
   uint32_t first_free = 0;  // no free slot below this index (first-fit search start)
   // Per-block arrays live in the Store's MetaArena (docs/objects.md, "Metadata accounting").
   ArenaArray<uint32_t> vblocks;  // [0] = primary (used for new allocations), then aliases
-  ArenaArray<uint8_t> occupied;  // per slot
-  ArenaArray<uint16_t> slot_id;  // per slot (valid when occupied)
-  // Generation of the object in each slot (of the last one when free); moves with the object
-  // in a merge. The header holds only its low bits (TagOf); the RPC paths compare all 16.
-  ArenaArray<uint16_t> slot_gen;
-  // OwnerId of the object in each slot (kPersistentOwner when free); like slot_gen it moves with
-  // the object in a merge, and release_ptr (same slot) keeps it.
-  ArenaArray<uint16_t> slot_owner;
+  // Per slot: ID, generation (the RPC paths compare all 16 bits), owner (release_ptr, same slot,
+  // keeps it) and occupancy.
+  SlotTable slot_table;
+  bool occupied(uint32_t s) const { return slot_table.occupied(s); }
+  std::span<uint16_t> slot_id() { return slot_table.ids(); }
+  std::span<const uint16_t> slot_id() const { return slot_table.ids(); }
+  std::span<uint16_t> slot_gen() { return slot_table.gens(); }
+  std::span<const uint16_t> slot_gen() const { return slot_table.gens(); }
+  std::span<uint16_t> slot_owner() { return slot_table.owners(); }
+  std::span<const uint16_t> slot_owner() const { return slot_table.owners(); }
   IdTable ids;  // kIds only
   // IDs re-drawn by merges whose objects still live here (kIds only; usually empty).
   RenameList renames;
@@ -328,7 +405,9 @@ struct Block {
 
   uint32_t primary() const { return vblocks.front(); }
   // Slot of the object with this ID (kIds), or IdTable::kNotFound.
-  uint32_t FindSlot(uint16_t id) const { return ids.Find(id, slot_id, occupied); }
+  uint32_t FindSlot(uint16_t id) const {
+    return ids.Find(id, slot_id(), [this](uint32_t s) { return occupied(s); });
+  }
   // Records an object in a free slot (exclusive lock held; live and the per-owner counts are
   // the caller's business).
   void AddObject(uint32_t slot, uint16_t id, uint16_t gen, uint16_t owner);
@@ -397,6 +476,8 @@ class Store {
   // Mask of the ID bits checked for objects of this class (0 in offset-only classes).
   uint16_t IdMask(uint32_t size_class) const;
   uint32_t SlotSize(uint32_t size_class) const { return classes_.at(size_class).slot_size; }
+  // Bytes of each block of the class (a whole number of base blocks; size_classes.h).
+  uint32_t BlockBytes(uint32_t size_class) const { return classes_.at(size_class).block_bytes; }
 
   // A uniformly random worker (the "random" worker-selection policy; by-connection callers pass
   // their own index).
@@ -442,6 +523,28 @@ class Store {
   // TimedOut if a block lock is not taken within op_timeout.
   Result<MetadataStats> RecountMetadata();
 
+  // Packs the structs of live blocks into the lowest free slots (at most `max_moves` of them)
+  // and gives back the pages of block structs left with no struct in use, once no thread can
+  // still hold a pointer loaded before (a grace period ending by `deadline`; pages stay when it
+  // does not). Compaction rounds call it. Safe concurrently with every other operation.
+  struct StructCompaction {
+    uint64_t moved = 0;           // structs moved to lower slots
+    uint64_t pages_released = 0;  // pages given back
+    bool grace_timed_out = false;
+  };
+  Result<StructCompaction> CompactBlockStructs(std::chrono::steady_clock::time_point deadline,
+                                               uint32_t max_moves = 4096);
+  // TEST ONLY (FARMEM_OBJECTS_FAULT=no_struct_grace / no_struct_moves in the engine tests):
+  // give struct pages back without waiting for the grace period / never move structs.
+  void set_struct_faults(bool no_grace, bool no_moves) {
+    fault_no_struct_grace_ = no_grace;
+    fault_no_struct_moves_ = no_moves;
+  }
+  // Block structs in use and pages of them the process holds (tests, stats).
+  StructSlabStats StructStats() const { return structs_.Stats(); }
+  // TEST ONLY: the grace period a stale struct pointer holds (a test plays a stale user).
+  StructGrace& grace_for_testing() { return grace_; }
+
   // Called (without locks held) when a block allocation fails for lack of memory, before one
   // retry; the Compactor installs itself here.
   void SetAllocFailureHook(std::function<void(uint32_t size_class)> hook);
@@ -463,7 +566,7 @@ class Store {
   // The ID the object in occupied `slot` of b has now (p.id unless a merge re-drew it; 0 in
   // offset-only classes, as in pointers).
   uint16_t CurrentIdLocked(const detail::Block& b, uint32_t slot) const {
-    return b.mode == ClassMode::kIds ? b.slot_id[slot] : 0;
+    return b.mode == ClassMode::kIds ? b.slot_id()[slot] : 0;
   }
   // Frees an emptied rename list's memory (exclusive lock held).
   void ShrinkRenamesLocked(detail::Block& b);
@@ -512,8 +615,12 @@ class Store {
   void CountMetadataLocked(detail::Block& b);
   // Releases alias vblock v of b if its home count is 0 (exclusive lock held).
   Status MaybeReleaseAliasLocked(detail::Block& b, uint32_t v);
-  detail::Block* TakeBlockStruct();
-  void RecycleBlockStruct(detail::Block* b);
+  detail::Block* TakeBlockStruct() { return structs_.Take(); }
+  void RecycleBlockStruct(detail::Block* b) { structs_.Put(b); }
+  // Moves live block `old` (exclusive lock held, its owner's Worker::mu held, merge_gate_ held
+  // shared) into free struct `nb` (lower address; exclusive lock held): fields, arrays, table_
+  // entries and owner-list positions; `old` is then dead and unreachable.
+  void MoveBlockStructLocked(detail::Block& old, detail::Block& nb);
   Status TimedOutLocking() const;
 
   StoreOptions options_;
@@ -524,13 +631,15 @@ class Store {
   // Per-block arrays (Block::occupied .. vblocks, IdTable): address-ordered, pages returned as
   // they empty (meta_arena.h).
   std::unique_ptr<MetaArena> meta_;
-  std::unique_ptr<std::atomic<detail::Block*>[]> table_;  // per virtual block
+  // Per virtual block (lazily zeroed: a large reservation costs only the part in use): the
+  // logical block a block head shows (nullptr elsewhere).
+  LazyArray<std::atomic<detail::Block*>> table_;
   // Per virtual block: the next generation of an object homed there. One sequence per virtual
   // block, never reset (it survives the block's release and reuse), so (home, generation) names
   // one allocation until 2^16 more were homed there. Used under the exclusive lock of the block
   // whose primary the virtual block is; a released virtual block passes to its next block
   // through BlockAllocator's mutex.
-  std::unique_ptr<uint16_t[]> next_gen_;
+  LazyArray<uint16_t> next_gen_;
   std::vector<std::unique_ptr<ThreadAllocator>> workers_;
 
   // Per OwnerId: live objects it owns (changed together with a slot_owner entry, under that
@@ -538,8 +647,9 @@ class Store {
   // exact whenever nothing is in flight), and allocations / SetOwner calls for it in flight
   // (FreeOwned waits for them to finish; not kept for kPersistentOwner). 65536 x (8 + 4) B =
   // 768 KiB per Store, instead of a map whose lock and nodes every alloc and free would pay for.
-  std::unique_ptr<std::atomic<uint64_t>[]> owned_;
-  std::unique_ptr<std::atomic<uint32_t>[]> owner_pending_;
+  LazyArray<std::atomic<uint64_t>> owned_;
+  LazyArray<std::atomic<uint32_t>> owner_pending_;
+  std::atomic<uint32_t> owner_high_{0};  // highest OwnerId counted (metadata figures)
   // Excludes compaction merges from FreeOwned's sweep (lock order 0): a merge holds it shared
   // (Compactor::TryMerge, before the block locks, skipped as busy after lock_timeout), a sweep
   // exclusively. Why: a merge moves objects from a block the sweep has not visited into one it
@@ -547,21 +657,21 @@ class Store {
   // block struct sees each object of the owner exactly where it stays.
   RwLock merge_gate_;
 
-  std::mutex pool_mu_;
-  // Every block struct ever made (none is freed while the Store lives), in chunks of
-  // kBlockChunk structs (pool_mu_). Chunks keep these long-lived structs out of the stretch of
-  // malloc heap where per-slot arrays come and go: one struct allocated next to each block's
-  // arrays pinned the heap pages around the arrays of dead blocks, and malloc_trim could give
-  // little back after compaction (issue 15, docs/objects.md "Metadata accounting").
-  static constexpr size_t kBlockChunk = 512;
-  std::vector<std::unique_ptr<detail::Block[]>> block_chunks_;
-  size_t blocks_made_ = 0;
-  detail::Block* BlockAtLocked(size_t i) const {
-    return &block_chunks_[i / kBlockChunk][i % kBlockChunk];
-  }
-  // Pointers to the first `blocks_made_` structs (takes pool_mu_).
-  std::vector<detail::Block*> AllBlockStructs();
-  std::vector<detail::Block*> free_blocks_;
+  // Every block struct, at a fixed address while its page is resident (StructSlab: lowest free
+  // slot first, pages with no struct in use given back after a grace period; leaf lock). Why not
+  // malloc: a struct may be locked by a thread that loaded a stale pointer to it, so it must stay
+  // valid memory after its block died, and structs sized for the peak of blocks (never freed) were
+  // most of the metadata left after compaction (issue 15, docs/objects.md "Block structs").
+  StructSlab<detail::Block> structs_;
+  // Uses of struct pointers loaded from table_ (LockBlockOf, Compactor::Snapshot) run inside a
+  // scope; pages of free structs are given back only after Synchronize() (struct_grace.h).
+  StructGrace grace_;
+  // Block struct generations, never repeated (a struct constructed again after its page was
+  // given back starts from zero otherwise).
+  std::atomic<uint64_t> next_generation_{0};
+  bool fault_no_struct_grace_ = false;
+  bool fault_no_struct_moves_ = false;
+  uint64_t NextGeneration() { return next_generation_.fetch_add(1) + 1; }
   // Metadata counters (MetadataStats::per_slot, id_tables), changed by CountMetadataLocked.
   std::atomic<uint64_t> slot_meta_bytes_{0};
   std::atomic<uint64_t> id_meta_bytes_{0};

@@ -200,7 +200,11 @@ TEST(Store, LocateAndCorrection) {
 
 TEST(Store, AllocFailureHookAndBudget) {
   auto o = SmallStore();
-  o.max_physical_bytes = 2 * 4096;
+  auto classes = SizeClasses::Create(GeometryOptions{
+      o.block_size, std::max(o.max_block_size, o.block_size), o.min_slots_per_block});
+  ASSERT_TRUE(classes.ok());
+  const uint32_t c2000 = classes->ClassFor(2000).value();
+  o.max_physical_bytes = 2 * uint64_t{classes->at(c2000).block_bytes};
   auto s = Store::Create(o);
   ASSERT_TRUE(s.ok());
   Store& st = **s;
@@ -302,6 +306,7 @@ void CheckIdTableAllIds(uint32_t id_bits, uint32_t slots) {
   std::copy_n(perm.begin(), n, slot_of.begin());
   std::vector<uint16_t> slot_id(slots, 0);
   std::vector<uint8_t> occupied(slots, 0);
+  auto is_occupied = [&occupied](uint32_t s) { return occupied[s] != 0; };
   auto arena = MetaArena::Create(size_t{64} << 20);
   ASSERT_TRUE(arena.ok());
   detail::IdTable t;
@@ -320,7 +325,7 @@ void CheckIdTableAllIds(uint32_t id_bits, uint32_t slots) {
   auto check = [&](const std::vector<uint8_t>& present) {
     for (uint32_t id = 0; id < n; ++id) {
       const uint32_t want = present[id] ? slot_of[id] : detail::IdTable::kNotFound;
-      ASSERT_EQ(t.Find(static_cast<uint16_t>(id), slot_id, occupied), want) << "id " << id;
+      ASSERT_EQ(t.Find(static_cast<uint16_t>(id), slot_id, is_occupied), want) << "id " << id;
     }
   };
   for (uint32_t id = 0; id < n; ++id) ASSERT_TRUE(add(id));
@@ -354,7 +359,7 @@ void CheckIdTableAllIds(uint32_t id_bits, uint32_t slots) {
 }
 
 TEST(IdTable, EveryIdOfTheSpace) {
-  CheckIdTableAllIds(8, 256);
+  CheckIdTableAllIds(8, 512);
   CheckIdTableAllIds(8, 4096);  // pure CoRM-8: 256 usable of 4096 slots
   CheckIdTableAllIds(12, 4096);
   CheckIdTableAllIds(16, 65536);
@@ -373,6 +378,7 @@ TEST(IdTable, RandomOpsMatchReference) {
     EXPECT_EQ(t.scanning(), slots <= detail::IdTable::kScanMaxSlots);
     std::vector<uint16_t> slot_id(slots, 0);
     std::vector<uint8_t> occupied(slots, 0);
+    auto is_occupied = [&occupied](uint32_t s) { return occupied[s] != 0; };
     std::map<uint16_t, uint32_t> ref;
     std::mt19937 rng(slots);
     for (int op = 0; op < 20000; ++op) {
@@ -391,12 +397,12 @@ TEST(IdTable, RandomOpsMatchReference) {
         ref[id] = slot;
       }
       const uint32_t want = ref.count(id) ? ref[id] : detail::IdTable::kNotFound;
-      ASSERT_EQ(t.Find(id, slot_id, occupied), want) << "op " << op;
+      ASSERT_EQ(t.Find(id, slot_id, is_occupied), want) << "op " << op;
       ASSERT_EQ(t.size(), ref.size());
     }
     for (uint32_t id = 0; id < 96; ++id) {
       const uint32_t want = ref.count(id) ? ref[id] : detail::IdTable::kNotFound;
-      ASSERT_EQ(t.Find(static_cast<uint16_t>(id), slot_id, occupied), want) << "id " << id;
+      ASSERT_EQ(t.Find(static_cast<uint16_t>(id), slot_id, is_occupied), want) << "id " << id;
     }
     // Reset for another shape releases the old size; Clear empties.
     t.Clear();

@@ -39,7 +39,7 @@ static_assert(sizeof(WirePtr) == 16 && std::is_trivially_copyable_v<WirePtr>);
 struct InfoReply {
   uint64_t region_key;
   uint64_t region_length;
-  uint32_t block_size;
+  uint32_t block_size;  // base block: every block is a whole number of them
   uint8_t id_bits;
   uint8_t hybrid;  // 0/1
   uint16_t num_classes;
@@ -47,10 +47,11 @@ struct InfoReply {
 struct WireClass {
   uint32_t slot_size;
   uint32_t payload_capacity;
-  uint32_t id_mask;  // 0 = offset-only class
+  uint32_t id_mask;      // 0 = offset-only class
+  uint32_t block_bytes;  // the class's blocks: a multiple of block_size (corm::SizeClass)
 };
 static_assert(sizeof(InfoReply) == 24 && std::is_trivially_copyable_v<InfoReply>);
-static_assert(sizeof(WireClass) == 12 && std::is_trivially_copyable_v<WireClass>);
+static_assert(sizeof(WireClass) == 16 && std::is_trivially_copyable_v<WireClass>);
 
 // OBJ_ALLOC: an object of `size` bytes owned by the client session `session_id` (SESSION_OPEN:
 // freed when the session ends) or persistent when 0 (docs/sessions.md). Unknown or expired

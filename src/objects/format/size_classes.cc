@@ -1,13 +1,93 @@
-// Size-class table generation and lookup (see size_classes.h for the rounding-waste bound).
+// Size-class table generation, per-class block geometry and lookup (see size_classes.h for the
+// rounding-waste bound and the geometry rule).
 
 #include "objects/format/size_classes.h"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "objects/format/object_layout.h"
 
 namespace farmem::corm {
+namespace {
+
+// Payloads up to this size are looked up in a table (one entry per 8 bytes); larger ones by
+// binary search over the few large classes.
+constexpr size_t kLookupPayload = 4096;
+
+bool PowerOfTwoIn(size_t v, size_t lo, size_t hi) {
+  return v >= lo && v <= hi && std::has_single_bit(v);
+}
+
+// The block of a class with slots of `slot` bytes (size_classes.h, "Block geometry").
+SizeClass ChooseBlock(size_t slot, const GeometryOptions& g) {
+  const size_t base = g.base_block_size;
+  auto make = [slot](size_t block) {
+    return SizeClass{static_cast<uint32_t>(slot), static_cast<uint32_t>(PayloadCapacity(slot)),
+                     static_cast<uint32_t>(block / slot), static_cast<uint32_t>(block)};
+  };
+  auto fill = [slot](size_t block) { return double(block / slot * slot) / double(block); };
+  for (size_t block = base; block <= g.max_block_size; block *= 2) {
+    if (block / slot >= g.min_slots_per_block && fill(block) >= kMinBlockFill) return make(block);
+  }
+  // No power of two does both: the best-filled of them and the one-slot block.
+  size_t best = (slot + base - 1) / base * base;  // one slot, whole base blocks
+  for (size_t block = base; block <= g.max_block_size; block *= 2) {
+    if (block < slot) continue;
+    const double f = fill(block), fb = fill(best);
+    if (f > fb + 1e-12 || (f >= fb - 1e-12 && block / slot > best / slot)) best = block;
+  }
+  return make(best);
+}
+
+// Slot sizes to build classes from, ascending (duplicates allowed). coarseness 0: every multiple
+// of 8 up to 128 B; then steps of at most 17/16 while a block of the largest size holds
+// min_slots_per_block slots; then every slot that tiles the largest block (max / n) and every
+// whole number of base blocks up to it; then steps of 9/8 (rounded up to base blocks). 1: steps
+// of 9/8 in the middle range and only the tiling slots. 2: steps of 9/8 everywhere (<= 94).
+std::vector<size_t> CandidateSlots(const GeometryOptions& g, int coarseness) {
+  std::vector<size_t> slots;
+  for (size_t s = kMinSlotSize; s <= 128; s += kSlotAlign) slots.push_back(s);
+  const size_t dense_end = std::max<size_t>(128, g.max_block_size / g.min_slots_per_block);
+  auto grow = [&slots](size_t limit, size_t num, size_t den) {
+    while (slots.back() < limit) {
+      const size_t prev = slots.back();
+      size_t next = prev * num / den / kSlotAlign * kSlotAlign;  // <= num/den * prev, 8-aligned
+      if (next <= prev) next = prev + kSlotAlign;
+      slots.push_back(std::min(next, limit));
+    }
+  };
+  if (coarseness == 2) {
+    grow(kMaxSlotSize, 9, 8);
+    return slots;
+  }
+  if (coarseness == 0) {
+    grow(dense_end, 17, 16);
+  } else {
+    grow(dense_end, 9, 8);
+  }
+  for (uint32_t n = g.min_slots_per_block; n >= 1; --n) {
+    const size_t s = g.max_block_size / n / kSlotAlign * kSlotAlign;
+    if (s > dense_end) slots.push_back(s);
+  }
+  // One-slot blocks of whole base blocks between the tilings: every one (0), or steps of 9/8 (1).
+  for (size_t s = (dense_end / g.base_block_size + 1) * g.base_block_size; s <= g.max_block_size;) {
+    slots.push_back(s);
+    const size_t next = coarseness == 0 ? s : s * 9 / 8;
+    s = (next / g.base_block_size + 1) * g.base_block_size;
+  }
+  std::sort(slots.begin(), slots.end());
+  while (slots.back() < kMaxSlotSize) {
+    const size_t prev = slots.back();
+    const size_t next = (prev * 9 / 8 + g.base_block_size - 1) / g.base_block_size *
+                        g.base_block_size;  // a one-slot block of whole base blocks
+    slots.push_back(std::min(std::max(next, prev + kSlotAlign), kMaxSlotSize));
+  }
+  return slots;
+}
+
+}  // namespace
 
 size_t NeededSlotSize(size_t payload) {
   if (payload == 0) return 0;
@@ -17,43 +97,53 @@ size_t NeededSlotSize(size_t payload) {
   return s;
 }
 
-Result<SizeClasses> SizeClasses::Create(size_t block_size) {
-  if (block_size < kMinBlockSize || block_size > kMaxBlockSize ||
-      (block_size & (block_size - 1)) != 0) {
-    return Status::InvalidArgument("block size must be a power of two in [4096, 1048576], got " +
-                                   std::to_string(block_size));
+Status ValidateGeometry(const GeometryOptions& g) {
+  if (!PowerOfTwoIn(g.base_block_size, kMinBlockSize, kMaxBlockSize)) {
+    return Status::InvalidArgument(
+        "base block size must be a power of two in [4096, 1048576], got " +
+        std::to_string(g.base_block_size));
   }
+  if (!PowerOfTwoIn(g.max_block_size, g.base_block_size, kMaxBlockSize)) {
+    return Status::InvalidArgument("largest multi-slot block must be a power of two in [" +
+                                   std::to_string(g.base_block_size) + ", 1048576], got " +
+                                   std::to_string(g.max_block_size));
+  }
+  if (g.min_slots_per_block == 0 || g.min_slots_per_block > 65536) {
+    return Status::InvalidArgument("slots per block must be in [1, 65536], got " +
+                                   std::to_string(g.min_slots_per_block));
+  }
+  return Status::OK();
+}
+
+Result<SizeClasses> SizeClasses::Create(const GeometryOptions& geometry) {
+  FARMEM_RETURN_IF_ERROR(ValidateGeometry(geometry));
   SizeClasses sc;
-  sc.block_size_ = block_size;
-  std::vector<size_t> slots;
-  for (size_t s = kMinSlotSize; s <= std::min<size_t>(128, block_size); s += kSlotAlign) {
-    slots.push_back(s);
+  sc.geometry_ = geometry;
+  // The finest class table that fits the header's 128 classes (a geometry with huge blocks and
+  // many slots per block needs coarser steps).
+  for (int coarseness = 0; coarseness < 3; ++coarseness) {
+    sc.classes_.clear();
+    sc.max_block_bytes_ = 0;
+    for (size_t s : CandidateSlots(geometry, coarseness)) {
+      SizeClass k = ChooseBlock(s, geometry);
+      // The block's bytes past its last slot are paid for anyway: widen the slot to tile the
+      // block (more payload at the same cost per object). A class that then does not grow past
+      // the one before it is redundant.
+      k.slot_size =
+          static_cast<uint32_t>(k.block_bytes / k.slots_per_block / kSlotAlign * kSlotAlign);
+      k.payload_capacity = static_cast<uint32_t>(PayloadCapacity(k.slot_size));
+      if (!sc.classes_.empty() && k.slot_size <= sc.classes_.back().slot_size) continue;
+      sc.classes_.push_back(k);
+      sc.max_block_bytes_ = std::max<size_t>(sc.max_block_bytes_, k.block_bytes);
+    }
+    if (sc.classes_.size() <= kMaxSizeClasses) break;
   }
-  while (slots.back() < block_size) {
-    const size_t prev = slots.back();
-    size_t next = prev * 9 / 8 / kSlotAlign * kSlotAlign;  // <= 9/8 * prev, 8-aligned
-    if (next <= prev) next = prev + kSlotAlign;
-    slots.push_back(std::min(next, block_size));
-  }
-  // Rule 1 (size_classes.h): slot sizes that tile the block. Adding classes only lowers the
-  // rounding waste, so kMaxRoundingWaste still holds.
-  for (size_t n = 1; n <= kTilingSlots; ++n) {
-    slots.push_back(block_size / n / kSlotAlign * kSlotAlign);
-  }
-  std::sort(slots.begin(), slots.end());
-  slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
-  for (size_t s : slots) {
-    sc.classes_.push_back(SizeClass{static_cast<uint32_t>(s),
-                                    static_cast<uint32_t>(PayloadCapacity(s)),
-                                    static_cast<uint32_t>(block_size / s)});
-  }
-  // Slot headers store the class in 7 bits (object_layout.h); 1 MiB blocks need ~92 classes.
+  // Slot headers store the class in 7 bits (object_layout.h).
   if (sc.classes_.size() > kMaxSizeClasses) {
-    return Status::Internal("block size " + std::to_string(block_size) + " needs " +
-                            std::to_string(sc.classes_.size()) + " size classes, more than " +
+    return Status::Internal(std::to_string(sc.classes_.size()) + " size classes, more than " +
                             std::to_string(kMaxSizeClasses));
   }
-  sc.lookup_.resize(sc.max_payload() / 8 + 1);
+  sc.lookup_.resize(std::min(sc.max_payload(), kLookupPayload) / 8 + 1);
   size_t c = 0;
   for (size_t i = 0; i < sc.lookup_.size(); ++i) {
     // First class that can hold the smallest payload of bucket i (i*8, or 1 for bucket 0).
@@ -64,41 +154,24 @@ Result<SizeClasses> SizeClasses::Create(size_t block_size) {
   return sc;
 }
 
-double BlockFill(const SizeClasses& classes, uint32_t c) {
-  const SizeClass& k = classes.at(c);
-  return double(uint64_t{k.slots_per_block} * k.slot_size) / double(classes.block_size());
-}
-
-Result<size_t> RecommendedBlockSize(size_t max_payload, size_t min_block_size) {
-  if (min_block_size < kMinBlockSize || min_block_size > kMaxBlockSize ||
-      (min_block_size & (min_block_size - 1)) != 0) {
-    return Status::InvalidArgument("block size must be a power of two in [4096, 1048576], got " +
-                                   std::to_string(min_block_size));
-  }
-  if (max_payload == 0) return Status::OutOfRange("object size 0");
-  size_t first_fit = 0;
-  for (size_t bs = min_block_size; bs <= kMaxBlockSize; bs *= 2) {
-    FARMEM_ASSIGN_OR_RETURN(SizeClasses sc, SizeClasses::Create(bs));
-    if (max_payload > sc.max_payload()) continue;
-    if (first_fit == 0) first_fit = bs;
-    if (bs > kMaxGeometryBlock) break;
-    FARMEM_ASSIGN_OR_RETURN(uint32_t c, sc.ClassFor(max_payload));
-    if (BlockFill(sc, c) >= kMinBlockFill) return bs;
-  }
-  if (first_fit != 0) return first_fit;
-  return Status::OutOfRange("an object of " + std::to_string(max_payload) +
-                            " B does not fit in a 1 MiB block");
+double SizeClasses::BlockFill(uint32_t c) const {
+  const SizeClass& k = classes_.at(c);
+  return double(uint64_t{k.slots_per_block} * k.slot_size) / double(k.block_bytes);
 }
 
 Result<uint32_t> SizeClasses::ClassFor(size_t payload) const {
   if (payload == 0 || payload > max_payload()) {
     return Status::OutOfRange("object size " + std::to_string(payload) + " outside [1, " +
-                              std::to_string(max_payload()) + "] for block size " +
-                              std::to_string(block_size_));
+                              std::to_string(max_payload()) + "]");
   }
-  size_t c = lookup_[payload / 8];
-  while (classes_[c].payload_capacity < payload) ++c;
-  return static_cast<uint32_t>(c);
+  if (payload / 8 < lookup_.size()) {
+    size_t c = lookup_[payload / 8];
+    while (classes_[c].payload_capacity < payload) ++c;
+    return static_cast<uint32_t>(c);
+  }
+  auto it = std::lower_bound(classes_.begin(), classes_.end(), payload,
+                             [](const SizeClass& k, size_t p) { return k.payload_capacity < p; });
+  return static_cast<uint32_t>(it - classes_.begin());
 }
 
 }  // namespace farmem::corm

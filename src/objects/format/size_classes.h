@@ -1,6 +1,7 @@
 // CoRM size classes: 8-byte-aligned slot sizes whose rounding waste is bounded (kMaxRoundingWaste),
-// and the per-block geometry (slots per block) for a configurable block size (4 KiB .. 1 MiB).
-// A slot holds the header, the payload and the version bytes (see object_layout.h).
+// and each class's block geometry: how many base blocks (4 KiB by default) its blocks span and how
+// many slots they hold. A slot holds the header, the payload and the version bytes
+// (object_layout.h).
 #pragma once
 
 #include <cstddef>
@@ -11,71 +12,92 @@
 
 namespace farmem::corm {
 
+// Base block: the unit of the object region's virtual address space, of remapping and of the
+// slot header's home index. Every block of every class is a whole number of base blocks.
 inline constexpr size_t kMinBlockSize = 4096;
 inline constexpr size_t kMaxBlockSize = 1 << 20;
 inline constexpr size_t kMinSlotSize = 16;
+// The largest slot of any class (so the largest object is PayloadCapacity(kMaxSlotSize)).
+inline constexpr size_t kMaxSlotSize = 1 << 20;
 
-// Bound on internal fragmentation from class rounding: for every payload size p, with need(p) the
-// smallest 8-aligned slot that holds p bytes of payload, the chosen class slot S satisfies
-// (S - need(p)) / S <= 1/8 (12.5 %). Classes are every multiple of 8 up to 128 B, then grow by at
-// most 9/8 per step, which gives (S - need)/S < 1 - 8/9 ≈ 11.1 %.
+// Rounding waste: an object of payload p costs its class's block_bytes / slots_per_block bytes
+// against need(p), the smallest 8-aligned slot that holds p (header and version bytes included).
+// Class slots step by at most 17/16 up to max_block_size / min_slots_per_block and widen to tile
+// their blocks, so with the default geometry (cost - need) / cost <= kMaxRoundingWaste for every
+// payload up to 8 KiB (measured worst 12.4 %; 9.1 % up to 4 KiB). Above that one-slot blocks are
+// whole base blocks and multi-slot blocks powers of two: up to 20 % for 12-16 KiB objects
+// (size_classes_test.cc measures both).
 inline constexpr double kMaxRoundingWaste = 0.125;
 
 // Smallest 8-aligned slot size whose PayloadCapacity is >= payload (0 if payload is 0).
 size_t NeededSlotSize(size_t payload);
 
-// Block geometry for large objects (docs/objects.md, "Block geometry"). A block's bytes past its
-// last whole slot are never used, so a class whose slot is a large fraction of the block wastes
-// up to half of it (a 2 KiB object needs a 2,096 B slot: one per 4 KiB block, 49 % wasted; a
-// 4 KiB object one 4.2+ KiB slot per 8 KiB block), and a block of one slot can never be merged.
-// Two rules bound that waste:
-//  1. Every class table also holds the slot sizes block_size / n (8-aligned down) for
-//     n = 1 .. kTilingSlots, so a class with few slots per block tiles the block up to < 8 B
-//     per slot instead of leaving up to one slot's size unused.
-//  2. RecommendedBlockSize picks, for the largest payload a store must hold, the smallest
-//     power-of-two block in [min_block_size, kMaxGeometryBlock] whose class for that payload
-//     uses at least kMinBlockFill of the block; larger payloads (or none reaching the fill by
-//     kMaxGeometryBlock) get the smallest block that holds them at all.
-inline constexpr uint32_t kTilingSlots = 16;
+// Block geometry per class (docs/objects.md, "Block geometry"). A block's bytes past its last
+// whole slot are never used, a block of one slot never merges, and a block of few slots packs
+// badly, so one block size for every class either wastes up to half of each large object's
+// block (2 KiB objects in 4 KiB blocks) or gives small objects huge blocks. Each class therefore
+// gets its own block:
+//  - a *multi-slot* block is a power-of-two number of base blocks, at most max_block_size, and is
+//    aligned to its own size in the region (so a slot's block starts at offset - offset % block);
+//    the class takes the smallest such block holding >= min_slots_per_block slots that fills at
+//    least kMinBlockFill of it;
+//  - if no power of two up to max_block_size does both, the class takes, among those blocks and
+//    a *one-slot* block (the slot rounded up to whole base blocks, aligned to a base block), the
+//    one its slots fill best (more slots on a tie).
 inline constexpr double kMinBlockFill = 0.875;
-inline constexpr size_t kMaxGeometryBlock = size_t{64} << 10;
-static_assert(kMaxGeometryBlock >= kMinBlockSize && kMaxGeometryBlock <= kMaxBlockSize);
-static_assert((kMaxGeometryBlock & (kMaxGeometryBlock - 1)) == 0);
-// Rule 1 keeps every tiling slot at least kMinSlotSize at the smallest block size.
-static_assert(kMinBlockSize / kTilingSlots >= kMinSlotSize);
+
+struct GeometryOptions {
+  size_t base_block_size = 4096;             // power of two, 4 KiB .. 1 MiB
+  size_t max_block_size = size_t{64} << 10;  // power of two, base_block_size .. 1 MiB
+  uint32_t min_slots_per_block = 16;         // >= 1
+  bool operator==(const GeometryOptions&) const = default;
+};
+
+// InvalidArgument naming the bad field, else OK.
+Status ValidateGeometry(const GeometryOptions& g);
 
 struct SizeClass {
   uint32_t slot_size = 0;         // bytes, multiple of 8
   uint32_t payload_capacity = 0;  // PayloadCapacity(slot_size)
-  uint32_t slots_per_block = 0;   // block_size / slot_size
+  uint32_t slots_per_block = 0;   // block_bytes / slot_size (>= 1)
+  uint32_t block_bytes = 0;       // a whole number of base blocks
 };
 
-class SizeClasses;
-
-// Fraction of a block of `classes` filled by the slots of class `c` (slots_per_block *
-// slot_size / block_size).
-double BlockFill(const SizeClasses& classes, uint32_t c);
-
-// Rule 2 above. InvalidArgument for a bad min_block_size, OutOfRange for 0 or a payload no
-// block up to 1 MiB holds.
-Result<size_t> RecommendedBlockSize(size_t max_payload, size_t min_block_size);
+// Offset (in the object region) of the block holding the slot at `slot_offset`, for a slot of
+// class `c`; assumes the offset is a valid slot start of that class (see SlotInBlock).
+inline uint64_t BlockStartOf(uint64_t slot_offset, const SizeClass& c) {
+  return c.slots_per_block == 1 ? slot_offset : slot_offset - slot_offset % c.block_bytes;
+}
+// True when `offset` can be the start of a slot of class `c` in a region of base blocks of
+// `base_block_size` bytes: one-slot blocks start at base-block boundaries, multi-slot blocks are
+// aligned to their size and their slots tile them from the start.
+inline bool IsSlotStart(uint64_t offset, const SizeClass& c, size_t base_block_size) {
+  if (c.slots_per_block == 1) return offset % base_block_size == 0;
+  const uint64_t in_block = offset % c.block_bytes;
+  return in_block % c.slot_size == 0 && in_block / c.slot_size < c.slots_per_block;
+}
 
 class SizeClasses {
  public:
-  // block_size: power of two in [4 KiB, 1 MiB].
-  static Result<SizeClasses> Create(size_t block_size);
+  static Result<SizeClasses> Create(const GeometryOptions& geometry);
 
-  size_t block_size() const { return block_size_; }
+  const GeometryOptions& geometry() const { return geometry_; }
+  size_t base_block_size() const { return geometry_.base_block_size; }
   size_t count() const { return classes_.size(); }
   const SizeClass& at(size_t c) const { return classes_[c]; }
   const std::vector<SizeClass>& all() const { return classes_; }
   // Largest payload any class holds.
   size_t max_payload() const { return classes_.back().payload_capacity; }
+  // Largest block of any class (bytes).
+  size_t max_block_bytes() const { return max_block_bytes_; }
   // Class index for a payload of `payload` bytes; OutOfRange for 0 or > max_payload().
   Result<uint32_t> ClassFor(size_t payload) const;
+  // Fraction of class c's block its slots fill (slots_per_block * slot_size / block_bytes).
+  double BlockFill(uint32_t c) const;
 
  private:
-  size_t block_size_ = 0;
+  GeometryOptions geometry_;
+  size_t max_block_bytes_ = 0;
   std::vector<SizeClass> classes_;
   // payload size / 8 -> first class index that may fit (speeds up ClassFor).
   std::vector<uint16_t> lookup_;

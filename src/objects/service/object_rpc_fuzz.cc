@@ -46,6 +46,7 @@
 #include "farmem/server.h"
 #include "objects/format/object_layout.h"
 #include "objects/format/object_wire.h"
+#include "objects/format/size_classes.h"
 #include "objects/service/object_service.h"
 
 namespace {
@@ -183,7 +184,7 @@ class Harness {
       wire::WireClass wc;
       std::memcpy(&wc, reply.data() + sizeof(info_) + c * sizeof(wc), sizeof(wc));
       FUZZ_CHECK(wc.slot_size >= 16 && wc.slot_size % corm::kSlotAlign == 0 &&
-                 wc.slot_size <= info_.block_size);
+                 wc.slot_size <= wc.block_bytes && wc.block_bytes % info_.block_size == 0);
       FUZZ_CHECK(classes_.empty() || wc.slot_size > classes_.back().slot_size);
       FUZZ_CHECK(wc.payload_capacity == corm::PayloadCapacity(wc.slot_size));
       FUZZ_CHECK(wc.id_mask == 0 || wc.id_mask == full_mask);
@@ -206,8 +207,7 @@ class Harness {
     const wire::WireClass& c = classes_[p.size_class];
     FUZZ_CHECK(p.offset % corm::kSlotAlign == 0 && p.offset < info_.region_length &&
                info_.region_length - p.offset >= c.slot_size);
-    const uint64_t in_block = p.offset % info_.block_size;
-    FUZZ_CHECK(in_block % c.slot_size == 0 && in_block + c.slot_size <= info_.block_size);
+    FUZZ_CHECK(corm::IsSlotStart(p.offset, Geometry(c), info_.block_size));
     FUZZ_CHECK((p.id & ~c.id_mask) == 0);
   }
 
@@ -220,7 +220,13 @@ class Harness {
     return r.ptr;
   }
 
-  uint64_t BlockOf(const wire::WirePtr& p) const { return p.offset / info_.block_size; }
+  static corm::SizeClass Geometry(const wire::WireClass& c) {
+    return corm::SizeClass{c.slot_size, c.payload_capacity, c.block_bytes / c.slot_size,
+                           c.block_bytes};
+  }
+  uint64_t BlockOf(const wire::WirePtr& p) const {
+    return corm::BlockStartOf(p.offset, Geometry(classes_[p.size_class])) / info_.block_size;
+  }
 
   // Whether `a` and `b` name the same allocation as far as the server's RPC paths can tell: same
   // class, ID and generation, and the same home block (ID classes: the server finds the slot by

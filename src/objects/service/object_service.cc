@@ -73,6 +73,7 @@ nlohmann::json CompactionJson(const corm::CompactionStats& s) {
   return {{"rounds", s.rounds},
           {"compactions", s.compactions},
           {"blocks_freed", s.blocks_freed},
+          {"physical_bytes_freed", s.physical_bytes_freed},
           {"bytes_moved", s.bytes_moved},
           {"objects_copied", s.objects_copied},
           {"objects_relocated", s.objects_relocated},
@@ -80,7 +81,10 @@ nlohmann::json CompactionJson(const corm::CompactionStats& s) {
           {"ids_redrawn", s.ids_redrawn},
           {"skipped_busy", s.skipped_busy},
           {"grace_wait_ns", s.grace_wait_ns},
-          {"grace_wait_max_ns", s.grace_wait_max_ns}};
+          {"grace_wait_max_ns", s.grace_wait_max_ns},
+          {"structs_moved", s.structs_moved},
+          {"struct_pages_released", s.struct_pages_released},
+          {"struct_grace_timeouts", s.struct_grace_timeouts}};
 }
 
 const char* SelectionName(WorkerSelection s) {
@@ -93,7 +97,14 @@ const char* CorrectionName(Correction c) {
 
 uint64_t EffectiveReserve(const ServerConfig& c) {
   const uint64_t bs = c.objects.block_size;
-  return c.objects.reserve_bytes != 0 ? c.objects.reserve_bytes : c.memory_bytes / bs * bs;
+  return c.objects.reserve_bytes != 0 ? c.objects.reserve_bytes : 2 * c.memory_bytes / bs * bs;
+}
+
+corm::GeometryOptions Geometry(const ObjectsConfig& o) {
+  return corm::GeometryOptions{
+      o.block_size,
+      o.max_block_size != 0 ? o.max_block_size : std::max<uint32_t>(64 << 10, o.block_size),
+      o.min_slots_per_block};
 }
 
 }  // namespace
@@ -107,6 +118,12 @@ Status ValidateObjectsConfig(const ServerConfig& config) {
         "objects.block_size (--objects-block-size) must be a power of two in 4096..1048576, "
         "got " +
         std::to_string(bs));
+  }
+  if (Status g = corm::ValidateGeometry(Geometry(o)); !g.ok()) {
+    return Status::InvalidArgument(
+        "objects block geometry (--objects-block-size, --objects-max-block-size, "
+        "--objects-min-slots-per-block): " +
+        std::string(g.message()));
   }
   if (o.id_bits != 0 && o.id_bits != 8 && o.id_bits != 12 && o.id_bits != 16) {
     return Status::InvalidArgument(
@@ -173,8 +190,12 @@ Result<std::unique_ptr<ObjectService>> ObjectService::Create(const ServerConfig&
   if (c.max_physical_bytes == 0) c.max_physical_bytes = config.memory_bytes;
   s->max_rpc_bytes_ = config.node.transport.max_rpc_bytes;
 
+  const corm::GeometryOptions geometry = Geometry(c);
+  c.max_block_size = static_cast<uint32_t>(geometry.max_block_size);
   corm::StoreOptions so;
   so.block_size = c.block_size;
+  so.max_block_size = geometry.max_block_size;
+  so.min_slots_per_block = geometry.min_slots_per_block;
   so.id_bits = c.id_bits;
   so.hybrid = c.hybrid;
   so.workers = c.workers;
@@ -299,6 +320,9 @@ void ObjectService::metrics(MetricsWriter& w) const {
             "Physical blocks released by compaction.", num(comp, "blocks_freed"));
   w.counter("farmem_objects_compaction_bytes_moved_total", "Slot bytes copied by compaction.",
             num(comp, "bytes_moved"));
+  w.counter("farmem_objects_compaction_struct_pages_released_total",
+            "Pages of block structs given back after compaction rounds.",
+            num(comp, "struct_pages_released"));
   w.counter("farmem_objects_compaction_grace_wait_seconds_total",
             "Time merges waited for one-sided copies in progress before remapping.",
             num(comp, "grace_wait_ns") / 1e9);
@@ -417,7 +441,10 @@ Result<corm::ObjectPtr> ObjectService::FromWire(const void* wire_ptr) const {
   p.id = w.id;
   p.size_class = w.size_class;
   p.gen = w.gen;
-  p.block = static_cast<uint32_t>(w.offset / config_.block_size);
+  // The block a slot of the class at this offset would be in (the store checks the offset is
+  // such a slot, and that this block is the pointer's).
+  p.block = static_cast<uint32_t>(corm::BlockStartOf(w.offset, store_->classes().at(w.size_class)) /
+                                  config_.block_size);
   return p;
 }
 
@@ -449,7 +476,8 @@ Status ObjectService::Info(const RpcCall& call, std::vector<std::byte>& reply) {
   Append(reply, info);
   for (uint32_t c = 0; c < classes.count(); ++c) {
     const corm::SizeClass& sc = classes.at(c);
-    Append(reply, wire::WireClass{sc.slot_size, sc.payload_capacity, store_->IdMask(c)});
+    Append(reply,
+           wire::WireClass{sc.slot_size, sc.payload_capacity, store_->IdMask(c), sc.block_bytes});
   }
   return Status::OK();
 }
@@ -460,9 +488,9 @@ Status ObjectService::Alloc(const RpcCall& call, std::vector<std::byte>& reply) 
   const size_t max = store_->classes().max_payload();
   if (req->size == 0) return Status::InvalidArgument("object size must be at least 1 byte");
   if (req->size > max) {
-    return Status::InvalidArgument(
-        "object size " + std::to_string(req->size) + " exceeds the largest object, " +
-        std::to_string(max) + " bytes with " + std::to_string(config_.block_size) + "-byte blocks");
+    return Status::InvalidArgument("object size " + std::to_string(req->size) +
+                                   " exceeds the largest object, " + std::to_string(max) +
+                                   " bytes");
   }
   // The guard holds off the session's end while we allocate: the object is either allocated
   // before the end listener frees the session's objects (and freed with them) or refused here.
@@ -575,6 +603,8 @@ nlohmann::json ObjectService::Stats() const {
   json j;
   j["enabled"] = true;
   j["config"] = {{"block_size", c.block_size},
+                 {"max_block_size", c.max_block_size},
+                 {"min_slots_per_block", c.min_slots_per_block},
                  {"id_bits", c.id_bits},
                  {"hybrid", c.hybrid},
                  {"workers", c.workers},
@@ -670,7 +700,14 @@ const ServiceDescriptor& ObjectsServiceDescriptor() {
                   "serve the CoRM object store (true | false; same as leaving 'objects' out of "
                   "--services)");
         flags.add("objects-block-size", &o.block_size,
-                  "object block size in bytes: power of two, 4096..1048576");
+                  "base block of the object region in bytes (unit of addresses and remaps; every "
+                  "class's block is a multiple): power of two, 4096..1048576");
+        flags.add("objects-max-block-size", &o.max_block_size,
+                  "largest block of a class of many slots, bytes: power of two, "
+                  "--objects-block-size..1048576 (0 = max(65536, --objects-block-size))");
+        flags.add("objects-min-slots-per-block", &o.min_slots_per_block,
+                  "slots a class's block should hold at least (larger blocks, up to "
+                  "--objects-max-block-size, for classes of large objects): 1..65536");
         flags.add("objects-id-bits", &o.id_bits, "object ID bits per block: 0 | 8 | 12 | 16");
         flags.add("objects-hybrid", &o.hybrid,
                   "classes with more slots than IDs become offset-only (true) or use only "

@@ -195,7 +195,7 @@ TEST_F(ObjectServiceTest, InfoDescribesRegionAndClasses) {
   ASSERT_NE(region, nullptr) << "object region not exported";
   EXPECT_EQ(info_.region_key, region->key);
   EXPECT_EQ(info_.region_length, region->length);
-  EXPECT_EQ(info_.region_length, kMemory);  // reserve defaults to memory_bytes
+  EXPECT_EQ(info_.region_length, 2 * kMemory);  // reserve defaults to 2 x memory_bytes
   EXPECT_EQ(info_.block_size, 4096u);
   EXPECT_EQ(info_.id_bits, 16);
   EXPECT_EQ(info_.hybrid, 1);
@@ -204,10 +204,15 @@ TEST_F(ObjectServiceTest, InfoDescribesRegionAndClasses) {
   for (size_t c = 1; c < classes_.size(); ++c) {
     EXPECT_GT(classes_[c].slot_size, classes_[c - 1].slot_size);
     EXPECT_LT(classes_[c].payload_capacity, classes_[c].slot_size);
-    EXPECT_EQ(classes_[c].id_mask, 0xffffu);  // every 4 KiB class has <= 2^16 slots
+    EXPECT_EQ(classes_[c].id_mask, 0xffffu);  // every class has <= 2^16 slots per block
+    // Blocks per class (the default geometry): whole base blocks, slots tiling them.
+    EXPECT_EQ(classes_[c].block_bytes % 4096, 0u);
+    EXPECT_GE(classes_[c].block_bytes / classes_[c].slot_size, 1u);
+    EXPECT_LT(classes_[c].block_bytes % classes_[c].slot_size, classes_[c].slot_size);
   }
-  EXPECT_EQ(classes_.back().payload_capacity, 4023u);
-  EXPECT_EQ(nlohmann::json::parse(server_->stats_json())["objects"]["max_object_size"], 4023);
+  EXPECT_EQ(classes_.back().payload_capacity, corm::PayloadCapacity(corm::kMaxSlotSize));
+  EXPECT_EQ(nlohmann::json::parse(server_->stats_json())["objects"]["max_object_size"],
+            corm::PayloadCapacity(corm::kMaxSlotSize));
 }
 
 TEST_F(ObjectServiceTest, AllocWriteReadRoundTrip) {
@@ -657,18 +662,24 @@ TEST_F(ObjectServiceTest, StatAndPrometheusShowTheObjectStore) {
   EXPECT_EQ(o["config"]["id_bits"], 16);
   EXPECT_EQ(o["config"]["workers"], 1);
   EXPECT_EQ(o["config"]["correction"], "owner");
-  EXPECT_EQ(o["config"]["reserve_bytes"], kMemory);
+  EXPECT_EQ(o["config"]["reserve_bytes"], 2 * kMemory);
+  EXPECT_EQ(o["config"]["max_block_size"], 65536);
+  EXPECT_EQ(o["config"]["min_slots_per_block"], 16);
   EXPECT_EQ(o["config"]["max_physical_bytes"], kMemory);
   EXPECT_EQ(o["region"]["name"], "objects");
   EXPECT_EQ(o["live_objects"], 3);
   EXPECT_EQ(o["live_blocks"], 2);
-  EXPECT_EQ(o["physical_bytes_held"], 2 * 4096);
+  const uint64_t held =
+      uint64_t{classes_.at(a->size_class).block_bytes} + classes_.at(c->size_class).block_bytes;
+  EXPECT_EQ(o["physical_bytes_held"], held);
   EXPECT_GT(o["process_rss_bytes"].get<uint64_t>(), 0u);
   ASSERT_EQ(o["classes"].size(), 2u);
   const json& small = o["classes"][0]["class"] == a->size_class ? o["classes"][0] : o["classes"][1];
   EXPECT_EQ(small["live"], 2);
   EXPECT_EQ(small["slot_size"], classes_.at(a->size_class).slot_size);
-  EXPECT_DOUBLE_EQ(small["fragmentation"].get<double>(), 1.0 - 2.0 / 36.0);
+  EXPECT_DOUBLE_EQ(
+      small["fragmentation"].get<double>(),
+      1.0 - 2.0 / (classes_.at(a->size_class).block_bytes / classes_.at(a->size_class).slot_size));
   EXPECT_TRUE(o["compaction"].contains("rounds"));
   // The STAT RPC carries the same section.
   auto st = Call(kOpStat, {});
@@ -678,7 +689,8 @@ TEST_F(ObjectServiceTest, StatAndPrometheusShowTheObjectStore) {
 
   const std::string text = server_->metrics_text();
   EXPECT_NE(text.find("farmem_objects_live 3\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("farmem_objects_physical_bytes 8192\n"), std::string::npos);
+  EXPECT_NE(text.find("farmem_objects_physical_bytes " + std::to_string(held) + "\n"),
+            std::string::npos);
   EXPECT_NE(text.find("farmem_objects_compactions_total 0\n"), std::string::npos);
   EXPECT_NE(text.find("farmem_objects_compaction_grace_wait_seconds_total 0"), std::string::npos);
   EXPECT_NE(text.find("farmem_objects_class_fragmentation{class=\"" +
