@@ -36,7 +36,7 @@ using bench::TargetProcess;
 
 constexpr double kZipfTheta = 0.99;
 
-enum class ReadOp { kRaw, kDirect, kRpc };
+enum class ReadOp { kRaw, kDirect, kRpc, kScan };
 
 const char* OpName(ReadOp op) {
   switch (op) {
@@ -46,6 +46,8 @@ const char* OpName(ReadOp op) {
       return "direct_read";
     case ReadOp::kRpc:
       return "read";
+    case ReadOp::kScan:
+      return "scan_read";
   }
   return "?";
 }
@@ -113,10 +115,18 @@ Task<void> ReadWorker(ThreadState* s) {
                                      env.slot_size);
         break;
       case ReadOp::kDirect:
-      case ReadOp::kRpc: {
+      case ReadOp::kRpc:
+      case ReadOp::kScan: {
         std::span<std::byte> out(buf.data(), env.size);
-        auto r = s->op == ReadOp::kDirect ? co_await env.client->direct_read(*s->sched, p, out)
-                                          : co_await env.client->read(*s->sched, p, out);
+        // (No co_await inside nested conditional operators: GCC 12 ran the wrong branch.)
+        Result<size_t> r = Status::Internal("no read path");
+        if (s->op == ReadOp::kDirect) {
+          r = co_await env.client->direct_read(*s->sched, p, out);
+        } else if (s->op == ReadOp::kScan) {
+          r = co_await env.client->scan_read(*s->sched, p, out);
+        } else {
+          r = co_await env.client->read(*s->sched, p, out);
+        }
         if (!r.ok()) {
           st = r.status();
         } else if (*r != env.size || !bench::ValueMatches(idx, out)) {
@@ -354,6 +364,8 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
   bench::ObjectsServerSetup setup =
       bench::DefaultFarmemdSetup(bench::ObjectsServerMemory(o.objects, o.size));
   (void)bench::ParseObjectsBackend(o.backend, &setup.backend, &setup.provider);
+  setup.max_block_size = o.server_max_block_size;
+  setup.min_slots_per_block = o.server_min_slots_per_block;
   const std::string server_desc = bench::DescribeServerSetup(setup);
 
   // Fork the targets before this process creates any thread (see target_process.h).
@@ -473,20 +485,30 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
 
   Report report;
   bool server_died = false;
-  constexpr ReadOp kOps[] = {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc};
+  std::vector<ReadOp> kOps;
+  for (ReadOp op : {ReadOp::kRaw, ReadOp::kDirect, ReadOp::kRpc, ReadOp::kScan}) {
+    const bool wanted = o.ops.empty()
+                            ? op != ReadOp::kScan
+                            : std::find(o.ops.begin(), o.ops.end(), OpName(op)) != o.ops.end();
+    if (wanted) kOps.push_back(op);
+  }
+  const size_t nops = kOps.size();  // Redis, when measured, is entry nops
   for (const char* dist : {"uniform", "zipf"}) {
-    fmt::print(
-        "\n{} keys: {} rounds, each running every client count's raw_read, direct_read, "
-        "read{} in turn\n  ",
-        dist, o.rounds, redis_port ? " and Redis get" : "");
+    fmt::print("\n{} keys: {} rounds, each running every client count's {}{} in turn\n  ", dist,
+               o.rounds,
+               fmt::join(o.ops.empty() ? std::vector<std::string>{"raw_read", "direct_read", "read"}
+                                       : o.ops,
+                         ", "),
+               redis_port ? " and Redis get" : "");
     std::fflush(stdout);
     const bench::ZipfGenerator* z = dist[0] == 'z' ? &zipf : nullptr;
-    // rounds[client index][read path, 3 = Redis]
-    std::vector<std::array<std::vector<Result<uint64_t>>, 4>> rounds(o.clients.size());
+    // rounds[client index][read path, nops = Redis]
+    std::vector<std::vector<std::vector<Result<uint64_t>>>> rounds(
+        o.clients.size(), std::vector<std::vector<Result<uint64_t>>>(nops + 1));
     for (int round = 0; round < o.rounds; ++round) {
       for (size_t ci = 0; ci < o.clients.size(); ++ci) {
         const int clients = o.clients[ci];
-        for (size_t k = 0; k < 3; ++k) {
+        for (size_t k = 0; k < nops; ++k) {
           Result<uint64_t> ops =
               server_died ? Result<uint64_t>(Status::Unavailable("server process died"))
                           : RunObjectsCase(env, kOps[k], z, clients, o.inflight, warmup, slice);
@@ -499,16 +521,17 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
         if (redis_port) {
           auto g = bench::RunRedisGets(*redis_port, o.objects, o.size, z, clients, o.inflight,
                                        warmup, slice);
-          rounds[ci][3].push_back(g.ok() ? Result<uint64_t>(g->ops) : Result<uint64_t>(g.status()));
+          rounds[ci][nops].push_back(g.ok() ? Result<uint64_t>(g->ops)
+                                            : Result<uint64_t>(g.status()));
         }
       }
       fmt::print("{}", round + 1 < o.rounds ? "." : ".\n");
       std::fflush(stdout);
     }
     for (size_t ci = 0; ci < o.clients.size(); ++ci) {
-      for (size_t k = 0; k < 4; ++k) {
-        if (k == 3 && !redis_port) continue;
-        const bool is_redis = k == 3;
+      for (size_t k = 0; k <= nops; ++k) {
+        if (k == nops && !redis_port) continue;
+        const bool is_redis = k == nops;
         const std::string system = is_redis ? "redis" : "farmem";
         const std::string op = is_redis ? "get" : OpName(kOps[k]);
         PrintCaseStart(system, op, dist, o.clients[ci], o.inflight);
@@ -546,6 +569,9 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
                    {"id_bits", info.id_bits},
                    {"size_class", cls},
                    {"id_mask", info.classes[cls].id_mask},
+                   {"block_bytes", info.classes[cls].block_bytes},
+                   {"max_block_size", setup.max_block_size},
+                   {"min_slots_per_block", setup.min_slots_per_block},
                    {"workers", setup.workers},
                    {"configuration", server_desc},
                    {"default_configuration", !setup.busy_poll}};
@@ -553,6 +579,8 @@ int RunObjectsThroughputBench(ObjectsThroughputOptions o) {
     j["notes"] = {
         "raw_read = Scheduler::read of slot_size bytes at the object's offset, no checks",
         "direct_read = ObjectClient::direct_read (one-sided, ID/lock/version checks); read = RPC",
+        "scan_read (--ops) = ObjectClient::scan_read: one-sided copy of the object's whole block "
+        "(server.block_bytes), then the slot found by ID",
         "each client thread has its own Scheduler on one shared client node and keeps `inflight` "
         "reads outstanding; redis: one connection per client thread, `inflight` GETs pipelined",
         "zipf: Gray et al. (SIGMOD 1994) generator; rank r reads object (r * step + n / 3) mod n, "

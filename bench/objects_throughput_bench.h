@@ -21,7 +21,13 @@ struct ObjectsThroughputOptions {
   // compared cases alternate; a case's rate is the median round, a target's ratio the median of
   // the per-round ratios.
   int rounds = 5;
-  bool redis = true;   // also measure redis-server GETs (skipped with a note if missing)
+  bool redis = true;  // also measure redis-server GETs (skipped with a note if missing)
+  // Read paths measured, in turn: raw_read, direct_read, read, scan_read (one-sided copy of the
+  // object's whole block). Empty = the first three.
+  std::vector<std::string> ops;
+  // The server's block geometry (0 / 16: farmemd's defaults; else a tuned run).
+  uint32_t server_max_block_size = 0;
+  uint32_t server_min_slots_per_block = 16;
   bool quick = false;  // 100 k objects, 0.5 s per case
   std::string json_path = "objects_throughput.json";
 };

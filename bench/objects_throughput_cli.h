@@ -35,6 +35,17 @@ inline CLI::App* AddObjectsThroughputBenchCommand(CLI::App& bench, ObjectsThroug
       ->check(CLI::Range(1, 100));
   cmd->add_flag("--quick", o.quick, "smaller, shorter run (about 1 min)");
   cmd->add_flag("!--no-redis", o.redis, "skip the Redis baseline");
+  cmd->add_option("--ops", o.ops,
+                  "read paths, comma separated: raw_read, direct_read, read, scan_read (default "
+                  "the first three; targets need the ones they compare)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"raw_read", "direct_read", "read", "scan_read"}));
+  cmd->add_option("--server-max-block-size", o.server_max_block_size,
+                  "farmemd --objects-max-block-size (0 = its default; else a tuned run)")
+      ->capture_default_str();
+  cmd->add_option("--server-min-slots-per-block", o.server_min_slots_per_block,
+                  "farmemd --objects-min-slots-per-block (16 = its default)")
+      ->capture_default_str();
   cmd->add_option("--json", o.json_path, "JSON result file (\"\" = none)")->capture_default_str();
   return cmd;
 }

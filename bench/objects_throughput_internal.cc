@@ -71,6 +71,8 @@ TargetRole ObjectsServerRole(ObjectsServerSetup setup) {
     config.objects.max_physical_bytes = setup.memory_bytes;
     config.objects.correction =
         setup.correction == "scan" ? Correction::kScan : Correction::kAskOwner;
+    config.objects.max_block_size = setup.max_block_size;
+    config.objects.min_slots_per_block = setup.min_slots_per_block;
     config.objects.compaction.interval_ms = setup.background_compaction ? 100 : 0;
     config.objects.compaction.max_merges_per_round = setup.max_merges_per_round;
     config.objects.compaction.max_merges_per_second = setup.max_merges_per_second;
@@ -110,13 +112,20 @@ std::string DescribeServerSetup(const ObjectsServerSetup& s) {
   const ServerConfig d;
   const bool is_default = s.workers == o.workers && !s.busy_poll &&
                           s.background_compaction == (d.objects.compaction.interval_ms > 0) &&
-                          s.correction == DefaultCorrectionName() && s.cpu < 0;
+                          s.correction == DefaultCorrectionName() && s.cpu < 0 &&
+                          s.max_block_size == d.objects.max_block_size &&
+                          s.min_slots_per_block == d.objects.min_slots_per_block;
   return fmt::format(
-      "{}: {} RPC worker(s), NIC thread {}, background compaction {}, correction {}{}",
+      "{}: {} RPC worker(s), NIC thread {}, background compaction {}, correction {}{}{}",
       is_default ? "farmemd default configuration" : "farmemd tuned configuration", s.workers,
       s.busy_poll ? "busy-polls" : "spins 200 us then blocks (transport default)",
       s.background_compaction ? "on" : "off", s.correction,
-      s.cpu >= 0 ? fmt::format(", pinned to CPU {}", s.cpu) : "");
+      s.cpu >= 0 ? fmt::format(", pinned to CPU {}", s.cpu) : "",
+      s.max_block_size != d.objects.max_block_size ||
+              s.min_slots_per_block != d.objects.min_slots_per_block
+          ? fmt::format(", blocks up to {} B holding >= {} slots", s.max_block_size,
+                        s.min_slots_per_block)
+          : "");
 }
 
 Result<std::unique_ptr<Node>> MakeObjectsClientNode(const ObjectsServerSetup& setup,

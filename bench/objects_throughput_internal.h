@@ -54,6 +54,10 @@ struct ObjectsServerSetup {
   // true: the NIC/progress thread busy-polls for the whole run (a tuned configuration); false:
   // the transport's default (spin 200 us after the last work, then block on epoll).
   bool busy_poll = true;
+  // Block geometry (--objects-max-block-size, --objects-min-slots-per-block): 0 / 16 are
+  // farmemd's defaults; anything else is a tuned configuration.
+  uint32_t max_block_size = 0;
+  uint32_t min_slots_per_block = 16;
 };
 
 // The setup of a farmemd a user starts with no flags (ServeOptions defaults: 1 RPC worker, store

@@ -364,8 +364,13 @@ TEST_P(HotObjectStress, TornAndLockedCopiesOfHotObjectsAreNeverAccepted) {
       for (int w = 0; w < kHotWriters; ++w) {
         floor[w] = completed[i][w].load(std::memory_order_acquire);
       }
-      Result<size_t> r =
-          scan ? co_await c.scan_read(*s, ptrs[i], out) : co_await c.direct_read(*s, ptrs[i], out);
+      // (No co_await in a conditional operator: GCC 12 has run the wrong branch of nested ones.)
+      Result<size_t> r = Status::Internal("unset");
+      if (scan) {
+        r = co_await c.scan_read(*s, ptrs[i], out);
+      } else {
+        r = co_await c.direct_read(*s, ptrs[i], out);
+      }
       if (!r.ok()) {
         failures.Add(std::string(scan ? "scan_read" : "direct_read") + " hot object " +
                      std::to_string(i) + ": " + r.status().ToString());

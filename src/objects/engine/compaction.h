@@ -19,6 +19,15 @@
 
 namespace farmem::corm {
 
+// How a round picks which blocks merge into which (Compactor::CompactClassLocked).
+enum class MergePlan : uint8_t {
+  // Classes with IDs: best-fit decreasing bin packing of whole blocks (the default).
+  kBestFitDecreasing,
+  // Emptiest block first into the fullest partner it fits (the plan before issue 15; always
+  // used for offset-only classes). For comparison runs and tests.
+  kEmptiestIntoFullest,
+};
+
 struct CompactionOptions {
   // A class is compacted by RunOnce() when its fragmentation ratio exceeds its threshold.
   double default_threshold = 0.3;
@@ -32,7 +41,8 @@ struct CompactionOptions {
   // unpaced burst of thousands of merges shows up as a throughput dip. Allocation failures are
   // never paced: a waiting allocation makes a paced round run at full speed.
   uint32_t max_merges_per_second = 0;
-  uint32_t max_attempts_per_source = 8;         // partner blocks tried per source block
+  uint32_t max_attempts_per_source = 8;  // partner blocks tried per source (kEmptiestIntoFullest)
+  MergePlan plan = MergePlan::kBestFitDecreasing;
   std::chrono::milliseconds interval{100};      // leader thread period
   std::chrono::milliseconds lock_timeout{100};  // a busy block is skipped this round
   bool compact_on_alloc_failure = true;

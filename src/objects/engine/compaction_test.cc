@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -867,6 +869,71 @@ StoreOptions SmallBudget() {
   auto o = Opts(16);
   o.max_physical_bytes = 8 * 4096;
   return o;
+}
+
+// How many blocks compaction leaves of 1 KiB objects (31 per 32 KiB block) after 60 % of them are
+// freed at random, against the ideal ceil(live / 31): whole blocks merge only into one block, so
+// the plan decides. Best-fit decreasing (the default) packs ~40 %-full blocks two and three into
+// one; "emptiest into the fullest partner" pairs them into ~80 %-full blocks and stops there.
+// Every object survives either way. (Simulated: 1.06x against 1.24x the ideal.)
+uint64_t BlocksAfterCompaction(MergePlan plan, uint64_t* ideal) {
+  StoreOptions o = Opts(16);
+  o.workers = 1;
+  o.reserve_bytes = size_t{512} << 20;
+  auto s = Store::Create(o);
+  EXPECT_TRUE(s.ok());
+  Store& st = **s;
+  CompactionOptions co;
+  co.plan = plan;
+  Compactor comp(st, co);
+  const uint32_t cls = st.classes().ClassFor(1024).value();
+  const uint32_t per_block = st.classes().at(cls).slots_per_block;
+  EXPECT_EQ(per_block, 31u);
+  std::vector<ObjectPtr> ptrs;
+  for (uint32_t i = 0; i < 200 * per_block; ++i) {
+    auto p = st.Alloc(1024, 0);
+    EXPECT_TRUE(p.ok());
+    ObjectPtr q = *p;
+    EXPECT_TRUE(st.Write(q, Content(i, 1024)).ok());
+    ptrs.push_back(q);
+  }
+  std::mt19937_64 rng(2026);
+  std::vector<size_t> order(ptrs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<bool> live(ptrs.size(), true);
+  for (size_t k = 0; k < ptrs.size() * 6 / 10; ++k) {
+    EXPECT_TRUE(st.Free(ptrs[order[k]]).ok());
+    live[order[k]] = false;
+  }
+  const uint64_t n_live = ptrs.size() - ptrs.size() * 6 / 10;
+  *ideal = (n_live + per_block - 1) / per_block;
+  for (int round = 0; round < 1000; ++round) {
+    auto r = comp.CompactAll();
+    EXPECT_TRUE(r.ok());
+    if (!r.ok() || *r == 0) break;
+  }
+  std::vector<uint8_t> out(1024);
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (!live[i]) continue;
+    ObjectPtr q = ptrs[i];
+    auto n = st.Read(q, out);
+    EXPECT_TRUE(n.ok() && out == Content(i, 1024)) << "object " << i;
+  }
+  return st.Stats(cls).blocks;
+}
+
+TEST(Compaction, BestFitDecreasingPacksBlocksNearTheIdeal) {
+  uint64_t ideal = 0;
+  const uint64_t bfd = BlocksAfterCompaction(MergePlan::kBestFitDecreasing, &ideal);
+  const uint64_t old = BlocksAfterCompaction(MergePlan::kEmptiestIntoFullest, &ideal);
+  std::printf(
+      "60 %% freed, ideal %llu blocks: best-fit decreasing %llu, emptiest-into-fullest %llu\n",
+      static_cast<unsigned long long>(ideal), static_cast<unsigned long long>(bfd),
+      static_cast<unsigned long long>(old));
+  EXPECT_LE(bfd, ideal * 112 / 100) << "the default plan must pack within 12 % of the ideal";
+  // The old plan stays the yardstick that this test can tell the difference (not vacuous).
+  EXPECT_GT(old, ideal * 115 / 100);
 }
 
 TEST(Compaction, AllocationFailureTriggersCompaction) {

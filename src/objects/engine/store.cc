@@ -1184,14 +1184,23 @@ Result<Store::StructCompaction> Store::CompactBlockStructs(
     RecycleDeadLocked(w);
     // Only a struct above the number in use can always go lower; highest first.
     const size_t in_use = structs_.in_use();
-    std::vector<detail::Block*> high;
+    std::vector<detail::Block*> high, rest;
     {
       std::lock_guard<std::mutex> lock(w.lists_mu_);
       for (const auto& lists : w.lists_) {
         for (detail::Block* b : lists.blocks) {
-          if (structs_.IndexOf(b) >= in_use) high.push_back(b);
+          (structs_.IndexOf(b) >= in_use ? high : rest).push_back(b);
         }
       }
+    }
+    // The other live blocks' arrays move down in the metadata arena: a merge relocates only its
+    // destination's, so blocks that took no part in the last merges keep theirs where they were
+    // allocated, among the holes of the blocks that died (busy blocks wait for the next round).
+    for (detail::Block* b : rest) {
+      if (fault_no_struct_moves_ || std::chrono::steady_clock::now() >= deadline) break;
+      if (!b->mu.TryLock()) continue;
+      if (!b->dead.load(std::memory_order_relaxed)) RelocateMetadataLocked(*b);
+      b->mu.Unlock();
     }
     std::sort(high.begin(), high.end(), std::greater<>());
     for (detail::Block* b : high) {
@@ -1210,7 +1219,10 @@ Result<Store::StructCompaction> Store::CompactBlockStructs(
         continue;
       }
       const bool movable = !b->dead.load(std::memory_order_relaxed) && b->owner == w.index();
-      if (movable) MoveBlockStructLocked(*b, *nb);
+      if (movable) {
+        MoveBlockStructLocked(*b, *nb);
+        RelocateMetadataLocked(*nb);
+      }
       nb->mu.Unlock();
       b->mu.Unlock();
       if (movable) {
