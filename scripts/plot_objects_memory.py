@@ -43,16 +43,29 @@ def fmt(v):
     return "n/a" if v is None else f"{v:.2f}"
 
 
+def geometry(doc):
+    """The run's block geometry: per trace before per-class blocks, one for the run since."""
+    o = doc.get("options", {})
+    if "max_block_size" in o:
+        return (f"{o['block_size'] // 1024} KiB base blocks, blocks up to "
+                f"{o['max_block_size'] // 1024} KiB of >= {o['min_slots_per_block']} slots")
+    return None
+
+
+def block_label(doc, t):
+    return f"{t['block_size'] // 1024} KiB blocks" if "block_size" in t else geometry(doc)
+
+
 def table(doc):
     m = doc.get("machine", {})
     print(f"# farmem bench objects-memory — {m.get('date', '?')}, {m.get('nproc', '?')} CPUs\n")
     for metric, title in (("accounted_bytes", "allocator accounting"), ("rss_bytes", "RSS growth")):
         print(f"## Active memory, {title} (MiB)\n")
-        print("| trace | block | " + " | ".join(label for _, label, _, _ in SERIES) + " |")
+        print("| trace | blocks | " + " | ".join(label for _, label, _, _ in SERIES) + " |")
         print("|---|---|" + "---|" * len(SERIES))
         for t in doc["traces"]:
             cells = [fmt(value(t, k, metric)) for k, _, _, _ in SERIES]
-            print(f"| {t['label']} | {t['block_size'] // 1024} KiB | " + " | ".join(cells) + " |")
+            print(f"| {t['label']} | {block_label(doc, t)} | " + " | ".join(cells) + " |")
         print()
     print("| target | value (MiB) | baseline (MiB) | ratio | limit | result | detail |")
     print("|---|---|---|---|---|---|---|")
@@ -96,8 +109,7 @@ def plot(doc, out):
                     ax.plot(xs, [float("nan") if y is None else y for y in ys], style, color=colour,
                             label=label, marker="o", markersize=3,
                             linewidth=2.5 if key == "hybrid" else 1.2)
-                ax.set_title(f"synthetic {size} B ({ts[0]['block_size'] // 1024} KiB blocks)",
-                             fontsize=9)
+                ax.set_title(f"synthetic {size} B ({block_label(doc, ts[0])})", fontsize=8)
                 ax.set_xlabel("objects freed (%)")
                 ax.set_ylabel(f"MiB, {what}")
                 ax.set_ylim(bottom=0)
@@ -120,8 +132,8 @@ def plot(doc, out):
                            hatch="//" if key == "hybrid" else None)
                 ax.set_xticks(range(len(ts)))
                 ax.set_xticklabels([f"{t['threads']} thr" for t in ts])
-                ax.set_title(f"{ts[0]['label'].rsplit(',', 1)[0]} ({ts[0]['block_size'] // 1024} KiB "
-                             f"blocks)", fontsize=9)
+                ax.set_title(f"{ts[0]['label'].rsplit(',', 1)[0]} ({block_label(doc, ts[0])})",
+                             fontsize=8)
                 ax.set_ylabel(f"MiB, {what}")
                 ax.grid(axis="y", alpha=0.3)
             row += 1

@@ -462,6 +462,18 @@ TEST(ObjectsMemoryBench, Issue15TargetsPassAndMiss) {
   EXPECT_EQ(t[5].result, "PASS");
   EXPECT_EQ(t[6].result, "MISS");
 
+  // The issue judges 1 and 4 threads: a t3 run on 16 threads that misses is shown, not judged.
+  TraceSpec t3_16 = t3;
+  t3_16.threads = 16;
+  traces[0] = fig(Synthetic(256, 0.9, 0), 1000, 1200, 2000, 1400);
+  traces[2] = fig(t3, 1000, 1450, 1700, 1650);
+  traces.push_back(fig(t3_16, 1000, 1600, 1700, 1650));  // 1.6x live
+  t = EvaluateMemoryTargets(traces);
+  EXPECT_EQ(t[6].result, "PASS");
+  EXPECT_NEAR(*t[6].ratio, 1.45, 1e-12);
+  EXPECT_NE(t[6].detail.find("not judged, on 16-32 threads: worst 1.60x"), std::string::npos)
+      << t[6].detail;
+
   // A hybrid run without the trimmed figure, or no malloc baseline, is n/a, not a PASS.
   traces = {fig(Synthetic(256, 0.9, 0), 1000, NAN, 2000, 1400)};
   t = EvaluateMemoryTargets(traces);
