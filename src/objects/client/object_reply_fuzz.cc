@@ -9,14 +9,15 @@
 // order: u64 offset, u16 id, u16 gen, u16 server, u8 size_class, u8 flags), each followed by the
 // bytes of a slot image.
 //
-// Checked beyond "no crash": a decoded geometry is one the client can read (block size a power of
-// two in 4 KiB..1 MiB, id_bits 0/8/12/16, slot sizes ascending multiples of 8 inside a block,
-// capacities equal to this build's PayloadCapacity, ID masks 0 or full) and re-encodes to the very
-// bytes it came from; a pointer CheckPtrShape accepts addresses a whole slot inside the region and
-// inside one block; a slot image CheckSlot accepts (allocated, unlocked, the pointer's class and
-// its whole 16-bit tag, TagOf(id, gen)) is rebuilt by EncodeSlot from its header and
-// DecodePayload's bytes with the same header word, version bytes and payload bytes (only the
-// unused slack differs), so nothing but payload leaks into an object's data, and is refused for
+// Checked beyond "no crash": a decoded geometry is one the client can read (base block size a
+// power of two in 4 KiB..1 MiB, id_bits 0/8/12/16, slot sizes ascending multiples of 8, each
+// class's block whole base blocks holding a slot inside the region, a power of two when it holds
+// several, capacities equal to this build's PayloadCapacity, ID masks 0 or full) and re-encodes to
+// the very bytes it came from; a pointer CheckPtrShape accepts addresses a whole slot inside its
+// class's block, inside the region; a slot image CheckSlot accepts (allocated, unlocked, the
+// pointer's class and its whole 16-bit tag, TagOf(id, gen)) is rebuilt by EncodeSlot from its
+// header and DecodePayload's bytes with the same header word, version bytes and payload bytes (only
+// the unused slack differs), so nothing but payload leaks into an object's data, and is refused for
 // any other class (wrong class) or tag (moved); the header-word check agrees with CheckSlot on
 // freed / locked / wrong class / moved, and calls a slot homed elsewhere moved; a slot
 // ScanBlockImage finds is a whole, allocated slot of the wanted class and tag.
@@ -114,9 +115,9 @@ void FuzzPointer(const ObjectServerInfo& info, Reader& in, uint8_t mode) {
   FUZZ_CHECK(p.offset % corm::kSlotAlign == 0 && p.offset < info.region_length &&
              cls.slot_size <= info.region_length - p.offset);
   // The slot lies inside its class's block, which lies inside the region.
-  const uint64_t block = oi::BlockStart(info, p.size_class, p.offset);
-  FUZZ_CHECK(block <= p.offset && p.offset + cls.slot_size <= block + cls.block_bytes &&
-             block + cls.block_bytes <= info.region_length);
+  const uint64_t block_start = oi::BlockStart(info, p.size_class, p.offset);
+  FUZZ_CHECK(block_start <= p.offset && p.offset + cls.slot_size <= block_start + cls.block_bytes &&
+             block_start + cls.block_bytes <= info.region_length);
   FUZZ_CHECK((p.id & ~cls.id_mask) == 0);
 
   // A one-sided copy of that slot (the server's memory, or garbage a broken server sent).

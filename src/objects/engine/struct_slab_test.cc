@@ -240,9 +240,14 @@ TEST(StoreStructs, StressMovesAndReleasesUnderLoad) {
       std::vector<std::pair<ObjectPtr, uint64_t>> mine;  // pointer, value key
       uint64_t key = uint64_t(t) << 40;
       std::vector<uint8_t> out(kSize);
+      // Phases of growth (to 1,500 objects, ~50 blocks) and shrinking (to 64): whole blocks, and
+      // so whole pages of their structs, empty and fill again while the structs move.
+      bool growing = true;
       while (!stop.load()) {
+        if (growing && mine.size() >= 1500) growing = false;
+        if (!growing && mine.size() <= 64) growing = true;
         const int op = static_cast<int>(rng() % 10);
-        if (op < 3 || mine.size() < 64) {
+        if ((growing ? op < 6 : op < 1) || mine.size() < 64) {
           auto p = st.Alloc(kSize, t % 2);
           if (!p.ok()) {
             ++failures;
@@ -251,7 +256,7 @@ TEST(StoreStructs, StressMovesAndReleasesUnderLoad) {
           ObjectPtr q = *p;
           if (!st.Write(q, StructTestBytes(++key, kSize)).ok()) ++failures;
           mine.emplace_back(q, key);
-        } else if (op < 6) {
+        } else if (op < 7) {
           const size_t i = rng() % mine.size();
           if (!st.Free(mine[i].first).ok()) ++failures;
           mine[i] = mine.back();
