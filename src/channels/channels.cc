@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
 #include "channels/manager_impl.h"
 
@@ -275,7 +276,8 @@ Status TicketLock::unlock(ChannelThread& thread, std::chrono::milliseconds timeo
 namespace detail {
 
 Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket) {
+                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket,
+                     uint64_t* serving_word) {
   const auto deadline = Clock::now() + timeout;
   const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
   uint64_t t = 0;
@@ -286,10 +288,14 @@ Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
   if (ticket != nullptr) *ticket = t;
   if (g_lock_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
   for (;;) {
-    uint64_t serving = 0;
-    st = thread.read_sync(home, offset + 8, &serving, 8);
+    uint64_t word = 0;
+    st = thread.read_sync(home, offset + 8, &word, 8);
     if (!st.ok()) return st.WithContext(what);
-    if (serving == t) return Status::OK();
+    const uint64_t serving = word & wire::kServingTicketMask;
+    if (serving == t) {
+      if (serving_word != nullptr) *serving_word = word;
+      return Status::OK();
+    }
     if (Clock::now() >= deadline) {
       return Status::TimedOut(what + ": ticket " + std::to_string(t) + " not served within " +
                               std::to_string(timeout.count()) + " ms (now serving " +
@@ -302,14 +308,15 @@ Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
 }
 
 Status TicketRelease(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, bool fence) {
+                     std::chrono::milliseconds timeout, const std::string& what, bool fence,
+                     uint64_t add) {
   if (fence) {
     // Release: the critical section's channel writes are placed before the next holder is served.
     Status st = thread.fence_thread(timeout);
     if (!st.ok()) return st.WithContext(what + " release fence");
   }
   uint64_t old = 0;
-  auto key = thread.fetch_add(home, offset + 8, 1, &old);
+  auto key = thread.fetch_add(home, offset + 8, add, &old);
   if (!key.ok()) return key.status();
   Status st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
   if (!st.ok()) return st.WithContext(what);

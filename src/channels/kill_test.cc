@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "channels/channels_faults.h"
 #include "channels/channels_test_util.h"
 #include "transport/fabric/fabric_util.h"
 
@@ -163,6 +164,10 @@ class KillTest : public testing_util::ChannelsTest {};
 // deadline above the provider can end that, so on shm the child is made idle first (quiet pipe)
 // and killed between operations, with its endpoints and channels still open.
 TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
+  if (testing_util::Fault("kv_rollback")) testing::SetKvRollbackDisabled(true);
+  struct Restore {
+    ~Restore() { testing::SetKvRollbackDisabled(false); }
+  } restore;
   for (NodeId id = 1; id <= 2; id++) {
     if (!StartMember(id, 2s)) {
       if (!skip_.empty()) GTEST_SKIP() << skip_;
@@ -276,11 +281,27 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
   timed("queue pop", [&] { return ch[0].queue[0].pop(t1, 500ms).status(); });
   timed("kvstore get of the dead node's value", [&] { return kv1.get(t1, kChildKey).status(); });
   timed("kvstore update of the dead node's value", [&] { return kv1.update(t1, kChildKey, 5); });
+  uint64_t failed_key = 0;
   timed("kvstore insert", [&] {
+    // Until one fails at its tracker broadcast (a key whose lock is not homed at node 3).
     Status st;
-    for (uint64_t key = 2000; key < 2008 && st.ok(); key++) st = kv1.insert(t1, key, 1);
+    for (uint64_t key = 2000; key < 2032; key++) {
+      st = kv1.insert(t1, key, 1);
+      failed_key = key;
+      if (!st.ok() && st.ToString().find("/tracker/") != std::string::npos) break;
+    }
+    EXPECT_NE(st.ToString().find("/tracker/"), std::string::npos) << st.ToString();
     return st;
   });
+  // The failed insert's record reached node 2 but not node 3: it was rolled back, so no
+  // survivor sees the key (FARMEM_CHANNELS_FAULT=kv_rollback: node 2 updates it).
+  for (NodeId n = 1; n <= 2; n++) {
+    Status up = ch[n - 1].kv->update(*M(n).thr, failed_key, 2);
+    EXPECT_EQ(up.code(), Code::kNotFound) << "node " << n << " update of key " << failed_key
+                                          << " whose insert failed: " << up.ToString();
+    Status get = ch[n - 1].kv->get(*M(n).thr, failed_key).status();
+    EXPECT_EQ(get.code(), Code::kNotFound) << get.ToString();
+  }
   timed("barrier", [&] { return ch[0].barrier[0].arrive_and_wait(t1, 500ms); });
   timed("ticket lock homed at the dead node", [&] { return ch[0].lock3[0].lock(t1, 500ms); });
   timed("ticket lock the dead node held", [&] { return ch[0].held[0].lock(t1, 500ms); });

@@ -22,6 +22,9 @@ std::atomic<bool> g_queue_wait_disabled{false};
 std::atomic<bool> g_kv_acks_disabled{false};
 std::atomic<bool> g_kv_update_fence_disabled{false};
 std::atomic<bool> g_kv_checksum_disabled{false};
+std::atomic<bool> g_kv_rollback_disabled{false};
+std::atomic<bool> g_kv_catch_up_disabled{false};
+std::atomic<bool> g_kv_ticket_order_disabled{false};
 
 namespace testing {
 void SetOwnedChecksumDisabled(bool disabled) {
@@ -50,6 +53,15 @@ void SetKvUpdateFenceDisabled(bool disabled) {
 }
 void SetKvChecksumDisabled(bool disabled) {
   g_kv_checksum_disabled.store(disabled);
+}
+void SetKvRollbackDisabled(bool disabled) {
+  g_kv_rollback_disabled.store(disabled);
+}
+void SetKvCatchUpDisabled(bool disabled) {
+  g_kv_catch_up_disabled.store(disabled);
+}
+void SetKvTicketOrderDisabled(bool disabled) {
+  g_kv_ticket_order_disabled.store(disabled);
 }
 }  // namespace testing
 
