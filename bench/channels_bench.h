@@ -49,14 +49,15 @@ struct ChannelsNodeOptions {
   // a broken lock loses updates visibly (with 1 M accounts two transfers almost never meet).
   long safety_accounts = 3000;
   std::string backend = "tcp";
-  std::string workload;  // transfer | lock | barrier | fence | kvget | kvwrite | kvlin
+  std::string workload;  // transfer | lock | barrier | fence | kvget | kvwrite | kvlin | kill
   double seconds = 1;
   long accounts = 1000000;
   int locks_per_node = 341;
   long episodes = 500;
-  int rounds = 5;       // fence: fenced/unfenced block pairs
-  long ops = 300;       // kvlin: operations per client thread
-  std::string history;  // kvlin: the history file written (tests/porcupine format)
+  int rounds = 5;           // fence: fenced/unfenced block pairs
+  long ops = 300;           // kvlin: operations per client thread
+  std::string history;      // kvlin: the history file written (tests/porcupine format)
+  std::string kill_marker;  // kill: survivors run their checks once this file exists
 };
 
 // Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.

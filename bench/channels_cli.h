@@ -64,7 +64,8 @@ inline CLI::App* AddChannelsNodeCommand(CLI::App& bench, ChannelsNodeOptions& o)
   cmd->add_option("--backend", o.backend);
   cmd->add_option("--workload", o.workload)
       ->required()
-      ->check(CLI::IsMember({"transfer", "lock", "barrier", "fence", "kvget", "kvwrite", "kvlin"}));
+      ->check(CLI::IsMember(
+          {"transfer", "lock", "barrier", "fence", "kvget", "kvwrite", "kvlin", "kill"}));
   cmd->add_option("--seconds", o.seconds)->check(CLI::Range(0.01, 3600.0));
   cmd->add_option("--accounts", o.accounts)->check(CLI::Range(2L, 100000000L));
   cmd->add_option("--locks-per-node", o.locks_per_node)->check(CLI::Range(1, 4096));
@@ -72,6 +73,7 @@ inline CLI::App* AddChannelsNodeCommand(CLI::App& bench, ChannelsNodeOptions& o)
   cmd->add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
   cmd->add_option("--ops", o.ops)->check(CLI::Range(1L, 1000000L));
   cmd->add_option("--history", o.history);
+  cmd->add_option("--kill-marker", o.kill_marker);
   return cmd;
 }
 

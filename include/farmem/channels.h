@@ -387,7 +387,8 @@ class RingBuffer {
   // is then not appended, and the ring stays usable). If the write to some consumers fails, the
   // error names them (and `*unreached` lists them): the record is appended for the consumers it
   // reached (its seq is used, last_pushed() is it), and a consumer it did not reach never
-  // receives a later record either (its pops time out at that seq).
+  // receives a later record either (its pops time out at that seq; later pushes do not write to
+  // it and name it at once).
   Result<uint64_t> push(ChannelThread& thread, const void* data, size_t len,
                         std::chrono::milliseconds timeout,
                         std::vector<NodeId>* unreached = nullptr);
@@ -425,6 +426,8 @@ class RingBuffer {
   uint64_t next_ = 1;           // producer: next seq to push; consumer: next seq to pop
   uint64_t min_released_ = 0;   // producer: cached minimum of the consumers' released counts
   uint64_t released_sent_ = 0;  // consumer: the count last written to the producer
+  std::vector<NodeId>
+      missed_;  // producer: consumers a used seq did not reach (never written again)
 };
 
 // Multi-producer multi-consumer FIFO of 64-bit values (LOCO's shared_queue, with Vyukov-style

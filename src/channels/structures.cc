@@ -84,7 +84,9 @@ Status RingBuffer::wait_min_released(ChannelThread& thread, uint64_t need,
     uint64_t lowest = UINT64_MAX;
     std::string late;
     for (size_t i = 0; i < acks.size(); i++) {
-      if (ch_.members()[i] == producer_) continue;
+      const NodeId m = ch_.members()[i];
+      // A consumer that missed a record is not written to any more: its slots do not matter.
+      if (m == producer_ || std::find(missed_.begin(), missed_.end(), m) != missed_.end()) continue;
       lowest = std::min(lowest, acks[i]);
       if (acks[i] < need) late += (late.empty() ? "" : ",") + std::to_string(ch_.members()[i]);
     }
@@ -153,6 +155,14 @@ Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_
   Status first;
   for (NodeId m : ch_.members()) {
     if (m == producer_) continue;
+    if (std::find(missed_.begin(), missed_.end(), m) != missed_.end()) {
+      // It missed an earlier record, so it never pops this one: not written (fails at once).
+      failed.push_back(m);
+      if (first.ok()) {
+        first = Status::Unavailable("consumer " + std::to_string(m) + " missed an earlier record");
+      }
+      continue;
+    }
     auto off = ch_.slice_offset(m);
     Result<AckKey> key = off.ok()
                              ? thread.write(m, *off + slot_offset(seq), rec.data(), 8 * rec.size())
@@ -182,6 +192,9 @@ Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_
   next_ = seq + 1;
   if (!failed.empty()) {
     std::sort(failed.begin(), failed.end());
+    for (NodeId m : failed) {
+      if (std::find(missed_.begin(), missed_.end(), m) == missed_.end()) missed_.push_back(m);
+    }
     std::string names;
     for (NodeId m : failed) names += (names.empty() ? "" : ",") + std::to_string(m);
     if (unreached != nullptr) *unreached = failed;
