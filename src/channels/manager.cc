@@ -18,6 +18,7 @@ std::atomic<bool> g_barrier_wait_disabled{false};
 std::atomic<bool> g_lock_wait_disabled{false};
 std::atomic<bool> g_ring_checksum_disabled{false};
 std::atomic<bool> g_ring_backpressure_disabled{false};
+std::atomic<bool> g_ring_partial_seq_disabled{false};
 std::atomic<bool> g_queue_wait_disabled{false};
 std::atomic<bool> g_kv_acks_disabled{false};
 std::atomic<bool> g_kv_update_fence_disabled{false};
@@ -53,6 +54,9 @@ void SetKvUpdateFenceDisabled(bool disabled) {
 }
 void SetKvChecksumDisabled(bool disabled) {
   g_kv_checksum_disabled.store(disabled);
+}
+void SetRingPartialSeqDisabled(bool disabled) {
+  g_ring_partial_seq_disabled.store(disabled);
 }
 void SetKvRollbackDisabled(bool disabled) {
   g_kv_rollback_disabled.store(disabled);

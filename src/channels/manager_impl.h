@@ -124,6 +124,7 @@ extern std::atomic<bool> g_barrier_wait_disabled;
 extern std::atomic<bool> g_lock_wait_disabled;
 extern std::atomic<bool> g_ring_checksum_disabled;
 extern std::atomic<bool> g_ring_backpressure_disabled;
+extern std::atomic<bool> g_ring_partial_seq_disabled;
 extern std::atomic<bool> g_queue_wait_disabled;
 extern std::atomic<bool> g_kv_acks_disabled;
 extern std::atomic<bool> g_kv_update_fence_disabled;

@@ -189,6 +189,9 @@ Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_
   }
   // Once posted anywhere, the seq is used even if some consumer failed: the consumers it reached
   // deliver it, and the next record must not reuse its number (they would skip that one).
+  if (!failed.empty() && g_ring_partial_seq_disabled.load(std::memory_order_relaxed)) {
+    return first.WithContext("ringbuffer '" + ch_.name() + "' record " + std::to_string(seq));
+  }
   next_ = seq + 1;
   if (!failed.empty()) {
     std::sort(failed.begin(), failed.end());
