@@ -93,6 +93,8 @@ Status Start(Participant& p) {
     c.transport.backend = p.o.backend;
   }
   c.transport.listen_host = c.bootstrap_host;
+  if (p.o.nic_spin_us >= 0)
+    c.transport.spin_before_sleep = std::chrono::microseconds(p.o.nic_spin_us);
   // The kill scenario checks that the survivors' calls fail within seconds of the death.
   c.transport.op_timeout = p.o.workload == "kill" ? kKillOpTimeout : kOpTimeout;
   auto node = Node::Create(c);

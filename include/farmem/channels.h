@@ -84,6 +84,9 @@ class ChannelThread {
   // ChannelThread of this Manager (those threads must keep polling, or it times out).
   Status fence_pair(NodeId peer, std::chrono::milliseconds timeout);
   Status fence_thread(std::chrono::milliseconds timeout);
+  // fence_thread for every operation but those of `skip` (ones whose placement the caller orders
+  // by other means, e.g. the barrier's own arrival writes on an ordered transport).
+  Status fence_thread_except(const AckKey& skip, std::chrono::milliseconds timeout);
   Status fence_global(std::chrono::milliseconds timeout);
 
   // Drive this thread's completions (every waiting call does it too).
@@ -347,6 +350,9 @@ class Barrier {
   Channel ch_;
   Channel sst_;
   uint64_t episode_ = 0;
+  bool local_rows_ = false;  // poll the own table with local loads (the transport allows it)
+  bool ordered_ = false;     // the transport places one thread's writes to a peer in order
+  AckKey arrivals_;          // this episode's arrival writes, until checked
 };
 
 // FIFO lock across nodes and local threads: words {next_ticket, now_serving} at the home node.

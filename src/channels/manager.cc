@@ -467,6 +467,16 @@ Status ChannelThread::fence_thread(std::chrono::milliseconds timeout) {
   return wait_ids(ids, Clock::now() + timeout);
 }
 
+Status ChannelThread::fence_thread_except(const AckKey& skip, std::chrono::milliseconds timeout) {
+  std::vector<uint64_t> ids;
+  for (const auto& e : outstanding_) {
+    if (std::find(skip.ids_.begin(), skip.ids_.end(), e.first) == skip.ids_.end()) {
+      ids.push_back(e.first);
+    }
+  }
+  return wait_ids(ids, Clock::now() + timeout);
+}
+
 Status ChannelThread::fence_global(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::vector<std::pair<std::shared_ptr<detail::ThreadShared>, uint64_t>> snap;
