@@ -598,7 +598,7 @@ class KvStore {
   Status reserve(ChannelThread& thread, size_t records);
   void unreserve(size_t records);
   Result<uint64_t> push_reserved(ChannelThread& thread, const uint64_t* msg,
-                                 std::vector<NodeId>* unreached, bool* appended);
+                                 std::vector<NodeId>* unreached, uint64_t* appended);
   Status wait_acks(ChannelThread& thread, uint64_t seq);
   Status rollback_insert(ChannelThread& thread, Held& held, uint64_t key, uint64_t slot,
                          uint64_t counter, bool valid_unknown, const Status& cause);

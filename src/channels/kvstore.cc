@@ -342,15 +342,16 @@ void KvStore::unreserve(size_t records) {
 }
 
 // Appends `msg` to this node's tracker ring, in room reserve() promised (without a reservation:
-// waits for room). On an error `*appended` says whether the record reached some node anyway.
+// waits for room). `*appended` is the record's seq when it reached some node (also when the push
+// failed at others), else 0.
 Result<uint64_t> KvStore::push_reserved(ChannelThread& thread, const uint64_t* msg,
-                                        std::vector<NodeId>* unreached, bool* appended) {
+                                        std::vector<NodeId>* unreached, uint64_t* appended) {
   std::lock_guard lock(ring_mu_);
   if (reserved_ > 0) reserved_--;
   RingBuffer& ring = trackers_[self_index_];
   const uint64_t before = ring.last_pushed();
   auto seq = ring.push(thread, msg, 8 * kMsgWords, config_.timeout, unreached);
-  *appended = ring.last_pushed() != before;
+  *appended = ring.last_pushed() != before ? ring.last_pushed() : 0;
   return seq;
 }
 
@@ -394,7 +395,7 @@ Status KvStore::rollback_insert(ChannelThread& thread, Held& held, uint64_t key,
   if (members_.size() > 1) {
     const uint64_t msg[kMsgWords] = {kOpAbort, key, self_, slot, counter, held.ticket};
     std::vector<NodeId> unreached;
-    bool appended = false;
+    uint64_t appended = 0;
     auto seq = push_reserved(thread, msg, &unreached, &appended);
     uint64_t mark = 0;
     if (seq.ok()) {
@@ -407,7 +408,7 @@ Status KvStore::rollback_insert(ChannelThread& thread, Held& held, uint64_t key,
       }
     } else {
       clean = false;
-      if (appended) mark = trackers_[self_index_].last_pushed();
+      mark = appended;
       note += "; the roll-back did not reach every node (" + seq.status().ToString() + ")";
     }
     if (mark != 0) {
@@ -483,16 +484,14 @@ Status KvStore::insert(ChannelThread& thread, uint64_t key, std::span<const std:
     if (broadcast) {
       const uint64_t msg[kMsgWords] = {kOpInsert, key, self_, slot, counter, held.ticket};
       std::vector<NodeId> unreached;
-      bool appended = false;
-      Result<uint64_t> seq = Status::OK();
-      if (!undo && take_fail(FailPoint::kRingFull)) {
-        seq = injected("tracker ring full");
-      } else {
-        seq = push_reserved(thread, msg, &unreached, &appended);
-      }
+      uint64_t appended = 0;
+      // With roll-back off the test hook's full ring fails here (no room was reserved first).
+      Result<uint64_t> seq = !undo && take_fail(FailPoint::kRingFull)
+                                 ? Result<uint64_t>(injected("tracker ring full"))
+                                 : push_reserved(thread, msg, &unreached, &appended);
       if (!seq.ok()) {
         if (!undo) return seq.status().WithContext("kvstore '" + name_ + "' insert");
-        if (!appended) {
+        if (appended == 0) {
           {
             std::unique_lock lock(index_mu_);
             index_.erase(key);
@@ -585,13 +584,11 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
     if (!broadcast) return Status::OK();
     // The home frees the slot when it applies the record.
     std::vector<NodeId> unreached;
-    bool appended = false;
-    Result<uint64_t> seq = Status::OK();
-    if (!undo && take_fail(FailPoint::kRingFull)) {
-      seq = injected("tracker ring full");
-    } else {
-      seq = push_reserved(thread, msg, &unreached, &appended);
-    }
+    uint64_t appended = 0;
+    // With roll-back off the test hook's full ring fails here (no room was reserved first).
+    Result<uint64_t> seq = !undo && take_fail(FailPoint::kRingFull)
+                               ? Result<uint64_t>(injected("tracker ring full"))
+                               : push_reserved(thread, msg, &unreached, &appended);
     s = seq.status();
     if (s.ok())
       s = take_fail(FailPoint::kAcks) ? injected("acknowledgements") : wait_acks(thread, *seq);
@@ -600,14 +597,14 @@ Status KvStore::erase(ChannelThread& thread, uint64_t key) {
     // Past the linearization point the erase completes: every get already answers "absent"
     // (the slot is invalid, or reused with another counter), and a node that has not applied
     // the record applies it before it modifies under this lock (the mark).
-    if (!seq.ok() && !appended) {
+    if (!seq.ok() && appended == 0) {
       // The one case left half done: this node's transport refused every post of the record
       // (it is stopping), so the other nodes still list the key (and find its slot invalid).
       return Status(s.code(), "kvstore '" + name_ + "': erase of key " + std::to_string(key) +
                                   " took effect at its home, but no other node was told: " +
                                   std::string(s.message()));
     }
-    const uint64_t mark = seq.ok() ? *seq : trackers_[self_index_].last_pushed();
+    const uint64_t mark = seq.ok() ? *seq : appended;
     Status m = mark_lock(thread, held, mark);
     FARMEM_LOG_WARN(
         "kvstore '{}': erase of key {} took effect; not every node applied it yet "
