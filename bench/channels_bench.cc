@@ -32,6 +32,7 @@
 #include "bench_json.h"
 #include "bench_stats.h"
 #include "child_process.h"
+#include "farmem/transport.h"
 #include "machine_info.h"
 #include "memcached_client.h"
 #include "redis_bench.h"
@@ -264,7 +265,9 @@ class Runner {
                                               "--episodes",
                                               std::to_string(o_.episodes),
                                               "--rounds",
-                                              std::to_string(rounds)})
+                                              std::to_string(rounds),
+                                              "--nic-spin-us",
+                                              std::to_string(o_.nic_spin_us)})
         args.push_back(a);
       auto r = SpawnWithPipe(args);
       if (!r.ok()) {
@@ -408,6 +411,12 @@ TargetRecord Judge(std::string name, const Series& s, bool at_least, double fact
 int RunChannelsBench(ChannelsBenchOptions o) {
   if (o.seconds <= 0) o.seconds = o.quick ? 0.5 : 3.0;
   if (o.episodes <= 0) o.episodes = o.quick ? 300 : 2000;
+  if (o.nic_spin_us < 0) {
+    const unsigned cpus = std::thread::hardware_concurrency();
+    o.nic_spin_us = cpus != 0 && cpus < 2 * kNodes
+                        ? 0
+                        : static_cast<int>(TransportConfig{}.spin_before_sleep.count());
+  }
   if (o.checked_acquisitions < 0) o.checked_acquisitions = o.quick ? 0 : 1000000;
   if (o.mpi_program.empty()) o.mpi_program = NextToSelf("farmem_mpi_channels");
   if (o.rounds < 5) {
@@ -483,9 +492,9 @@ int RunChannelsBench(ChannelsBenchOptions o) {
   ::close(log_fd);
   std::printf(
       "farmem bench channels: %d processes, backend %s, %d rounds, %.1f s runs, %ld "
-      "accounts, %d locks per node, %ld barrier episodes; MPI: %s\n",
+      "accounts, %d locks per node, %ld barrier episodes, NIC spin %d us; MPI: %s\n",
       kNodes, o.backend.c_str(), o.rounds, o.seconds, o.accounts, o.locks_per_node, o.episodes,
-      have_mpi ? o.mpi_program.c_str() : "not built (targets n/a)");
+      o.nic_spin_us, have_mpi ? o.mpi_program.c_str() : "not built (targets n/a)");
   std::printf("children's stderr: %s\n", log_path);
   if (!netns.empty())
     std::printf(
@@ -867,6 +876,7 @@ int RunChannelsBench(ChannelsBenchOptions o) {
                    {"quick", o.quick},
                    {"mpi_wire", Runner::MpiWire(o.backend, subnet)},
                    {"mpi_osc", "pt2pt"}};
+    j["config"]["nic_spin_us"] = o.nic_spin_us;
     if (!netns.empty()) {
       nlohmann::json ns = nlohmann::json::array();
       for (const auto& n : netns) ns.push_back({{"name", n.name}, {"ip", n.ip}});

@@ -32,6 +32,11 @@ struct ChannelsBenchOptions {
   // namespace too; Redis and memcached run in the first, their clients in the second and third.
   // Empty: everything on this machine's loopback.
   std::vector<std::string> netns;
+  // The participants' transport spin_before_sleep (µs the NIC thread polls after its last work
+  // before it blocks). -1 = auto: 0 when this machine has fewer than 2 CPUs per participant (a
+  // NIC thread spinning there takes the CPU the callers and the other NIC threads need; measured
+  // in bench/README.md), else the transport's default.
+  int nic_spin_us = -1;
 };
 
 // Kvstore gets (and the raw reads, Redis GETs, memcached mg) in flight at once per participant.
@@ -49,14 +54,16 @@ struct ChannelsNodeOptions {
   // a broken lock loses updates visibly (with 1 M accounts two transfers almost never meet).
   long safety_accounts = 3000;
   std::string backend = "tcp";
-  std::string workload;  // transfer | lock | barrier | fence | kvget | kvwrite | kvlin
+  std::string workload;  // transfer | lock | barrier | fence | kvget | kvwrite | kvlin | kill
   double seconds = 1;
   long accounts = 1000000;
   int locks_per_node = 341;
   long episodes = 500;
-  int rounds = 5;       // fence: fenced/unfenced block pairs
-  long ops = 300;       // kvlin: operations per client thread
-  std::string history;  // kvlin: the history file written (tests/porcupine format)
+  int rounds = 5;           // fence: fenced/unfenced block pairs
+  long ops = 300;           // kvlin: operations per client thread
+  std::string history;      // kvlin: the history file written (tests/porcupine format)
+  std::string kill_marker;  // kill: survivors run their checks once this file exists
+  int nic_spin_us = -1;     // the transport's spin_before_sleep; -1 = its default
 };
 
 // Exit code: 0 ran (targets may MISS), 1 failed, 2 bad options.

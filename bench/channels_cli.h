@@ -42,6 +42,10 @@ inline CLI::App* AddChannelsBenchCommand(CLI::App& bench, ChannelsBenchOptions& 
                   "accounts of the extra transfer runs (few, so a broken lock shows)")
       ->capture_default_str()
       ->check(CLI::Range(2L, 100000000L));
+  cmd->add_option("--nic-spin-us", o.nic_spin_us,
+                  "participants' transport spin_before_sleep in us (-1 = auto: 0 with fewer than "
+                  "2 CPUs per participant, else the default)")
+      ->check(CLI::Range(-1, 100000));
   cmd->add_option("--backend", o.backend, "tcp | fabric:shm (MPI: btl tcp on lo | btl vader)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tcp", "fabric:shm"}));
@@ -64,7 +68,8 @@ inline CLI::App* AddChannelsNodeCommand(CLI::App& bench, ChannelsNodeOptions& o)
   cmd->add_option("--backend", o.backend);
   cmd->add_option("--workload", o.workload)
       ->required()
-      ->check(CLI::IsMember({"transfer", "lock", "barrier", "fence", "kvget", "kvwrite", "kvlin"}));
+      ->check(CLI::IsMember(
+          {"transfer", "lock", "barrier", "fence", "kvget", "kvwrite", "kvlin", "kill"}));
   cmd->add_option("--seconds", o.seconds)->check(CLI::Range(0.01, 3600.0));
   cmd->add_option("--accounts", o.accounts)->check(CLI::Range(2L, 100000000L));
   cmd->add_option("--locks-per-node", o.locks_per_node)->check(CLI::Range(1, 4096));
@@ -72,6 +77,8 @@ inline CLI::App* AddChannelsNodeCommand(CLI::App& bench, ChannelsNodeOptions& o)
   cmd->add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
   cmd->add_option("--ops", o.ops)->check(CLI::Range(1L, 1000000L));
   cmd->add_option("--history", o.history);
+  cmd->add_option("--kill-marker", o.kill_marker);
+  cmd->add_option("--nic-spin-us", o.nic_spin_us)->check(CLI::Range(-1, 100000));
   return cmd;
 }
 

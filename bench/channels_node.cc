@@ -1,6 +1,8 @@
 // One participant process of `farmem bench channels` (`farmem bench channels-node`): a Node and a
 // channels Manager over the static participant list, one workload, one JSON line on stdout. One
 // thread (plus the node's own transport/RPC threads); every participant runs the same code.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -24,6 +26,7 @@
 #include "bench_stats.h"
 #include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
+#include "channels/kill_scenario.h"
 #include "channels/kv_history.h"
 #include "channels_bench.h"
 #include "farmem/channels.h"
@@ -44,6 +47,8 @@ constexpr auto kBarrierTimeout = 60s;
 constexpr auto kLockTimeout = 30s;
 constexpr auto kOpTimeout = 30s;
 constexpr int64_t kInitialBalance = 1000;
+constexpr auto kKillOpTimeout = 2s;
+constexpr auto kKillCheckLimit = 5s;
 
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -88,7 +93,10 @@ Status Start(Participant& p) {
     c.transport.backend = p.o.backend;
   }
   c.transport.listen_host = c.bootstrap_host;
-  c.transport.op_timeout = kOpTimeout;
+  if (p.o.nic_spin_us >= 0)
+    c.transport.spin_before_sleep = std::chrono::microseconds(p.o.nic_spin_us);
+  // The kill scenario checks that the survivors' calls fail within seconds of the death.
+  c.transport.op_timeout = p.o.workload == "kill" ? kKillOpTimeout : kOpTimeout;
   auto node = Node::Create(c);
   if (!node.ok()) return node.status();
   p.node = std::move(*node);
@@ -669,6 +677,89 @@ Status KvHistory(Participant& p, nlohmann::json& out) {
   return st;
 }
 
+// The kill scenario across network namespaces (tests/channels_kill_netns_test.sh; the same
+// channels and checks as src/channels/kill_test.cc, channels/kill_scenario.h): node 3 is the
+// victim, busy with every channel until the test SIGKILLs it (it prints "kill victim: busy, pid
+// N" first); nodes 1 and 2 prepare (node 1 inserts the survivors' key and fills the ringbuffer,
+// node 2 consumes it), print "kill survivor: ready", wait for --kill-marker to exist (the test
+// creates it once the victim is dead), run the checks and report each in the JSON line.
+Status KillScenario(Participant& p, nlohmann::json& out) {
+  if (p.o.kill_marker.empty()) return Status::InvalidArgument("kill needs --kill-marker FILE");
+  ChannelThread& t = *p.thr;
+  channels::KillChannels ch;
+  if (Status st = channels::OpenKillChannels(t, &ch, kReadyTimeout); !st.ok()) return st;
+  auto wait_for = [](const std::function<bool()>& done, const char* what) -> Status {
+    const auto deadline = Clock::now() + kReadyTimeout;
+    while (!done()) {
+      if (Clock::now() >= deadline) return Status::TimedOut(std::string("kill: ") + what);
+      std::this_thread::sleep_for(1ms);
+    }
+    return Status::OK();
+  };
+  if (p.self == 3) {
+    if (Status st = channels::KillVictimStart(t, ch); !st.ok()) return st;
+    std::fprintf(stderr, "kill victim: busy, pid %d\n", static_cast<int>(getpid()));
+    std::fflush(stderr);
+    const auto end = Clock::now() + 2 * kReadyTimeout;
+    for (uint64_t i = 1; Clock::now() < end; i++) channels::KillVictimStep(t, ch, i);
+    return Status::TimedOut("kill victim: not killed in time");
+  }
+  if (p.self == 1) {
+    Status st = wait_for([&] { return ch.kv->get(t, channels::kKillVictimKey).ok(); },
+                         "the victim's key never appeared");
+    if (!st.ok()) return st;
+    if (st = ch.kv->insert(t, channels::kKillSurvivorKey, 11); !st.ok()) return st;
+    const uint64_t one = 1;
+    for (size_t i = 0; i < channels::kKillRingCapacity; i++) {
+      auto seq = ch.ring[0].push(t, &one, 8, kReadyTimeout);
+      if (!seq.ok()) return seq.status();
+    }
+  } else {
+    uint8_t buf[8];
+    for (size_t i = 0; i < channels::kKillRingCapacity; i++) {
+      auto got = ch.ring[0].pop(t, buf, sizeof(buf), kReadyTimeout);
+      if (!got.ok()) return got.status();
+    }
+    Status st = wait_for([&] { return ch.kv->get(t, channels::kKillSurvivorKey).ok(); },
+                         "the survivors' key never appeared");
+    if (!st.ok()) return st;
+    if (st = t.fence_thread(kOpTimeout); !st.ok()) return st;
+  }
+  // The survivors meet again after their checks: neither stops its node while the other still
+  // reads a value from it.
+  auto survivors = channels::Barrier::Open(t, "kill/survivors", {1, 2});
+  if (!survivors.ok()) return survivors.status();
+  if (Status st = survivors->wait_ready(kReadyTimeout); !st.ok()) return st;
+  std::fprintf(stderr, "kill survivor: ready\n");
+  std::fflush(stderr);
+  if (Status st = wait_for([&] { return access(p.o.kill_marker.c_str(), F_OK) == 0; },
+                           "the marker never appeared");
+      !st.ok()) {
+    return st;
+  }
+  const auto checks =
+      channels::KillSurvivorChecks(*p.mgr, ch, p.self, 2000 + 100 * p.self, kKillCheckLimit);
+  nlohmann::json list = nlohmann::json::array();
+  size_t failed = 0;
+  for (const auto& c : checks) {
+    list.push_back({{"what", c.what},
+                    {"status", c.status.ToString()},
+                    {"ms", c.ms},
+                    {"want_error", c.want_error},
+                    {"passed", c.passed}});
+    if (!c.passed) failed++;
+  }
+  out["checks"] = list;
+  out["failed"] = failed;
+  if (Status st = survivors->arrive_and_wait(t, kBarrierTimeout); !st.ok()) return st;
+  ch.kv.reset();  // its tracker thread stops before the node
+  if (failed != 0) {
+    return Status::Internal(
+        fmt::format("kill: {} of {} survivor checks failed", failed, checks.size()));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 int RunChannelsNode(const ChannelsNodeOptions& o) {
@@ -684,6 +775,7 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     if (fault == "lock_wait") channels::testing::SetLockWaitDisabled(true);
     if (fault == "kv_acks") channels::testing::SetKvAcksDisabled(true);
     if (fault == "kv_update_fence") channels::testing::SetKvUpdateFenceDisabled(true);
+    if (fault == "kv_rollback") channels::testing::SetKvRollbackDisabled(true);
   }
   Participant p{o, static_cast<NodeId>(o.id), {}, nullptr, nullptr, nullptr, nullptr};
   nlohmann::json out = {{"node", o.id}, {"workload", o.workload}};
@@ -696,9 +788,11 @@ int RunChannelsNode(const ChannelsNodeOptions& o) {
     if (o.workload == "kvget") st = KvGet(p, out);
     if (o.workload == "kvwrite") st = KvWrite(p, out);
     if (o.workload == "kvlin") st = KvHistory(p, out);
+    if (o.workload == "kill") st = KillScenario(p, out);
   }
-  // A last barrier: nobody stops its node while a peer still reads from it.
-  if (st.ok()) st = p.Sync();
+  // A last barrier: nobody stops its node while a peer still reads from it (not after a kill:
+  // one participant is gone).
+  if (st.ok() && o.workload != "kill") st = p.Sync();
   if (!st.ok()) out["error"] = st.ToString();
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);

@@ -84,6 +84,9 @@ class ChannelThread {
   // ChannelThread of this Manager (those threads must keep polling, or it times out).
   Status fence_pair(NodeId peer, std::chrono::milliseconds timeout);
   Status fence_thread(std::chrono::milliseconds timeout);
+  // fence_thread for every operation but those of `skip` (ones whose placement the caller orders
+  // by other means, e.g. the barrier's own arrival writes on an ordered transport).
+  Status fence_thread_except(const AckKey& skip, std::chrono::milliseconds timeout);
   Status fence_global(std::chrono::milliseconds timeout);
 
   // Drive this thread's completions (every waiting call does it too).
@@ -347,6 +350,9 @@ class Barrier {
   Channel ch_;
   Channel sst_;
   uint64_t episode_ = 0;
+  bool local_rows_ = false;  // poll the own table with local loads (the transport allows it)
+  bool ordered_ = false;     // the transport places one thread's writes to a peer in order
+  AckKey arrivals_;          // this episode's arrival writes, until checked
 };
 
 // FIFO lock across nodes and local threads: words {next_ticket, now_serving} at the home node.
@@ -384,9 +390,19 @@ class RingBuffer {
   Status wait_ready(std::chrono::milliseconds timeout) const { return ch_.wait_ready(timeout); }
   // Producer: appends one record for every consumer; returns its sequence number (1, 2, ...).
   // Waits while some consumer has `capacity` records unreleased; kTimedOut names it (the record
-  // is then not appended, and the ring stays usable).
+  // is then not appended, and the ring stays usable). If the write to some consumers fails, the
+  // error names them (and `*unreached` lists them): the record is appended for the consumers it
+  // reached (its seq is used, last_pushed() is it), and a consumer it did not reach never
+  // receives a later record either (its pops time out at that seq; later pushes do not write to
+  // it and name it at once).
   Result<uint64_t> push(ChannelThread& thread, const void* data, size_t len,
-                        std::chrono::milliseconds timeout);
+                        std::chrono::milliseconds timeout,
+                        std::vector<NodeId>* unreached = nullptr);
+  // Producer: waits until `records` (<= capacity) more pushes fit without back-pressure;
+  // kTimedOut names the consumers that have not released enough.
+  Status wait_room(ChannelThread& thread, size_t records, std::chrono::milliseconds timeout);
+  // Producer: the seq of the last record appended (0 before the first).
+  uint64_t last_pushed() const { return next_ - 1; }
   // Producer: waits until every consumer released every record up to `seq` (kTimedOut names the
   // late ones). Safe to call from several threads at once (reads only).
   Status wait_released(ChannelThread& thread, uint64_t seq,
@@ -405,6 +421,9 @@ class RingBuffer {
  private:
   uint64_t slot_offset(uint64_t seq) const;
   Status read_acks(ChannelThread& thread, std::vector<uint64_t>* acks) const;
+  Status wait_min_released(ChannelThread& thread, uint64_t need,
+                           std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout);
   Channel ch_;
   NodeId producer_ = 0;
   size_t capacity_ = 0;
@@ -413,6 +432,8 @@ class RingBuffer {
   uint64_t next_ = 1;           // producer: next seq to push; consumer: next seq to pop
   uint64_t min_released_ = 0;   // producer: cached minimum of the consumers' released counts
   uint64_t released_sent_ = 0;  // consumer: the count last written to the producer
+  std::vector<NodeId>
+      missed_;  // producer: consumers a used seq did not reach (never written again)
 };
 
 // Multi-producer multi-consumer FIFO of 64-bit values (LOCO's shared_queue, with Vyukov-style
@@ -491,6 +512,14 @@ class KvGet {
 // the key's ticket lock; get takes none: one one-sided read, checked by checksum (torn: retry),
 // valid and counter (stale: not found). Linearizable (docs/channels.md, "Kvstore"). Any number of
 // local threads may call it, each with its own ChannelThread.
+//
+// Failed modifications (docs/channels.md, "Failed modifications"): insert, update and erase
+// either return OK and have taken effect for every node, or return an error and have taken
+// effect for none. An insert that fails after its record may have reached other nodes is rolled
+// back (an abort record follows it on the same ring) before its key lock is released; an erase
+// past its linearization point is completed (OK). A node that has not yet applied such a
+// record applies it before its next modification under that key lock, and its gets already
+// answer as if it had.
 class KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> Open(ChannelThread& thread, std::string name,
@@ -527,21 +556,54 @@ class KvStore {
   // Waits until g is done and returns its outcome.
   Status get_wait(ChannelThread& thread, KvGet& g);
 
+  // TEST ONLY: where the next modification on this store fails, as if the transport had failed
+  // there (docs/channels.md, "Failed modifications"): the slot write of an insert, the tracker
+  // ring being full (before an insert's record; before an erase's linearization point, or after
+  // it with SetKvRollbackDisabled), the wait for every node's acknowledgement of an insert, or
+  // the write that makes an inserted slot valid.
+  enum class FailPoint : int { kNone, kSlotWrite, kRingFull, kAcks, kValidWrite };
+  void testing_fail_next(FailPoint point) { fail_next_.store(static_cast<int>(point)); }
+  // TEST ONLY: this node's tracker stops taking records of `producer`'s ring: before applying
+  // the next one (kHold), or after applying it but before acknowledging it (kHoldAfterApply);
+  // kRun resumes. Returns once the tracker began a new pass over the rings.
+  enum class TrackerHold : int { kRun, kHold, kHoldAfterApply };
+  void testing_hold_tracker(NodeId producer, TrackerHold hold);
+
  private:
   struct IndexEntry {
     NodeId node;
     uint64_t slot;
     uint64_t counter;
+    uint64_t ticket;  // the key lock's ticket of the insert that made it
+  };
+  // What a modification holding a key lock tells the release: mark the lock's roll-back count
+  // (set after it wrote its catch-up row word).
+  struct Held {
+    uint64_t ticket = 0;
+    uint64_t lock = 0;
+    bool mark = false;
   };
   KvStore() = default;
   void tracker_main(std::unique_ptr<ChannelThread> thread);
   void apply(const uint64_t* msg);
   bool lookup(uint64_t key, IndexEntry* e) const;
   Result<uint64_t> slot_offset(NodeId node, uint64_t slot) const;
+  Result<uint64_t> lock_offset(uint64_t lock) const;
+  Result<uint64_t> catch_up_offset(uint64_t lock, size_t member) const;
   Status check_value_bytes(size_t n) const;
   Status locked(ChannelThread& thread, uint64_t key, bool fence,
-                const std::function<Status()>& body);
-  Status broadcast(ChannelThread& thread, const uint64_t* msg);
+                const std::function<Status(Held&)>& body);
+  Status catch_up(ChannelThread& thread, uint64_t lock, uint64_t serving_word);
+  Status mark_lock(ChannelThread& thread, Held& held, uint64_t seq);
+  Status reserve(ChannelThread& thread, size_t records);
+  void unreserve(size_t records);
+  Result<uint64_t> push_reserved(ChannelThread& thread, const uint64_t* msg,
+                                 std::vector<NodeId>* unreached, uint64_t* appended);
+  Status wait_acks(ChannelThread& thread, uint64_t seq);
+  Status rollback_insert(ChannelThread& thread, Held& held, uint64_t key, uint64_t slot,
+                         uint64_t counter, bool valid_unknown, const Status& cause);
+  bool take_fail(FailPoint point);
+  Status injected(const char* where) const;
   void start_read(ChannelThread& thread, KvGet& g);
   void finish(KvGet& g, Status st);
   Status not_found(uint64_t key) const;
@@ -551,7 +613,8 @@ class KvStore {
   NodeId self_ = 0;
   Channel ch_;
   std::vector<NodeId> members_;
-  size_t lock_bytes_ = 0;             // lock area at the start of every member's slice
+  size_t lock_bytes_ = 0;             // lock words at the start of every member's slice
+  size_t catch_up_bytes_ = 0;         // then the locks' catch-up rows
   size_t value_words_ = 1;            // value_bytes rounded up to words
   size_t slot_bytes_ = 0;             // wire::KvSlotBytes(value_words_)
   std::vector<RingBuffer> trackers_;  // index i: producer members_[i]
@@ -561,7 +624,15 @@ class KvStore {
   std::mutex slots_mu_;
   std::vector<uint64_t> free_slots_;
   std::vector<uint64_t> counters_;
-  std::mutex ring_mu_;  // this node's tracker ring: one producer at a time
+  std::mutex ring_mu_;   // this node's tracker ring: one producer at a time
+  size_t reserved_ = 0;  // ring records promised to modifications in flight (under ring_mu_)
+  // Per member: the last record of its tracker ring this node applied (and released).
+  std::unique_ptr<std::atomic<uint64_t>[]> applied_;
+  // Per lock: the roll-back count (top bits of now_serving) this node last caught up with.
+  std::unique_ptr<std::atomic<uint32_t>[]> caught_up_;
+  std::unique_ptr<std::atomic<int>[]> hold_;  // per member: TrackerHold (test hook)
+  std::atomic<int> fail_next_{0};             // FailPoint (test hook)
+  std::atomic<uint64_t> scans_{0};            // the tracker's passes over the rings
   std::atomic<bool> stop_{false};
   std::thread tracker_;
 };

@@ -45,12 +45,16 @@ static_assert(sizeof(JoinReply) == 24);
 
 // ---- Slice layouts (docs/channels.md, "Layouts") ----------------------------------------------
 
-// Ticket lock words (TicketLock's slice; the kvstore's lock array).
+// Ticket lock words (TicketLock's slice; the kvstore's lock array). The kvstore uses the top 16
+// bits of now_serving as its lock's roll-back count (kServingRollbackUnit, docs/channels.md
+// "Failed modifications"); the ticket number is the low 48 bits (kServingTicketMask).
 struct TicketWords {
   uint64_t next_ticket;
   uint64_t now_serving;
 };
 static_assert(sizeof(TicketWords) == 16);
+inline constexpr uint64_t kServingTicketMask = (uint64_t{1} << 48) - 1;
+inline constexpr uint64_t kServingRollbackUnit = uint64_t{1} << 48;
 
 // RingBuffer record slot header, followed by the payload padded to words. Record seq goes to
 // slot (seq - 1) % capacity; seq 0 = never written.
@@ -91,15 +95,29 @@ constexpr size_t KvSlotBytes(size_t value_words) {
 }
 static_assert(KvSlotBytes(1) == 40);
 
-// KvStore tracker record (payload of a node's tracker ringbuffer).
-enum class KvTrackerOp : uint64_t { kInsert = 1, kDelete = 2 };
+// KvStore tracker record (payload of a node's tracker ringbuffer). kAbort retracts an insert of
+// the same producer that failed (it follows that insert in the ring); it removes the entry like a
+// delete. `ticket` is the key lock's ticket of the modification: an index applies an insert only
+// when its entry for the key is older (a lower ticket), so records of different producers applied
+// in any order leave the newest.
+enum class KvTrackerOp : uint64_t { kInsert = 1, kDelete = 2, kAbort = 3 };
 struct KvTrackerRecord {
   uint64_t op;  // KvTrackerOp
   uint64_t key;
   uint64_t node;  // where the value lives
   uint64_t slot;
   uint64_t counter;
+  uint64_t ticket;
 };
-static_assert(sizeof(KvTrackerRecord) == 40);
+static_assert(sizeof(KvTrackerRecord) == 48);
+
+// KvStore catch-up row of one lock (after the lock words in every member's slice: row i / n of
+// member i % n for lock i, like the lock words): word m = the last record of member m's tracker
+// ring that rolled back or completed a failed modification under this lock. A node applies member
+// m's ring up to it before it modifies a key of the lock (when the lock's roll-back count moved).
+constexpr size_t KvCatchUpRowBytes(size_t members) {
+  return 8 * members;
+}
+static_assert(KvCatchUpRowBytes(3) == 24);
 
 }  // namespace farmem::channels::wire

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "channels/channel_wire.h"
 #include "channels/channels_faults.h"
 #include "channels/manager_impl.h"
 
@@ -23,6 +24,17 @@ using Clock = std::chrono::steady_clock;
 using detail::Checksum;
 using detail::LoadWord;
 using detail::StoreWord;
+
+namespace {
+// A spin-wait hint to the CPU (x86 PAUSE, ARM YIELD): cheaper polling, kinder to a sibling thread.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+}  // namespace
 
 // ---- OwnedBytes --------------------------------------------------------------------------------
 
@@ -184,6 +196,10 @@ Result<uint64_t> AtomicVar::load(ChannelThread& thread) {
 Result<Barrier> Barrier::Open(ChannelThread& thread, std::string name,
                               std::vector<NodeId> members) {
   Barrier b;
+  b.ordered_ = thread.manager().node().transport().name() == "tcp";
+  // Native TCP places aligned writes with ascending release word stores and one thread's writes to
+  // a peer in order (docs/transport.md): the own table can be polled with local loads.
+  b.local_rows_ = b.ordered_;
   auto ch = Channel::Open(thread, std::move(name), std::move(members), 8);
   if (!ch.ok()) return ch.status();
   b.ch_ = std::move(*ch);
@@ -194,51 +210,104 @@ Result<Barrier> Barrier::Open(ChannelThread& thread, std::string name,
 }
 
 Status Barrier::arrive_and_wait(ChannelThread& thread, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
   const auto& members = sst_.members();
   const NodeId self = thread.manager().self();
   size_t me = 0;
   while (members[me] != self) me++;
+  auto context = [&](const Status& st) {
+    return st.WithContext("barrier '" + ch_.name() + "' episode " + std::to_string(episode_));
+  };
+  // The previous episode's arrivals: their errors are this call's. Where the transport places
+  // one thread's writes to a peer in order (native TCP), the new arrival may follow them before
+  // they completed; elsewhere they must be placed first (a late one would lower the row again).
+  if (!arrivals_.empty()) {
+    if (!ordered_ || thread.query(arrivals_)) {
+      Status st = thread.wait(arrivals_, left());
+      arrivals_ = AckKey();
+      if (!st.ok()) return context(st);
+    }
+  }
   // Release: whatever this thread wrote through channels before is placed before we arrive.
-  Status st = thread.fence_thread(timeout);
+  Status st = thread.fence_thread_except(arrivals_, timeout);
   if (!st.ok()) return st;
   episode_++;
-  AckKey all;
+  // Arrive: the episode into this node's row of every other member's table, not waited for (a
+  // member leaves once it sees the row in its own memory).
   for (NodeId m : members) {
+    if (m == self) continue;
     auto off = sst_.slice_offset(m);
     if (!off.ok()) return off.status();
     auto key = thread.write(m, *off + 8 * me, &episode_, 8);
-    if (!key.ok()) {
-      return key.status().WithContext("barrier '" + ch_.name() + "' episode " +
-                                      std::to_string(episode_));
-    }
-    all |= *key;
+    if (!key.ok()) return context(key.status());
+    arrivals_ |= *key;
   }
-  st = thread.wait(
-      all,
-      std::max(std::chrono::milliseconds(1),
-               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
-  if (!st.ok()) {
-    return st.WithContext("barrier '" + ch_.name() + "' episode " + std::to_string(episode_));
-  }
+  thread.poll();  // sends them
   if (g_barrier_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
-  std::vector<uint64_t> rows(members.size());
+  const std::byte* rows = sst_.local_slice();
+  std::vector<uint64_t> copy(members.size());
   const uint64_t own = *sst_.slice_offset(self);
-  for (;;) {
-    // Rows are written by the transport (peers' arrivals): read them through it as well.
-    st = thread.read_sync(self, own, rows.data(), rows.size() * 8);
-    if (!st.ok()) return st;
-    std::string missing;
-    for (size_t i = 0; i < members.size(); i++) {
-      if (rows[i] < episode_) missing += (missing.empty() ? "" : ",") + std::to_string(members[i]);
+  // Every row but ours at the episode, or one more (a fast member may be in the next episode
+  // already; it cannot leave that one before we arrive, so never two more). Exact values, not >=:
+  // where a row is read through a transport that may copy a word in pieces (fabric), a word half
+  // old (episode - 1) and half new (episode) equals the episode only if every byte that differs
+  // is new, and never equals episode + 1 (its low byte differs from both): a torn read only
+  // delays the exit, it never makes it early.
+  auto arrived = [&](std::string* missing) -> Result<bool> {
+    if (local_rows_) {
+      for (size_t i = 0; i < members.size(); i++) copy[i] = detail::LoadWord(rows + 8 * i);
+    } else {
+      // The transport gives no word-atomic placement here: read the table through it.
+      Status rs = thread.read_sync(self, own, copy.data(), copy.size() * 8);
+      if (!rs.ok()) return rs;
     }
-    if (missing.empty()) return Status::OK();
-    if (Clock::now() >= deadline) {
+    bool all = true;
+    for (size_t i = 0; i < members.size(); i++) {
+      if (i == me || copy[i] == episode_ || copy[i] == episode_ + 1) continue;
+      all = false;
+      if (missing != nullptr) {
+        *missing += (missing->empty() ? "" : ",") + std::to_string(members[i]);
+      }
+    }
+    return all;
+  };
+  // Waiting without taking the CPU from the threads that must run for the episode to end (this
+  // machine's NIC threads placing the arrivals, the other members' barrier threads): a few checks
+  // back to back, then sched_yield between checks (this thread runs only when nothing else is
+  // runnable), and after kYieldFor sleeps (a member far behind costs no CPU).
+  constexpr int kSpinChecks = 16;
+  constexpr auto kYieldFor = std::chrono::milliseconds(2);
+  constexpr auto kSleep = std::chrono::microseconds(50);
+  for (uint64_t round = 0;; round++) {
+    auto done = arrived(nullptr);
+    if (!done.ok()) return context(done.status());
+    if (*done) return Status::OK();
+    // A member that is gone: our arrival write to it fails (reported now, not at the deadline).
+    if (round % 8 == 0 && !arrivals_.empty() && thread.query(arrivals_)) {
+      Status ws = thread.wait(arrivals_, std::chrono::milliseconds(0));
+      arrivals_ = AckKey();
+      if (!ws.ok()) return context(ws);
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::string missing;
+      (void)arrived(&missing);
       return Status::TimedOut("barrier '" + ch_.name() + "' episode " + std::to_string(episode_) +
                               ": nodes " + missing + " did not arrive within " +
                               std::to_string(timeout.count()) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (round < kSpinChecks) {
+      for (int i = 0; i < 16; i++) CpuRelax();
+    } else if (now - start < kYieldFor) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kSleep);
+    }
   }
 }
 
@@ -275,7 +344,8 @@ Status TicketLock::unlock(ChannelThread& thread, std::chrono::milliseconds timeo
 namespace detail {
 
 Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket) {
+                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket,
+                     uint64_t* serving_word) {
   const auto deadline = Clock::now() + timeout;
   const auto op_wait = thread.manager().impl().op_timeout() + std::chrono::seconds(1);
   uint64_t t = 0;
@@ -286,10 +356,14 @@ Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
   if (ticket != nullptr) *ticket = t;
   if (g_lock_wait_disabled.load(std::memory_order_relaxed)) return Status::OK();
   for (;;) {
-    uint64_t serving = 0;
-    st = thread.read_sync(home, offset + 8, &serving, 8);
+    uint64_t word = 0;
+    st = thread.read_sync(home, offset + 8, &word, 8);
     if (!st.ok()) return st.WithContext(what);
-    if (serving == t) return Status::OK();
+    const uint64_t serving = word & wire::kServingTicketMask;
+    if (serving == t) {
+      if (serving_word != nullptr) *serving_word = word;
+      return Status::OK();
+    }
     if (Clock::now() >= deadline) {
       return Status::TimedOut(what + ": ticket " + std::to_string(t) + " not served within " +
                               std::to_string(timeout.count()) + " ms (now serving " +
@@ -302,14 +376,15 @@ Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
 }
 
 Status TicketRelease(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, bool fence) {
+                     std::chrono::milliseconds timeout, const std::string& what, bool fence,
+                     uint64_t add) {
   if (fence) {
     // Release: the critical section's channel writes are placed before the next holder is served.
     Status st = thread.fence_thread(timeout);
     if (!st.ok()) return st.WithContext(what + " release fence");
   }
   uint64_t old = 0;
-  auto key = thread.fetch_add(home, offset + 8, 1, &old);
+  auto key = thread.fetch_add(home, offset + 8, add, &old);
   if (!key.ok()) return key.status();
   Status st = thread.wait(*key, thread.manager().impl().op_timeout() + std::chrono::seconds(1));
   if (!st.ok()) return st.WithContext(what);

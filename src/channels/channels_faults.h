@@ -24,6 +24,18 @@ void SetKvAcksDisabled(bool disabled);
 void SetKvUpdateFenceDisabled(bool disabled);
 // TEST ONLY: KvStore::get accepts a slot without checking its checksum (shows torn values).
 void SetKvChecksumDisabled(bool disabled);
+// TEST ONLY: a ringbuffer push that reached only some consumers does not use its seq (the next
+// record gets the same number, which the consumers it reached skip).
+void SetRingPartialSeqDisabled(bool disabled);
+// TEST ONLY: a failed KvStore modification is not undone: no local undo, no abort record, no
+// tracker ring room reserved before an erase's linearization point (the behaviour before the
+// roll-back was built; docs/channels.md "Failed modifications").
+void SetKvRollbackDisabled(bool disabled);
+// TEST ONLY: a KvStore modification does not apply the records its lock's catch-up row names
+// before it looks the key up.
+void SetKvCatchUpDisabled(bool disabled);
+// TEST ONLY: the tracker applies an insert record even over a newer index entry (higher ticket).
+void SetKvTicketOrderDisabled(bool disabled);
 }  // namespace testing
 
 }  // namespace farmem::channels

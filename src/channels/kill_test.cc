@@ -21,7 +21,9 @@
 
 #include <gtest/gtest.h>
 
+#include "channels/channels_faults.h"
 #include "channels/channels_test_util.h"
+#include "channels/kill_scenario.h"
 #include "transport/fabric/fabric_util.h"
 
 namespace farmem::channels {
@@ -29,62 +31,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-constexpr uint64_t kChildKey = 3000;  // inserted by the child once it is running
-
-// Channels both sides open (same names, members and sizes).
-struct KillChannels {
-  std::unique_ptr<KvStore> kv;
-  std::vector<RingBuffer> ring;    // one element: producer node 1
-  std::vector<SharedQueue> queue;  // one element: homed at node 3
-  // One element each.
-  std::vector<Barrier> barrier;
-  std::vector<TicketLock> lock3;          // homed at node 3, taken and released by the child
-  std::vector<TicketLock> held;           // homed at node 1, taken by the child and never released
-  std::vector<AtomicVar> atom;            // homed at node 3
-  std::vector<OwnedVar<uint64_t>> owned;  // owned by node 3
-};
-
-Status OpenKillChannels(ChannelThread& thr, KillChannels* out) {
-  KvConfig config;
-  // Generous for the set-up under load (an insert waits for every node's tracker); the survivors'
-  // errors after the kill come at once from the transport, or at this deadline for a key lock
-  // the child held.
-  config.timeout = 2s;
-  config.locks = 16;
-  auto kv = KvStore::Open(thr, "kill/kv", {1, 2, 3}, config);
-  if (!kv.ok()) return kv.status();
-  auto r = RingBuffer::Open(thr, "kill/ring", 1, {1, 2, 3}, 4, 8);
-  if (!r.ok()) return r.status();
-  auto q = SharedQueue::Open(thr, "kill/queue", 3, {1, 2, 3}, 64);
-  if (!q.ok()) return q.status();
-  auto b = Barrier::Open(thr, "kill/bar", {1, 2, 3});
-  if (!b.ok()) return b.status();
-  auto l3 = TicketLock::Open(thr, "kill/lock3", 3, {1, 2, 3});
-  if (!l3.ok()) return l3.status();
-  auto held = TicketLock::Open(thr, "kill/held", 1, {1, 2, 3});
-  if (!held.ok()) return held.status();
-  auto atom = AtomicVar::Open(thr, "kill/atom", 3, {1, 2, 3});
-  if (!atom.ok()) return atom.status();
-  auto owned = OwnedVar<uint64_t>::Open(thr, "kill/owned", 3, {1, 2, 3});
-  if (!owned.ok()) return owned.status();
-  out->kv = std::move(*kv);
-  out->ring.push_back(std::move(*r));
-  out->queue.push_back(*q);
-  out->barrier.push_back(std::move(*b));
-  out->lock3.push_back(std::move(*l3));
-  out->held.push_back(std::move(*held));
-  out->atom.push_back(std::move(*atom));
-  out->owned.push_back(std::move(*owned));
-  for (Status st : {out->kv->wait_ready(20s), out->ring[0].wait_ready(20s),
-                    out->queue[0].wait_ready(20s), out->barrier[0].wait_ready(20s),
-                    out->lock3[0].wait_ready(20s), out->held[0].wait_ready(20s),
-                    out->atom[0].wait_ready(20s), out->owned[0].wait_ready(20s)}) {
-    if (!st.ok()) return st;
-  }
-  // Every participant passes one barrier episode before the child is killed.
-  return out->barrier[0].arrive_and_wait(thr, 20s);
-}
 
 // True once a byte can be read from `fd` (waits up to `timeout_ms`).
 bool Readable(int fd, int timeout_ms) {
@@ -126,11 +72,10 @@ TEST(ChannelsKillChild, DISABLED_Node3) {
   KillChannels ch;
   Status st = OpenKillChannels(**thr, &ch);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  // Taken for good: the child dies holding it.
-  ASSERT_TRUE(ch.held[0].lock(**thr, 20s).ok());
-  ASSERT_TRUE(ch.kv->insert(**thr, kChildKey, 1).ok());
+  // `held` is taken for good: the child dies holding it.
+  st = KillVictimStart(**thr, ch);
+  ASSERT_TRUE(st.ok()) << st.ToString();
   const auto end = Clock::now() + 60s;
-  uint8_t buf[8];
   for (uint64_t i = 1; Clock::now() < end; i++) {
     if (Readable(quiet_fd, 0)) {
       ch.kv.reset();
@@ -140,16 +85,7 @@ TEST(ChannelsKillChild, DISABLED_Node3) {
       std::this_thread::sleep_until(end);
       break;
     }
-    (void)ch.ring[0].pop(**thr, buf, sizeof(buf), 1ms);
-    (void)ch.kv->update(**thr, kChildKey, i);
-    (void)ch.kv->get(**thr, 1000 + i % 8);
-    (void)ch.queue[0].pop(**thr, 1ms);
-    (void)ch.atom[0].fetch_add(**thr, 1);
-    if (ch.owned[0].store(i).ok()) {
-      auto k = ch.owned[0].push(**thr);
-      if (k.ok()) (void)(*thr)->wait(*k, 200ms);
-    }
-    if (ch.lock3[0].lock(**thr, 200ms).ok()) (void)ch.lock3[0].unlock(**thr, 200ms);
+    KillVictimStep(**thr, ch, i);
   }
 }
 
@@ -163,6 +99,10 @@ class KillTest : public testing_util::ChannelsTest {};
 // deadline above the provider can end that, so on shm the child is made idle first (quiet pipe)
 // and killed between operations, with its endpoints and channels still open.
 TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
+  if (testing_util::Fault("kv_rollback")) testing::SetKvRollbackDisabled(true);
+  struct Restore {
+    ~Restore() { testing::SetKvRollbackDisabled(false); }
+  } restore;
   for (NodeId id = 1; id <= 2; id++) {
     if (!StartMember(id, 2s)) {
       if (!skip_.empty()) GTEST_SKIP() << skip_;
@@ -229,9 +169,10 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
   KvStore& kv1 = *ch[0].kv;
   // The child is running: its key is there, and it consumes ring records.
   const auto deadline = Clock::now() + 20s;
-  while (!kv1.get(t1, kChildKey).ok() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  ASSERT_TRUE(kv1.get(t1, kChildKey).ok()) << "the child never inserted its key";
-  ASSERT_TRUE(kv1.insert(t1, 1001, 11).ok());
+  while (!kv1.get(t1, kKillVictimKey).ok() && Clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(kv1.get(t1, kKillVictimKey).ok()) << "the child never inserted its key";
+  ASSERT_TRUE(kv1.insert(t1, kKillSurvivorKey, 11).ok());
   uint64_t one = 1;
   // Node 2 consumes nothing here: fill the ring up to its capacity.
   for (int i = 0; i < 4; i++) {
@@ -274,13 +215,31 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
   });
   timed("queue push", [&] { return ch[0].queue[0].push(t1, 8, 500ms); });
   timed("queue pop", [&] { return ch[0].queue[0].pop(t1, 500ms).status(); });
-  timed("kvstore get of the dead node's value", [&] { return kv1.get(t1, kChildKey).status(); });
-  timed("kvstore update of the dead node's value", [&] { return kv1.update(t1, kChildKey, 5); });
+  timed("kvstore get of the dead node's value",
+        [&] { return kv1.get(t1, kKillVictimKey).status(); });
+  timed("kvstore update of the dead node's value",
+        [&] { return kv1.update(t1, kKillVictimKey, 5); });
+  uint64_t failed_key = 0;
   timed("kvstore insert", [&] {
+    // Until one fails at its tracker broadcast (a key whose lock is not homed at node 3).
     Status st;
-    for (uint64_t key = 2000; key < 2008 && st.ok(); key++) st = kv1.insert(t1, key, 1);
+    for (uint64_t key = 2000; key < 2032; key++) {
+      st = kv1.insert(t1, key, 1);
+      failed_key = key;
+      if (!st.ok() && st.ToString().find("/tracker/") != std::string::npos) break;
+    }
+    EXPECT_NE(st.ToString().find("/tracker/"), std::string::npos) << st.ToString();
     return st;
   });
+  // The failed insert's record reached node 2 but not node 3: it was rolled back, so no
+  // survivor sees the key (FARMEM_CHANNELS_FAULT=kv_rollback: node 2 updates it).
+  for (NodeId n = 1; n <= 2; n++) {
+    Status up = ch[n - 1].kv->update(*M(n).thr, failed_key, 2);
+    EXPECT_EQ(up.code(), Code::kNotFound) << "node " << n << " update of key " << failed_key
+                                          << " whose insert failed: " << up.ToString();
+    Status get = ch[n - 1].kv->get(*M(n).thr, failed_key).status();
+    EXPECT_EQ(get.code(), Code::kNotFound) << get.ToString();
+  }
   timed("barrier", [&] { return ch[0].barrier[0].arrive_and_wait(t1, 500ms); });
   timed("ticket lock homed at the dead node", [&] { return ch[0].lock3[0].lock(t1, 500ms); });
   timed("ticket lock the dead node held", [&] { return ch[0].held[0].lock(t1, 500ms); });
@@ -288,7 +247,7 @@ TEST_P(KillTest, SigkilledParticipantGivesErrorsNotHangs) {
         [&] { return ch[0].atom[0].fetch_add(t1, 1).status(); });
   timed("owned var pull from the dead owner", [&] { return ch[0].owned[0].pull(t1).status(); });
   // Values on the survivors still read.
-  auto v = ch[1].kv->get(*M(2).thr, 1001);
+  auto v = ch[1].kv->get(*M(2).thr, kKillSurvivorKey);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, 11u);
   ch[0].kv.reset();

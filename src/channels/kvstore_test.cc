@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -53,6 +54,7 @@ class KvStoreTest : public testing_util::ChannelsTest {
     ChannelsTest::TearDown();
   }
   KvStore& K(NodeId n) { return *kv_[n - 1]; }
+  void RunCheckedHistory(const std::string& name, bool inject);
   std::vector<std::unique_ptr<KvStore>> kv_;
 };
 
@@ -138,8 +140,10 @@ std::string FindGo() {
 // kv_history.h's mix on its 8 hot keys, every written value unique; every 4th step a burst of 2..6
 // asynchronous gets in flight at once, each recorded as its own operation; invoke and return
 // times from CLOCK_MONOTONIC (steady_clock). Porcupine checks the history, partitioned by key.
-TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
-  START_ALL_OR_SKIP();
+// With `inject`, every 8th step of a client first makes the next modification of its node fail
+// at a random step (KvStore::testing_fail_next): a modification that then fails claims to have
+// had no effect, so it is left out of the history, and the history must still check.
+void KvStoreTest::RunCheckedHistory(const std::string& name, bool inject) {
   const std::string go = FindGo();
   if (go.empty()) {
     GTEST_SKIP() << "Go is not installed (no $GO, /usr/local/go/bin/go or go on PATH): the "
@@ -158,16 +162,19 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   }
   const bool no_acks = Fault("kv_acks");
   const bool no_fence = Fault("kv_update_fence");
+  const bool no_rollback = Fault("kv_rollback");
   if (no_acks) testing::SetKvAcksDisabled(true);
   if (no_fence) testing::SetKvUpdateFenceDisabled(true);
+  if (no_rollback) testing::SetKvRollbackDisabled(true);
   KvConfig config;
   config.locks = 64;
   config.timeout = 10s;  // generous: TSan on shm holds locks for long
-  ASSERT_TRUE(OpenStores("kv/lin", config));
+  ASSERT_TRUE(OpenStores(name, config));
   constexpr int kThreadsPerNode = 2, kOps = testing_util::kSanitizerBuild ? 100 : 400;
   std::vector<std::vector<KvHistoryOp>> hist(3 * kThreadsPerNode);
   std::atomic<int> errors{0};
   std::atomic<long> async_gets{0};  // bursts of asynchronous gets
+  std::atomic<long> failed{0};      // modifications failed on purpose, left out
   std::vector<std::thread> ts;
   for (NodeId n = 1; n <= 3; n++) {
     for (int t = 0; t < kThreadsPerNode; t++) {
@@ -177,9 +184,16 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
         ASSERT_TRUE(thr.ok());
         std::mt19937_64 rng(client + 1);
         for (int i = 0; i < kOps; i++) {
+          if (inject && i % 8 == 5) {
+            K(n).testing_fail_next(static_cast<KvStore::FailPoint>(1 + rng() % 4));
+          }
           Status st;
           if (KvHistoryNext(K(n), **thr, client, i, rng, SIZE_MAX, &hist[client], &st)) {
             async_gets += 1;
+          }
+          if (inject && !st.ok() && st.ToString().find("injected failure") != std::string::npos) {
+            failed += 1;
+            continue;
           }
           if (!st.ok()) {
             // An operation with an unknown outcome cannot be checked: this client stops, the
@@ -195,7 +209,9 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   for (auto& t : ts) t.join();
   testing::SetKvAcksDisabled(false);
   testing::SetKvUpdateFenceDisabled(false);
-  const std::string file = dir + "/history-" + GetParam().substr(0, 3) + ".txt";
+  testing::SetKvRollbackDisabled(false);
+  const std::string file =
+      dir + "/history-" + name.substr(3) + "-" + GetParam().substr(0, 3) + ".txt";
   ASSERT_TRUE(WriteKvHistory(file, hist)) << "cannot write " << file;
   const std::string check_log = dir + "/check.log";
   const int rc = std::system((checker + " " + file + " >" + check_log + " 2>&1").c_str());
@@ -203,12 +219,29 @@ TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
   std::string result((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   size_t ops = 0;
   for (const auto& h : hist) ops += h.size();
-  std::printf("%zu operations (%ld bursts of asynchronous gets); porcupine (%s): %s", ops,
-              async_gets.load(), file.c_str(), result.c_str());
+  std::printf(
+      "%zu operations (%ld bursts of asynchronous gets, %ld failed modifications left "
+      "out); porcupine (%s): %s",
+      ops, async_gets.load(), failed.load(), file.c_str(), result.c_str());
   EXPECT_EQ(errors.load(), 0);
+  if (inject) {
+    EXPECT_GT(failed.load(), 0);
+  }
   EXPECT_EQ(rc, 0) << "history not linearizable (or not checkable): " << result
                    << " history kept in " << file;
   if (rc == 0 && errors.load() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_P(KvStoreTest, LinearizableHistoryPorcupineConcurrent) {
+  START_ALL_OR_SKIP();
+  RunCheckedHistory("kv/lin", false);
+}
+
+// The same with modifications failing at random steps (FARMEM_CHANNELS_FAULT=kv_rollback: the
+// failed ones leave effects, and the check fails).
+TEST_P(KvStoreTest, FailedModificationsLeaveALinearizableHistoryConcurrent) {
+  START_ALL_OR_SKIP();
+  RunCheckedHistory("kv/linfail", true);
 }
 
 // Values of 256 bytes (32 words; word i of version v is v << 8 | i, so a value mixing two versions
@@ -297,6 +330,10 @@ TEST_P(KvStoreTest, MultiWordValuesNeverTornConcurrent) {
 // there and the kvstore return errors within their deadlines, never hang, and a get of a value
 // that lived there errors instead of returning a stale value.
 TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
+  if (Fault("ring_partial_seq")) testing::SetRingPartialSeqDisabled(true);
+  struct Restore {
+    ~Restore() { testing::SetRingPartialSeqDisabled(false); }
+  } restore;
   for (NodeId id = 1; id <= kNodes; id++) {
     if (!StartMember(id, 500ms)) {
       if (!skip_.empty()) GTEST_SKIP() << skip_;
@@ -335,6 +372,22 @@ TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
   };
   auto& t1 = *M(1).thr;
   timed("ringbuffer push", [&] { return rings[0].push(t1, &one, 8, 1s).status(); });
+  // That record reached node 2 (its seq is used) and the next one names node 3 at once: node 2
+  // pops both, in order (FARMEM_CHANNELS_FAULT=ring_partial_seq: the seq is used again and node
+  // 2 never sees the second).
+  {
+    uint64_t two = 2;
+    std::vector<NodeId> unreached;
+    Status again = rings[0].push(t1, &two, 8, 1s, &unreached).status();
+    EXPECT_FALSE(again.ok());
+    EXPECT_EQ(unreached, std::vector<NodeId>{3}) << again.ToString();
+    for (uint64_t want : {uint64_t{1}, uint64_t{1}, uint64_t{2}}) {
+      uint64_t got = 0;
+      auto len = rings[1].pop(*M(2).thr, &got, 8, 1s);
+      EXPECT_TRUE(len.ok()) << "node 2 pop: " << len.status().ToString();
+      EXPECT_EQ(got, want);
+    }
+  }
   timed("queue push", [&] { return queues[0].push(t1, 6, 1s); });
   timed("queue pop", [&] { return queues[0].pop(t1, 1s).status(); });
   timed("kvstore get of a value on node 3", [&] { return K(1).get(t1, 33).status(); });
@@ -366,6 +419,201 @@ TEST_P(KvStoreTest, StoppedMemberGivesErrorsNotHangs) {
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, 110u);
 }
+
+// ---- Failed modifications (docs/channels.md, "Failed modifications") ---------------------------
+
+// The rule the next tests check: a modification that returned OK took effect for every node, one
+// that returned an error took effect for none. `Present` expects key `key` with `value` on every
+// node (get), `Absent` expects every node to see it absent: get and update say kNotFound, and
+// node `inserter` can insert it (then it is erased again). Each wrong answer is counted.
+class KvFailureTest : public KvStoreTest {
+ protected:
+  void Present(uint64_t key, uint64_t value, const std::string& what) {
+    for (NodeId n = 1; n <= 3; n++) {
+      auto v = K(n).get(*M(n).thr, key);
+      if (!v.ok() || *v != value) {
+        wrong_++;
+        ADD_FAILURE() << what << ": node " << n << " get of key " << key << " gives "
+                      << (v.ok() ? std::to_string(*v) : v.status().ToString()) << ", want "
+                      << value;
+      }
+    }
+  }
+  void Absent(uint64_t key, NodeId inserter, const std::string& what) {
+    for (NodeId n = 1; n <= 3; n++) {
+      Status g = K(n).get(*M(n).thr, key).status();
+      Status u = K(n).update(*M(n).thr, key, 1);
+      for (const Status& st : {g, u}) {
+        if (st.code() != Code::kNotFound) {
+          wrong_++;
+          ADD_FAILURE() << what << ": node " << n << " sees key " << key
+                        << " (want not found): " << st.ToString();
+        }
+      }
+    }
+    Status ins = K(inserter).insert(*M(inserter).thr, key, 7);
+    if (!ins.ok()) {
+      wrong_++;
+      ADD_FAILURE() << what << ": node " << inserter << " cannot insert key " << key << ": "
+                    << ins.ToString();
+      return;
+    }
+    Present(key, 7, what + ", inserted again");
+    Status er = K(inserter).erase(*M(inserter).thr, key);
+    EXPECT_TRUE(er.ok()) << er.ToString();
+  }
+  void SetUpFaults() {
+    if (testing_util::Fault("kv_rollback")) testing::SetKvRollbackDisabled(true);
+    if (testing_util::Fault("kv_catch_up")) testing::SetKvCatchUpDisabled(true);
+    if (testing_util::Fault("kv_ticket_order")) testing::SetKvTicketOrderDisabled(true);
+  }
+  void TearDown() override {
+    std::printf("%d wrong answers\n", wrong_);
+    testing::SetKvRollbackDisabled(false);
+    testing::SetKvCatchUpDisabled(false);
+    testing::SetKvTicketOrderDisabled(false);
+    KvStoreTest::TearDown();
+  }
+  int wrong_ = 0;
+};
+
+// An insert on node 1 fails at each step in turn (a test hook makes the step fail as a transport
+// failure would): before anything left the node (the slot write, a full tracker ring), after every
+// node received its record (the wait for the acknowledgements), and after every node applied it
+// (the write that makes the slot valid). Each time no node sees the key afterwards, another node
+// can insert it, and no slot of node 1 is lost. FARMEM_CHANNELS_FAULT=kv_rollback (no undo) makes
+// it fail.
+TEST_P(KvFailureTest, FailedInsertLeavesNoTraceOnAnyNode) {
+  START_ALL_OR_SKIP();
+  SetUpFaults();
+  KvConfig config;
+  config.slots_per_node = 4;
+  config.locks = 16;
+  config.timeout = 2s;
+  ASSERT_TRUE(OpenStores("kv/rollback", config));
+  using F = KvStore::FailPoint;
+  const std::vector<std::pair<F, const char*>> points = {{F::kSlotWrite, "slot write"},
+                                                         {F::kRingFull, "tracker ring full"},
+                                                         {F::kAcks, "acknowledgements"},
+                                                         {F::kValidWrite, "valid write"}};
+  for (size_t i = 0; i < points.size(); i++) {
+    const uint64_t key = 100 + i;
+    K(1).testing_fail_next(points[i].first);
+    Status st = K(1).insert(*M(1).thr, key, 1000 + i);
+    std::printf("insert failing at the %s: %s\n", points[i].second, st.ToString().c_str());
+    EXPECT_FALSE(st.ok()) << points[i].second;
+    Absent(key, static_cast<NodeId>(1 + (i + 1) % 3), std::string("after ") + points[i].second);
+  }
+  // Every slot of node 1 is free again.
+  for (uint64_t key = 200; key < 204; key++) {
+    Status st = K(1).insert(*M(1).thr, key, key);
+    if (!st.ok()) {
+      wrong_++;
+      ADD_FAILURE() << "node 1 lost a slot: insert of key " << key << ": " << st.ToString();
+    }
+  }
+  EXPECT_EQ(wrong_, 0);
+}
+
+// An erase fails before its linearization point (the tracker ring full: nothing changed, the key
+// stays on every node) and after it (the acknowledgements: the erase completes and returns OK,
+// the key is gone for every node). FARMEM_CHANNELS_FAULT=kv_rollback makes it fail: the first
+// erase changes the home's slot and leaves the other nodes' entries, the second returns an error
+// although the key is gone.
+TEST_P(KvFailureTest, FailedEraseIsAllOrNothing) {
+  START_ALL_OR_SKIP();
+  SetUpFaults();
+  KvConfig config;
+  config.locks = 16;
+  config.timeout = 2s;
+  ASSERT_TRUE(OpenStores("kv/erase", config));
+  ASSERT_TRUE(K(1).insert(*M(1).thr, 300, 3000).ok());
+  using F = KvStore::FailPoint;
+  uint64_t value = 3000;
+  for (auto [n, point, name] : {std::tuple<NodeId, F, const char*>{2, F::kRingFull, "ring full"},
+                                {3, F::kAcks, "acknowledgements"}}) {
+    K(n).testing_fail_next(point);
+    Status st = K(n).erase(*M(n).thr, 300);
+    std::printf("erase on node %u failing at the %s: %s\n", n, name, st.ToString().c_str());
+    if (st.ok()) {
+      Absent(300, 2, std::string("after an erase that returned OK (") + name + ")");
+      ASSERT_TRUE(K(1).insert(*M(1).thr, 300, ++value).ok());
+    } else {
+      Present(300, value, std::string("after an erase that failed (") + name + ")");
+      Status up = K(3).update(*M(3).thr, 300, ++value);
+      if (!up.ok()) {
+        wrong_++;
+        ADD_FAILURE() << "update after a failed erase: " << up.ToString();
+      }
+      Present(300, value, "updated after a failed erase");
+    }
+  }
+  EXPECT_EQ(wrong_, 0);
+}
+
+// Node 3's tracker applies node 1's insert record but holds back its acknowledgement (test hook),
+// so node 1's insert times out and is rolled back; node 3 has not applied the abort. Node 3's
+// gets already answer "not found" (the slot never became valid), and its modifications of the
+// key first apply the abort (the lock's catch-up row): while its tracker is held they fail with
+// kTimedOut instead of answering "exists" or updating a key that is not there; once it runs, node
+// 3 inserts the key. FARMEM_CHANNELS_FAULT=kv_catch_up makes it fail.
+TEST_P(KvFailureTest, RolledBackInsertIsCaughtUpBeforeASlowNodesNextModification) {
+  START_ALL_OR_SKIP();
+  SetUpFaults();
+  KvConfig config;
+  config.locks = 16;
+  config.timeout = 300ms;
+  ASSERT_TRUE(OpenStores("kv/slow", config));
+  K(3).testing_hold_tracker(1, KvStore::TrackerHold::kHoldAfterApply);
+  Status st = K(1).insert(*M(1).thr, 400, 4000);
+  std::printf("insert with node 3 slow: %s\n", st.ToString().c_str());
+  EXPECT_FALSE(st.ok());
+  auto& t3 = *M(3).thr;
+  Status g = K(3).get(t3, 400).status();
+  Status u = K(3).update(t3, 400, 4001);
+  Status i = K(3).insert(t3, 400, 4002);
+  std::printf("node 3, tracker held: get %s; update %s; insert %s\n", g.ToString().c_str(),
+              u.ToString().c_str(), i.ToString().c_str());
+  if (g.code() != Code::kNotFound) wrong_++, ADD_FAILURE() << "get: " << g.ToString();
+  if (u.ok()) wrong_++, ADD_FAILURE() << "update of an absent key returned OK";
+  if (i.code() == Code::kFailedPrecondition || i.ok()) {
+    wrong_++, ADD_FAILURE() << "insert: " << i.ToString();
+  }
+  K(3).testing_hold_tracker(1, KvStore::TrackerHold::kRun);
+  st = K(3).insert(t3, 400, 4003);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (st.ok()) Present(400, 4003, "inserted by node 3 after catching up");
+  EXPECT_EQ(wrong_, 0);
+}
+
+// Node 3's tracker takes nothing from node 1's ring (test hook): node 1's insert of a key is
+// rolled back, then node 2 inserts the key (node 3 applies that at once). When node 3's tracker
+// runs again it applies node 1's old insert and its abort: the old insert must not replace node
+// 2's newer entry (it carries an older ticket of the key's lock), or the abort would leave node 3
+// without the key. FARMEM_CHANNELS_FAULT=kv_ticket_order makes it fail.
+TEST_P(KvFailureTest, LateRecordsNeverReplaceANewerEntry) {
+  START_ALL_OR_SKIP();
+  SetUpFaults();
+  KvConfig config;
+  config.locks = 16;
+  config.timeout = 300ms;
+  ASSERT_TRUE(OpenStores("kv/late", config));
+  K(3).testing_hold_tracker(1, KvStore::TrackerHold::kHold);
+  Status st = K(1).insert(*M(1).thr, 500, 5000);
+  std::printf("insert with node 3 not taking node 1's records: %s\n", st.ToString().c_str());
+  EXPECT_FALSE(st.ok());
+  ASSERT_TRUE(K(2).insert(*M(2).thr, 500, 5001).ok());
+  K(3).testing_hold_tracker(1, KvStore::TrackerHold::kRun);
+  // Node 3's update catches up with node 1's records first (the lock is marked), then updates.
+  st = K(3).update(*M(3).thr, 500, 5002);
+  std::printf("node 3's update after its tracker ran: %s\n", st.ToString().c_str());
+  if (!st.ok()) wrong_++, ADD_FAILURE() << "update on node 3: " << st.ToString();
+  Present(500, st.ok() ? 5002 : 5001, "after node 3 applied the late records");
+  EXPECT_EQ(wrong_, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KvFailureTest, ::testing::Values("tcp", "fabric:shm"),
+                         testing_util::BackendName);
 
 INSTANTIATE_TEST_SUITE_P(Backends, KvStoreTest, ::testing::Values("tcp", "fabric:shm"),
                          testing_util::BackendName);

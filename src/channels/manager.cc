@@ -18,10 +18,14 @@ std::atomic<bool> g_barrier_wait_disabled{false};
 std::atomic<bool> g_lock_wait_disabled{false};
 std::atomic<bool> g_ring_checksum_disabled{false};
 std::atomic<bool> g_ring_backpressure_disabled{false};
+std::atomic<bool> g_ring_partial_seq_disabled{false};
 std::atomic<bool> g_queue_wait_disabled{false};
 std::atomic<bool> g_kv_acks_disabled{false};
 std::atomic<bool> g_kv_update_fence_disabled{false};
 std::atomic<bool> g_kv_checksum_disabled{false};
+std::atomic<bool> g_kv_rollback_disabled{false};
+std::atomic<bool> g_kv_catch_up_disabled{false};
+std::atomic<bool> g_kv_ticket_order_disabled{false};
 
 namespace testing {
 void SetOwnedChecksumDisabled(bool disabled) {
@@ -50,6 +54,18 @@ void SetKvUpdateFenceDisabled(bool disabled) {
 }
 void SetKvChecksumDisabled(bool disabled) {
   g_kv_checksum_disabled.store(disabled);
+}
+void SetRingPartialSeqDisabled(bool disabled) {
+  g_ring_partial_seq_disabled.store(disabled);
+}
+void SetKvRollbackDisabled(bool disabled) {
+  g_kv_rollback_disabled.store(disabled);
+}
+void SetKvCatchUpDisabled(bool disabled) {
+  g_kv_catch_up_disabled.store(disabled);
+}
+void SetKvTicketOrderDisabled(bool disabled) {
+  g_kv_ticket_order_disabled.store(disabled);
 }
 }  // namespace testing
 
@@ -448,6 +464,16 @@ Status ChannelThread::fence_pair(NodeId peer, std::chrono::milliseconds timeout)
 Status ChannelThread::fence_thread(std::chrono::milliseconds timeout) {
   std::vector<uint64_t> ids;
   for (const auto& e : outstanding_) ids.push_back(e.first);
+  return wait_ids(ids, Clock::now() + timeout);
+}
+
+Status ChannelThread::fence_thread_except(const AckKey& skip, std::chrono::milliseconds timeout) {
+  std::vector<uint64_t> ids;
+  for (const auto& e : outstanding_) {
+    if (std::find(skip.ids_.begin(), skip.ids_.end(), e.first) == skip.ids_.end()) {
+      ids.push_back(e.first);
+    }
+  }
   return wait_ids(ids, Clock::now() + timeout);
 }
 

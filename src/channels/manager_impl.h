@@ -104,12 +104,17 @@ inline void StoreWord(std::byte* p, uint64_t v) {
 }
 
 // A ticket lock's words {next_ticket, now_serving} at `offset` of `home`'s channel region
-// (TicketLock, and the kvstore's lock array). `what` names it in errors. TicketRelease with
-// `fence` first places the caller's channel writes (the release fence).
+// (TicketLock, and the kvstore's lock array). `what` names it in errors. The ticket is the low 48
+// bits of now_serving (wire::kServingTicketMask); TicketAcquire returns the whole word it saw
+// served in `*serving_word` (the kvstore's roll-back count is in the top bits). TicketRelease
+// with `fence` first places the caller's channel writes (the release fence), then adds `add` to
+// now_serving (1, plus wire::kServingRollbackUnit when the kvstore marks a roll-back).
 Status TicketAcquire(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket);
+                     std::chrono::milliseconds timeout, const std::string& what, uint64_t* ticket,
+                     uint64_t* serving_word = nullptr);
 Status TicketRelease(ChannelThread& thread, NodeId home, uint64_t offset,
-                     std::chrono::milliseconds timeout, const std::string& what, bool fence);
+                     std::chrono::milliseconds timeout, const std::string& what, bool fence,
+                     uint64_t add = 1);
 
 }  // namespace detail
 
@@ -119,9 +124,13 @@ extern std::atomic<bool> g_barrier_wait_disabled;
 extern std::atomic<bool> g_lock_wait_disabled;
 extern std::atomic<bool> g_ring_checksum_disabled;
 extern std::atomic<bool> g_ring_backpressure_disabled;
+extern std::atomic<bool> g_ring_partial_seq_disabled;
 extern std::atomic<bool> g_queue_wait_disabled;
 extern std::atomic<bool> g_kv_acks_disabled;
 extern std::atomic<bool> g_kv_update_fence_disabled;
 extern std::atomic<bool> g_kv_checksum_disabled;
+extern std::atomic<bool> g_kv_rollback_disabled;
+extern std::atomic<bool> g_kv_catch_up_disabled;
+extern std::atomic<bool> g_kv_ticket_order_disabled;
 
 }  // namespace farmem::channels

@@ -72,8 +72,59 @@ Status RingBuffer::read_acks(ChannelThread& thread, std::vector<uint64_t>* acks)
   return thread.read_sync(producer_, *ch_.slice_offset(producer_), acks->data(), 8 * acks->size());
 }
 
+// Waits until every consumer released record `need` (cached minimum first, the ack table read
+// only when short).
+Status RingBuffer::wait_min_released(ChannelThread& thread, uint64_t need,
+                                     Clock::time_point deadline,
+                                     std::chrono::milliseconds timeout) {
+  std::vector<uint64_t> acks;
+  while (min_released_ < need) {
+    Status st = read_acks(thread, &acks);
+    if (!st.ok()) return st.WithContext("ringbuffer '" + ch_.name() + "'");
+    uint64_t lowest = UINT64_MAX;
+    std::string late;
+    for (size_t i = 0; i < acks.size(); i++) {
+      const NodeId m = ch_.members()[i];
+      // A consumer that missed a record is not written to any more: its slots do not matter.
+      if (m == producer_ || std::find(missed_.begin(), missed_.end(), m) != missed_.end()) continue;
+      lowest = std::min(lowest, acks[i]);
+      if (acks[i] < need) late += (late.empty() ? "" : ",") + std::to_string(ch_.members()[i]);
+    }
+    min_released_ = lowest;
+    if (min_released_ >= need) break;
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut("ringbuffer '" + ch_.name() + "': full, consumers " + late +
+                              " have not released record " + std::to_string(need) + " within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    thread.poll();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return Status::OK();
+}
+
+Status RingBuffer::wait_room(ChannelThread& thread, size_t records,
+                             std::chrono::milliseconds timeout) {
+  if (thread.manager().self() != producer_) {
+    return Status::FailedPrecondition("ringbuffer '" + ch_.name() + "': only the producer pushes");
+  }
+  if (records > capacity_) {
+    return Status::InvalidArgument("ringbuffer '" + ch_.name() + "': room for " +
+                                   std::to_string(records) + " records asked, capacity " +
+                                   std::to_string(capacity_));
+  }
+  if (records == 0) return Status::OK();
+  // The last of the `records` pushes is seq next_ + records - 1; its slot last held record
+  // (that seq) - capacity.
+  const uint64_t last = next_ + records - 1;
+  const uint64_t need = last > capacity_ ? last - capacity_ : 0;
+  return wait_min_released(thread, need, Clock::now() + timeout, timeout);
+}
+
 Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_t len,
-                                  std::chrono::milliseconds timeout) {
+                                  std::chrono::milliseconds timeout,
+                                  std::vector<NodeId>* unreached) {
+  if (unreached != nullptr) unreached->clear();
   if (thread.manager().self() != producer_) {
     return Status::FailedPrecondition("ringbuffer '" + ch_.name() + "': only the producer pushes");
   }
@@ -88,27 +139,8 @@ Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_
   // consumer must have released before it is overwritten.
   const uint64_t need = seq > capacity_ ? seq - capacity_ : 0;
   if (!g_ring_backpressure_disabled.load(std::memory_order_relaxed)) {
-    std::vector<uint64_t> acks;
-    while (min_released_ < need) {
-      Status st = read_acks(thread, &acks);
-      if (!st.ok()) return st.WithContext("ringbuffer '" + ch_.name() + "'");
-      uint64_t lowest = UINT64_MAX;
-      std::string late;
-      for (size_t i = 0; i < acks.size(); i++) {
-        if (ch_.members()[i] == producer_) continue;
-        lowest = std::min(lowest, acks[i]);
-        if (acks[i] < need) late += (late.empty() ? "" : ",") + std::to_string(ch_.members()[i]);
-      }
-      min_released_ = lowest;
-      if (min_released_ >= need) break;
-      if (Clock::now() >= deadline) {
-        return Status::TimedOut("ringbuffer '" + ch_.name() + "': full, consumers " + late +
-                                " have not released record " + std::to_string(need) + " within " +
-                                std::to_string(timeout.count()) + " ms");
-      }
-      thread.poll();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    Status st = wait_min_released(thread, need, deadline, timeout);
+    if (!st.ok()) return st;
   }
   const size_t payload_words = (len + 7) / 8;
   std::vector<uint64_t> rec(kRecordHeaderWords + payload_words, 0);
@@ -116,21 +148,62 @@ Result<uint64_t> RingBuffer::push(ChannelThread& thread, const void* data, size_
   rec[2] = len;
   std::memcpy(rec.data() + kRecordHeaderWords, data, len);
   rec[1] = Checksum(seq, rec.data() + 2, 1 + payload_words);
-  AckKey all;
+  // One write per consumer, waited for one by one, so that a consumer the record did not reach
+  // is known by name.
+  std::vector<std::pair<NodeId, AckKey>> keys;
+  std::vector<NodeId> failed;
+  Status first;
   for (NodeId m : ch_.members()) {
     if (m == producer_) continue;
+    if (std::find(missed_.begin(), missed_.end(), m) != missed_.end()) {
+      // It missed an earlier record, so it never pops this one: not written (fails at once).
+      failed.push_back(m);
+      if (first.ok()) {
+        first = Status::Unavailable("consumer " + std::to_string(m) + " missed an earlier record");
+      }
+      continue;
+    }
     auto off = ch_.slice_offset(m);
-    if (!off.ok()) return off.status();
-    auto key = thread.write(m, *off + slot_offset(seq), rec.data(), 8 * rec.size());
-    if (!key.ok()) return key.status().WithContext("ringbuffer '" + ch_.name() + "'");
-    all |= *key;
+    Result<AckKey> key = off.ok()
+                             ? thread.write(m, *off + slot_offset(seq), rec.data(), 8 * rec.size())
+                             : Result<AckKey>(off.status());
+    if (key.ok()) {
+      keys.emplace_back(m, std::move(*key));
+    } else {
+      failed.push_back(m);
+      if (first.ok()) first = key.status();
+    }
   }
   // Placed at every consumer before push returns: a later wait_released or release fence of the
   // caller needs nothing else, and the record buffer is the transport's own copy.
-  Status st = thread.wait(all, Left(deadline) + thread.manager().impl().op_timeout());
-  if (!st.ok())
-    return st.WithContext("ringbuffer '" + ch_.name() + "' record " + std::to_string(seq));
+  for (auto& [m, key] : keys) {
+    Status st = thread.wait(key, Left(deadline) + thread.manager().impl().op_timeout());
+    if (!st.ok()) {
+      failed.push_back(m);
+      if (first.ok()) first = st;
+    }
+  }
+  if (keys.empty() && !failed.empty()) {
+    // Nothing was posted: the seq is not used, the ring is as before.
+    return first.WithContext("ringbuffer '" + ch_.name() + "' record " + std::to_string(seq));
+  }
+  // Once posted anywhere, the seq is used even if some consumer failed: the consumers it reached
+  // deliver it, and the next record must not reuse its number (they would skip that one).
+  if (!failed.empty() && g_ring_partial_seq_disabled.load(std::memory_order_relaxed)) {
+    return first.WithContext("ringbuffer '" + ch_.name() + "' record " + std::to_string(seq));
+  }
   next_ = seq + 1;
+  if (!failed.empty()) {
+    std::sort(failed.begin(), failed.end());
+    for (NodeId m : failed) {
+      if (std::find(missed_.begin(), missed_.end(), m) == missed_.end()) missed_.push_back(m);
+    }
+    std::string names;
+    for (NodeId m : failed) names += (names.empty() ? "" : ",") + std::to_string(m);
+    if (unreached != nullptr) *unreached = failed;
+    return first.WithContext("ringbuffer '" + ch_.name() + "' record " + std::to_string(seq) +
+                             " not placed at consumers " + names);
+  }
   return seq;
 }
 

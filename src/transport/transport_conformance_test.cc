@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -29,6 +30,7 @@
 
 #include "common/log.h"
 #include "transport/fabric/fabric_util.h"
+#include "transport/tcp/ordered_copy.h"
 #include "transport/testing/completion_util.h"
 #include "transport/testing/peer_process.h"
 #include "transport/testing/watchdog.h"
@@ -689,6 +691,63 @@ TEST_P(TransportConformance, WriteWithoutDeliveryCompleteCompletesAndLands) {
   }
   EXPECT_TRUE(landed) << "write completed without delivery-complete never landed (or landed "
                          "with bytes from the reused source buffer)";
+}
+
+// Native TCP only ("Placement of one-sided writes", docs/transport.md): a thread of the memory's
+// owner that polls registered memory with acquire loads sees a remote aligned write's words whole
+// and placed in ascending order. The initiator writes round k (every word k in its low half and
+// ~k in its high half, so most torn words show) over 64 KiB, round after round, while a thread of
+// the target's process loads the words from the last to the first: each must be a whole round's
+// value, and no lower word may be older than a higher one loaded before it.
+// FARMEM_TRANSPORT_FAULT=write_descending (the NIC thread places the words last to first) makes
+// it fail.
+TEST_P(TransportConformance, LocalLoadsSeeWholeWordsPlacedInAscendingOrder) {
+  if (!IsTcp()) {
+    GTEST_SKIP() << "only native TCP promises word-atomic, ascending placement of writes";
+  }
+  const char* fault = std::getenv("FARMEM_TRANSPORT_FAULT");
+  farmem::tcpwire::g_write_descending.store(fault != nullptr &&
+                                            std::string(fault) == "write_descending");
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  constexpr uint64_t kOff = 65536;
+  constexpr size_t kWords = 8192;
+  auto word = [](uint64_t k) { return k | (~k << 32); };
+  auto round_of = [](uint64_t w) { return w & 0xffffffffu; };
+  auto* words = reinterpret_cast<uint64_t*>(mem_.data() + kOff);
+  for (size_t i = 0; i < kWords; i++) std::atomic_ref<uint64_t>(words[i]).store(word(0));
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> torn{0}, out_of_order{0}, overlapped{0};
+  std::thread reader([&] {
+    std::vector<uint64_t> seen(kWords);
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (size_t i = kWords; i-- > 0;) {
+        seen[i] = std::atomic_ref<uint64_t>(words[i]).load(std::memory_order_acquire);
+      }
+      for (size_t i = 0; i < kWords; i++) {
+        if ((seen[i] >> 32) != (~seen[i] & 0xffffffffu)) torn++;
+        if (i > 0 && round_of(seen[i - 1]) < round_of(seen[i])) out_of_order++;
+      }
+      if (seen[0] != seen[kWords - 1]) overlapped++;
+    }
+  });
+  std::vector<uint64_t> round(kWords);
+  const auto end = std::chrono::steady_clock::now() + 1500ms;
+  uint64_t k = 1;
+  for (; std::chrono::steady_clock::now() < end && overlapped.load() < 200; k++) {
+    std::fill(round.begin(), round.end(), word(k));
+    Status st = Write(*ctx_, Ref(kOff), round.data(), kWords * 8);
+    if (!st.ok()) {
+      ADD_FAILURE() << st.ToString();
+      break;
+    }
+  }
+  stop.store(true);
+  reader.join();
+  farmem::tcpwire::g_write_descending.store(false);
+  std::cout << k - 1 << " writes of 64 KiB, " << overlapped.load() << " reads that overlapped one, "
+            << torn.load() << " torn words, " << out_of_order.load() << " out of order\n";
+  EXPECT_EQ(torn.load(), 0u);
+  EXPECT_EQ(out_of_order.load(), 0u);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-// How the native TCP NIC thread copies registered memory into a READ response: aligned 8-byte
-// atomic loads in ascending address order, so a reader's consistency check (CoRM slot versions,
-// docs/objects.md "Writer and reader protocols") sees words in the order writers published them.
+// How the native TCP NIC thread copies registered memory into a READ response, and a WRITE's data
+// into registered memory: aligned 8-byte atomic loads (stores) in ascending address order, so a
+// reader's consistency check (CoRM slot versions, docs/objects.md "Writer and reader protocols")
+// sees words in the order writers published them, and a thread of the memory's owner that polls
+// a word with acquire loads sees a remote write's words whole and in order (docs/transport.md,
+// "Placement of one-sided writes").
 #pragma once
 
 #include <atomic>
@@ -56,6 +59,44 @@ inline bool CopyForRead(void* dst, const void* src, size_t len) {
     ++s;
     d += 8;
     --left;
+  }
+  return true;
+}
+
+// TEST ONLY (FARMEM_TRANSPORT_FAULT=write_descending in the tests that read it): CopyForWrite
+// stores the words from the last to the first, which removes the ascending order the placement
+// guarantee promises (a legal memcpy may do that).
+inline std::atomic<bool> g_write_descending{false};
+
+// Copies `len` bytes from `src` (any alignment) into registered memory at `dst` (the ranges must
+// not overlap). When `dst` and `len` are multiples of 8, every destination word is written once,
+// in ascending address order, with a release store (std::atomic_ref), so:
+//   - a word is never torn for a concurrent aligned 64-bit load;
+//   - a thread that acquire-loads a word and sees this copy's value also sees every lower word of
+//     it and everything the copying thread (the NIC thread) stored before, e.g. earlier writes of
+//     the same connection (on x86 and ARMv8 a release store is a plain store, resp. stlr);
+//   - the stores are not a data race with atomic readers (TSan stays quiet).
+// Other shapes are copied with memcpy. Returns true when the ordered word path was used.
+inline bool CopyForWrite(void* dst, const void* src, size_t len) {
+  if (((reinterpret_cast<uintptr_t>(dst) | len) & 7u) != 0) {
+    if (len != 0) std::memcpy(dst, src, len);
+    return false;
+  }
+  auto* d = static_cast<uint64_t*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  const size_t words = len / 8;
+  if (g_write_descending.load(std::memory_order_relaxed)) {
+    for (size_t i = words; i-- > 0;) {
+      uint64_t w;
+      std::memcpy(&w, s + 8 * i, 8);
+      std::atomic_ref<uint64_t>(d[i]).store(w, std::memory_order_release);
+    }
+    return true;
+  }
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w;
+    std::memcpy(&w, s + 8 * i, 8);
+    std::atomic_ref<uint64_t>(d[i]).store(w, std::memory_order_release);
   }
   return true;
 }

@@ -610,7 +610,9 @@ bool TcpTransport::Serve(const std::shared_ptr<ServerConn>& conn_ptr, const w::F
       locks.Lock();
       uint8_t* p = Locate(f.write.key, f.write.offset, f.data.size(), true, &code, &msg);
       if (p == nullptr) break;
-      if (!f.data.empty()) std::memcpy(p, f.data.data(), f.data.size());
+      // Ascending aligned word stores, not memcpy: see ordered_copy.h ("Placement of one-sided
+      // writes" in docs/transport.md).
+      w::CopyForWrite(p, f.data.data(), f.data.size());
       if ((f.header.flags & w::kFlagDeliveryAck) && !conn.closed && !conn.write_shut) {
         w::EncodeWriteResp(conn.wbuf, seq);
         (void)conn.SubmitLocked();
