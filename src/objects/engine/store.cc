@@ -1173,6 +1173,7 @@ Result<Store::StructCompaction> Store::CompactBlockStructs(
   if (!merge_gate_.LockShared(left())) return out;
   // 1. Moves: a live struct above the lowest free slot goes down into it, so the structs in use
   //    end up packed at the bottom and the pages above hold none.
+  std::vector<detail::Block*> stay;  // live blocks whose structs stay where they are
   for (auto& wp : workers_) {
     ThreadAllocator& w = *wp;
     if (fault_no_struct_moves_) max_moves = 0;  // (dead structs are still recycled below)
@@ -1193,15 +1194,7 @@ Result<Store::StructCompaction> Store::CompactBlockStructs(
         }
       }
     }
-    // The other live blocks' arrays move down in the metadata arena: a merge relocates only its
-    // destination's, so blocks that took no part in the last merges keep theirs where they were
-    // allocated, among the holes of the blocks that died (busy blocks wait for the next round).
-    for (detail::Block* b : rest) {
-      if (fault_no_struct_moves_ || std::chrono::steady_clock::now() >= deadline) break;
-      if (!b->mu.TryLock()) continue;
-      if (!b->dead.load(std::memory_order_relaxed)) RelocateMetadataLocked(*b);
-      b->mu.Unlock();
-    }
+    stay.insert(stay.end(), rest.begin(), rest.end());
     std::sort(high.begin(), high.end(), std::greater<>());
     for (detail::Block* b : high) {
       if (out.moved >= max_moves || std::chrono::steady_clock::now() >= deadline) break;
@@ -1232,6 +1225,18 @@ Result<Store::StructCompaction> Store::CompactBlockStructs(
         structs_.Put(nb);
       }
     }
+  }
+  // The other live blocks' arrays move down in the metadata arena too: a merge relocates only
+  // its destination's, so blocks that took no part in the last merges keep theirs where they
+  // were allocated, among the holes of the blocks that died. Without Worker::mu (so allocations
+  // go on meanwhile): these structs stay valid (only this function moves or gives back structs),
+  // and one that died or was recycled since is skipped or is a live block again; busy blocks wait
+  // for the next round.
+  for (detail::Block* b : stay) {
+    if (fault_no_struct_moves_ || std::chrono::steady_clock::now() >= deadline) break;
+    if (!b->mu.TryLock()) continue;
+    if (!b->dead.load(std::memory_order_relaxed)) RelocateMetadataLocked(*b);
+    b->mu.Unlock();
   }
   // 2. Pages of free structs go back once every thread that could have loaded a pointer to one
   //    of them (before it was freed) is done with it.
