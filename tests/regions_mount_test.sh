@@ -229,7 +229,7 @@ printf abc >"$MNT/intro/one file"
 exec 3<"$MNT/intro/one file"  # an open region for the "open" report
 grep -Eq "^path=/intro/one%20file ino=[0-9]+ size=3 chunks=1 .* map=0:[0-9]+\.[0-9]+$" "$MNT/.regions/files" ||
   fail ".regions/files: $(cat "$MNT/.regions/files")"
-grep -Eq "^ino=[0-9]+ path=/intro/one%20file opens=1 writers=0$" "$MNT/.regions/open" ||
+grep -Eq "^ino=[0-9]+ path=/intro/one%20file opens=1 writers=0 mounts=1$" "$MNT/.regions/open" ||
   fail ".regions/open: $(cat "$MNT/.regions/open")"
 exec 3<&-
 grep -q "^pid=$PID uid=0 mountpoint=$MNT " "$MNT/.regions/daemon" || fail ".regions/daemon: $(cat "$MNT/.regions/daemon")"

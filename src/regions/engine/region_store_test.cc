@@ -330,12 +330,16 @@ TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
           " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 hostalloc=- map=1:1.0\n"),
       std::string::npos)
       << files;
-  EXPECT_EQ(text("open"), "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0\n");
+  EXPECT_EQ(text("open"),
+            "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0 mounts=1\n");
   EXPECT_EQ(text("hosts"), "server=0 address=" + env_.options.servers[0] +
                                " units=1 chunks_in_use=1 used_bytes=131072\n");
   EXPECT_NE(text("pools").find("gid=1 server=0 address=" + env_.options.servers[0]),
             std::string::npos);
-  EXPECT_NE(text("pools").find(" used_bitmap=0001 chunks_in_use=1\n"), std::string::npos);
+  EXPECT_NE(
+      text("pools").find(" used_bitmap=0001 chunks_in_use=1 owner=" + store_->mount_id() + "\n"),
+      std::string::npos)
+      << text("pools");
   std::string mem = text("memusage");
   EXPECT_TRUE(mem.starts_with("budget_bytes=8388608 ")) << mem;
   EXPECT_NE(mem.find(" used_bytes=131072 units=1 unit_bytes=2097152 chunks_in_use=1 "),

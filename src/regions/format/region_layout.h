@@ -78,6 +78,10 @@ enum RegionAttr : uint16_t {
 // comma-separated farmemd bootstrap addresses ("" = all); at most this many bytes.
 inline constexpr uint32_t kMaxHostallocBytes = 4096;
 inline constexpr uint16_t kAttrKnown = kAttrPersistent | kAttrMultihosted | kAttrOneWriter;
+// Inode state, kept with the attribute flags but never inherited: the region's owner process
+// exited (not PERSISTENT), so reads, writes and opens through any mount's handles fail with EIO.
+inline constexpr uint16_t kStateRevoked = 1 << 15;
+inline constexpr uint16_t kInodeFlagsKnown = kAttrKnown | kStateRevoked;
 
 // ---- Metadata records (values in the cluster store; little-endian hosts only) ----
 
@@ -124,6 +128,22 @@ struct UnitRecordHeader {
 static_assert(sizeof(UnitRecordHeader) == 32, "unit record header is 32 bytes");
 inline constexpr uint32_t kUnitMagic = 0x4e555247;  // "GRUN"
 
+// Value of key "<prefix>free/<ino>/<tag>" (docs/regions.md "Several mounts"): chunks cut from
+// inode `ino` (by a truncate or a punched hole, or all of them when the record of an unlinked file
+// went) that go back to their units only once no mount has the inode open; `entries` MapEntry
+// words follow.
+struct FreeRecordHeader {
+  uint32_t magic;  // kFreeMagic
+  uint16_t version;
+  uint16_t reserved;  // 0
+  uint64_t ino;
+  uint32_t entries;
+  uint32_t reserved2;  // 0
+};
+static_assert(sizeof(FreeRecordHeader) == 24, "free record header is 24 bytes");
+inline constexpr uint32_t kFreeMagic = 0x52464752;  // "RGFR"
+inline constexpr uint16_t kFreeVersion = 1;
+
 // The decoded forms.
 struct InodeRecord {
   InodeRecordHeader h{};
@@ -149,6 +169,37 @@ std::string EncodeInode(const InodeRecord& r);
 Result<InodeRecord> DecodeInode(std::string_view bytes);
 std::string EncodeUnit(const UnitRecord& r);
 Result<UnitRecord> DecodeUnit(std::string_view bytes);
+struct FreeRecord {
+  uint64_t ino = 0;
+  std::vector<MapEntry> chunks;  // no holes
+};
+std::string EncodeFree(const FreeRecord& r);
+// InvalidArgument for anything malformed (a hole or an entry outside a unit, lengths that do not
+// add up, more entries than the largest region has).
+Result<FreeRecord> DecodeFree(std::string_view bytes);
+
+// Text records of the multi-mount protocol: space-separated key=value fields, values without
+// spaces (docs/regions.md "Several mounts", key table).
+//   "<prefix>mount/<mount>" (bound to that mount's lease): host=<host id> pid=<pid>
+//   "<prefix>owner/<ino>": mount=<mount> host=<host id> pid=<tgid> start=<start time>
+// A host id names a kernel and pid namespace ("<boot id>/<pid namespace>"): a process id means
+// the same process to every mount with the same host id. start: field 22 of /proc/<pid>/stat
+// ("" when unknown), so a reused pid is not taken for the owner.
+struct OwnerRecord {
+  std::string mount;
+  std::string host;
+  int32_t pid = 0;
+  std::string start;
+};
+std::string EncodeOwner(const OwnerRecord& r);
+// InvalidArgument for a missing or malformed field.
+Result<OwnerRecord> DecodeOwner(std::string_view text);
+struct MountRecord {
+  std::string host;
+  int32_t pid = 0;
+};
+std::string EncodeMount(const MountRecord& r);
+Result<MountRecord> DecodeMount(std::string_view text);
 
 // ---- Map descriptor: the xattr "user.region.map" of a file in a mount (docs/regions_mmap.md) ----
 // What a process needs to rmmap a mounted file without the mount's RegionStore: the file's size,
