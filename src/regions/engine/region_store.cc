@@ -80,7 +80,9 @@ namespace internal {
 //     of reading the store (close-to-open then depends on the watch's delay);
 //   no_cluster_onewriter: ONEWRITER is enforced per mount only;
 //   no_fence: data calls go on while this mount's lease is unconfirmed or lost;
-//   no_unit_owner: a mount allocates chunks from any unit, not only its own.
+//   no_unit_owner: a mount allocates chunks from any unit, not only its own;
+//   no_hostless_reap: regions whose owner's host has no mount left are kept (nobody watches
+//     their owner any more).
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -449,6 +451,7 @@ Result<InodeAttr> RegionStore::lookup(uint64_t parent, std::string_view name) {
       auto rec = meta_.get(InodeKey(d.ino));
       if (rec.ok() && *rec) ApplyKey(InodeKey(d.ino), (*rec)->value, (*rec)->revision, true);
       ApplyKey(key, (*kv)->value, (*kv)->revision, true);
+      if (auto in = inodes_.find(d.ino); in != inodes_.end()) (void)RefreshUnitsOf(*in->second);
     }
     it = names.find(name);
   }
@@ -1611,7 +1614,7 @@ Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseco
     // Owners on a host where no mount lives any more (it ended or its lease ran out): nobody can
     // watch them, so their regions go as if they had exited.
     std::set<std::string> hostless;
-    if (mounts_changed_) {
+    if (mounts_changed_ && !Fault("no_hostless_reap")) {
       mounts_changed_ = false;
       std::set<std::string> live;
       for (const auto& [id, m] : mounts_) live.insert(m.host);

@@ -375,6 +375,9 @@ class RegionStore {
                               const std::vector<MetaWrite>& writes);
   static bool Conflict(const Status& s);
   Status Refresh(const std::vector<std::string>& keys);  // mu_ held
+  // Refreshes the records of units `in`'s map names that this mirror does not have yet (a record
+  // read ahead of the watch may name a unit made since). mu_ held.
+  Status RefreshUnitsOf(const Inode& in);
   MetaCheck InodeCheck(const Inode& in) const;
   void MarkUsed(MapEntry e);        // mu_ held
   void PushChange(RemoteChange c);  // mu_ held: for WaitChanges

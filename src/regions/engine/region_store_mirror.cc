@@ -624,8 +624,22 @@ Status RegionStore::Refresh(const std::vector<std::string>& keys) {
       ApplyKey(key, kv->value, kv->revision, true);
     else
       ApplyKey(key, std::nullopt, now, true);
+    // An inode record read ahead of the watch may name units made since: those too.
+    if (auto ino = key.starts_with("inode/") ? Num(std::string_view(key).substr(6)) : std::nullopt)
+      if (auto in = inodes_.find(*ino); in != inodes_.end())
+        FARMEM_RETURN_IF_ERROR(RefreshUnitsOf(*in->second));
   }
   return Status::OK();
+}
+
+Status RegionStore::RefreshUnitsOf(const Inode& in) {
+  std::vector<std::string> missing;
+  for (MapEntry e : in.rec.map)
+    if (e != kHole && !units_.contains(EntryGid(e))) {
+      std::string key = "unit/" + std::to_string(EntryGid(e));
+      if (std::find(missing.begin(), missing.end(), key) == missing.end()) missing.push_back(key);
+    }
+  return missing.empty() ? Status::OK() : Refresh(missing);
 }
 
 Result<uint64_t> RegionStore::NextIno() {
