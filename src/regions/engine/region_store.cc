@@ -82,7 +82,9 @@ namespace internal {
 //   no_fence: data calls go on while this mount's lease is unconfirmed or lost;
 //   no_unit_owner: a mount allocates chunks from any unit, not only its own;
 //   no_hostless_reap: regions whose owner's host has no mount left are kept (nobody watches
-//     their owner any more).
+//     their owner any more);
+//   unbound_opens: open records are plain keys, not bound to the mount's lease (a killed mount's
+//     open files are then never freed).
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");

@@ -676,7 +676,10 @@ std::string RegionStore::NewFreeKey(uint64_t ino) {
 
 Status RegionStore::Publish(Inode& in, uint64_t ino) {
   if (in.published) return Status::OK();
-  auto r = meta_.put_bound(internal::OpenKey(ino, mount_id_), "1", false);
+  // Bound to this mount's lease: a mount that dies lets go of what it had open when its lease
+  // ends (unbound_opens, test only: a plain key, which outlives a killed mount).
+  auto r = Fault("unbound_opens") ? meta_.put(internal::OpenKey(ino, mount_id_), "1")
+                                  : meta_.put_bound(internal::OpenKey(ino, mount_id_), "1", false);
   if (!r.ok()) {
     NoteStoreError(r.status());
     return Err(EIO, "recording the open in the metadata store: " + r.status().ToString());

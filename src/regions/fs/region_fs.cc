@@ -50,7 +50,8 @@ constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 // checks nothing); open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid
 // check); no_inval keeps the kernel's cached pages of a region deleted with its owner (readers
 // then see no EIO); no_remote_inval keeps what the kernel cached of other mounts' changes (a file
-// open here then shows its old pages after another mount rewrote it).
+// open here then shows its old pages after another mount rewrote it); exclusive_caching gives a
+// shared mount an exclusive one's kernel caching (FsState::coherent).
 bool FsFault(std::string_view name) {
   const char* f = std::getenv("FARMEM_REGIONS_FAULT");
   return f != nullptr && name == f;
@@ -77,9 +78,13 @@ struct FsState {
   uint32_t threads = 0;
   size_t servers = 0;
   std::string token;  // the servers' cluster token, handed out in user.region.map
-  // Other mounts may share the namespace: no writeback cache, no keep_cache, no negative
-  // entries, file attributes not cached (RegionFsOptions::Sharing).
+  // Other mounts may share the namespace (RegionFsOptions::Sharing).
   bool shared = false;
+  // The kernel's caches are kept coherent with other mounts' changes: no writeback cache, no
+  // keep_cache, no negative entries, file attributes not cached. Set for shared mounts
+  // (FARMEM_REGIONS_FAULT=exclusive_caching, test only: a shared mount with an exclusive one's
+  // caching; another mount's growth or shrink is then not seen).
+  bool coherent = false;
   std::mutex mu;  // guards intro and next_intro (any worker thread)
   // Open .regions/ files: handle -> the report's text, taken at open (a consistent snapshot).
   std::unordered_map<uint64_t, std::string> intro;
@@ -284,7 +289,7 @@ struct stat ToStat(const InodeAttr& a) {
 // in another mount at any time, so the kernel asks each time it needs them (served from the
 // store's mirror, which its watch keeps current; no round trip to etcd).
 double AttrTimeout(fuse_req_t req, const InodeAttr& a) {
-  return State(req).shared && S_ISREG(a.mode) ? 0.0 : kTimeout;
+  return State(req).coherent && S_ISREG(a.mode) ? 0.0 : kTimeout;
 }
 
 void ReplyEntry(fuse_req_t req, const Result<InodeAttr>& a) {
@@ -309,7 +314,7 @@ bool IsWrite(int flags) {
 }
 
 void Init(void* userdata, fuse_conn_info* conn) {
-  const bool shared = static_cast<FsState*>(userdata)->shared;
+  const bool shared = static_cast<FsState*>(userdata)->coherent;
   // The writeback cache makes the kernel the owner of a file's size and mtime (it ignores the
   // daemon's): only one mount can see every change then. Shared mounts write through, and drop
   // pages by invalidation, not by the kernel's own mtime checks (auto_inval_data).
@@ -331,7 +336,7 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   }
   if (IsIntro(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto a = Store(req).lookup(parent, name);
-  if (!a.ok() && ErrnoOf(a.status()) == ENOENT && !State(req).shared) {
+  if (!a.ok() && ErrnoOf(a.status()) == ENOENT && !State(req).coherent) {
     // A negative entry the kernel keeps for kTimeout: an exclusive mount (the claim in
     // RunRegionFs), so every new name comes through this kernel, which replaces the entry. Saves
     // the second LOOKUP of `stat` then `open(O_CREAT)` of a new name (cp, tar). A shared mount
@@ -451,11 +456,22 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsIntro(ino)) return OpenIntro(req, ino, fi);
   auto h = Store(req).open(ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
+  // libfuse asks for FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then passes O_TRUNC here and
+  // sets its size to 0 itself, trusting the file system to truncate (no SETATTR follows).
+  if ((fi->flags & O_TRUNC) && IsWrite(fi->flags)) {
+    regions::SetAttrRequest trunc;
+    trunc.size = 0;
+    auto t = Store(req).setattr(ino, trunc);
+    if (!t.ok()) {
+      (void)Store(req).release(*h);
+      return ReplyStatus(req, t.status());
+    }
+  }
   fi->fh = *h;
   // Exclusive (the claim in RunRegionFs): every change to a file went through this kernel's page
   // cache, so what it cached is current and an open need not drop it. Shared: another mount may
   // have written the file since, so the kernel drops its pages at each open (close-to-open).
-  fi->keep_cache = State(req).shared ? 0 : 1;
+  fi->keep_cache = State(req).coherent ? 0 : 1;
   fuse_reply_open(req, fi);
 }
 
@@ -472,7 +488,7 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   auto h = s.open(a->ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
   fi->fh = *h;
-  fi->keep_cache = State(req).shared ? 0 : 1;
+  fi->keep_cache = State(req).coherent ? 0 : 1;
   fuse_entry_param e{};
   e.ino = a->ino;
   e.attr = ToStat(*a);
@@ -697,8 +713,13 @@ std::string RandomToken() {
 // (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
 Status Serve(RegionStore& store, const RegionFsOptions& o, const std::string& token,
              const sigset_t& unblocked, bool shared) {
-  FsState state{store, o.mountpoint, o.threads, o.servers.empty() ? 1 : o.servers.size(),
-                token, shared};
+  FsState state{store,
+                o.mountpoint,
+                o.threads,
+                o.servers.empty() ? 1 : o.servers.size(),
+                token,
+                shared,
+                shared && !FsFault("exclusive_caching")};
   std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
   if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
   if (getuid() == 0) argv_s.back() += ",allow_other";
