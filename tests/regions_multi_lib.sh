@@ -37,17 +37,27 @@ elif cmd == "union":  # OUT N SIZE: what both writers together must leave
     with open(out, "wb") as f:
         for i in range(n):
             f.write(bytes([i % 251 + 1]) * size)
-elif cmd == "race":  # DIR N GO: O_CREAT|O_EXCL of r0..r{N-1}, prints 1 (created) or 0 per name
-    d, n, go = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    wait_file(go)
-    won = []
-    for i in range(n):
-        try:
-            os.close(os.open(f"{d}/r{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            won.append("1")
-        except FileExistsError:
-            won.append("0")
-    print(" ".join(won))
+elif cmd == "race":  # DIR_A DIR_B N: a thread per mount O_CREAT|O_EXCL's r0..r{N-1}, both
+    # released together for each name; prints a line per mount, 1 (created) or 0 per name
+    import threading
+    dirs, n = sys.argv[2:4], int(sys.argv[4])
+    barrier = threading.Barrier(2)
+    won = [[], []]
+    def racer(k):
+        for i in range(n):
+            barrier.wait(timeout=60)
+            try:
+                os.close(os.open(f"{dirs[k]}/r{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                won[k].append("1")
+            except FileExistsError:
+                won[k].append("0")
+    threads = [threading.Thread(target=racer, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(" ".join(won[0]))
+    print(" ".join(won[1]))
 elif cmd == "sees":  # PATH NEWFILE READY GO: holds PATH open, read once (cached), then waits
     # for GO and rereads through the same descriptor until it holds NEWFILE's bytes (10 s)
     path, new, ready, go = sys.argv[2:6]
@@ -170,22 +180,16 @@ multi_inval() {
   log "a file open in B and rewritten in A: B's descriptor reads the new bytes"
 }
 
-# Racing exclusive creates: a process in each mount O_CREAT|O_EXCL's the same 40 names at once;
-# every name has exactly one winner.
+# Racing exclusive creates: two threads, one through each mount, O_CREAT|O_EXCL the same 40 names,
+# released together for each; every name has exactly one winner.
 multi_excl_race() {
   local n=40
   mkdir "$MNT_A/race"
-  rm -f "$WORK/go_race"
-  python3 "$WORK/multi.py" race "$MNT_A/race" "$n" "$WORK/go_race" >"$WORK/race_a.out" &
-  local pa=$!
-  python3 "$WORK/multi.py" race "$MNT_B/race" "$n" "$WORK/go_race" >"$WORK/race_b.out" &
-  local pb=$!
-  touch "$WORK/go_race"
-  wait "$pa" || fail "racer in A failed"
-  wait "$pb" || fail "racer in B failed"
+  timeout 120 python3 "$WORK/multi.py" race "$MNT_A/race" "$MNT_B/race" "$n" >"$WORK/race.out" ||
+    fail "the racers failed: $(cat "$WORK/race.out")"
   local a b i both=0 none=0 wa=0
-  read -r -a a <"$WORK/race_a.out"
-  read -r -a b <"$WORK/race_b.out"
+  read -r -a a < <(sed -n 1p "$WORK/race.out")
+  read -r -a b < <(sed -n 2p "$WORK/race.out")
   for ((i = 0; i < n; i++)); do
     ((a[i] + b[i] == 2)) && both=$((both + 1))
     ((a[i] + b[i] == 0)) && none=$((none + 1))
