@@ -169,56 +169,69 @@ TEST_F(MultiMountTest, ChangesOfOneMountAreSeenByTheOther) {
 
 TEST_F(MultiMountTest, DisjointWritersSeeTheExactUnion) {
   // One file written by both at once in 48 KiB slices (three per 128 KiB chunk, so the two often
-  // race for the same hole), and a file of each.
-  auto f = A().create(kRootIno, "shared", 0644, who_);
-  auto fa = A().create(kRootIno, "a", 0644, who_);
-  auto fb = B().create(kRootIno, "b", 0644, who_);
-  ASSERT_TRUE(f.ok() && fa.ok() && fb.ok());
-  constexpr size_t kSlice = 48 * 1024, kSlices = 64;
-  std::vector<std::byte> model(kSlice * kSlices);
-  for (size_t i = 0; i < kSlices; ++i)
-    std::fill(model.begin() + static_cast<ptrdiff_t>(i * kSlice),
-              model.begin() + static_cast<ptrdiff_t>((i + 1) * kSlice),
-              static_cast<std::byte>(i + 1));
-  auto own_a = RandomBytes(5 * kChunkBytes, 2), own_b = RandomBytes(5 * kChunkBytes, 3);
-  std::atomic<int> errors{0};
-  auto writer = [&](RegionStore& s, size_t parity, uint64_t own,
-                    const std::vector<std::byte>& mine) {
-    auto h = s.open(f->ino, true);
-    if (!h.ok()) {
-      errors++;
-      return;
-    }
-    for (size_t i = parity; i < kSlices; i += 2) {
-      std::span<const std::byte> slice(model.data() + i * kSlice, kSlice);
-      if (!s.write(f->ino, i * kSlice, slice).ok()) errors++;
-      size_t k = i / 2 % 5;
-      if (!s.write(own, k * kChunkBytes, std::span(mine).subspan(k * kChunkBytes, kChunkBytes))
-               .ok())
-        errors++;
-    }
-    (void)s.release(*h);
-  };
-  // B's watch held meanwhile: B learns what A recorded only when a commit of its own finds the
-  // record changed (as a mount whose watch lags would).
-  gate_b_.Close();
-  std::thread ta(writer, std::ref(A()), 0, fa->ino, std::cref(own_a));
-  std::thread tb(writer, std::ref(B()), 1, fb->ino, std::cref(own_b));
-  ta.join();
-  tb.join();
-  gate_b_.Open();
-  ASSERT_EQ(errors.load(), 0);
-  for (RegionStore* s : {&A(), &B()}) {
-    auto h = s->open(f->ino, false);  // an open reads the record from the store
-    ASSERT_TRUE(h.ok());
-    EXPECT_EQ(Read(*s, f->ino, model.size() + 1), model)
-        << (s == &A() ? "A" : "B") << ": the shared file is not the union of both writers' slices";
-    ASSERT_TRUE(s->release(*h).ok());
-    auto ha = s->open(fa->ino, false), hb = s->open(fb->ino, false);
+  // race for the same hole), and a file of each. Twice: with B's watch held (B learns what A
+  // recorded only when a commit of its own finds the record changed, as a mount whose watch lags
+  // would: the compare-and-set decides), and with it running (B's mirror often has A's chunk for
+  // a hole B allocated for too by the time B records it: the check of the holes decides).
+  for (bool held : {true, false}) {
+    SCOPED_TRACE(held ? "B's watch held" : "B's watch running");
+    const std::string round = held ? "1" : "2";
+    auto f = A().create(kRootIno, "shared" + round, 0644, who_);
+    auto fa = A().create(kRootIno, "a" + round, 0644, who_);
+    auto fb = B().create(kRootIno, "b" + round, 0644, who_);
+    ASSERT_TRUE(f.ok() && fa.ok() && fb.ok());
+    constexpr size_t kSlice = 48 * 1024, kSlices = 128;
+    // The slices, then two chunks only A writes (in chunks only A allocates).
+    std::vector<std::byte> model(kSlice * kSlices + 2 * kChunkBytes, std::byte{0xaa});
+    for (size_t i = 0; i < kSlices; ++i)
+      std::fill(model.begin() + static_cast<ptrdiff_t>(i * kSlice),
+                model.begin() + static_cast<ptrdiff_t>((i + 1) * kSlice),
+                static_cast<std::byte>(i + 1));
+    auto own_a = RandomBytes(5 * kChunkBytes, 2), own_b = RandomBytes(5 * kChunkBytes, 3);
+    std::atomic<int> errors{0};
+    // Both open before either writes (an open reads the record from the store).
+    auto ha = A().open(f->ino, true), hb = B().open(f->ino, true);
     ASSERT_TRUE(ha.ok() && hb.ok());
-    EXPECT_EQ(Read(*s, fa->ino, own_a.size()), own_a) << "A's own file";
-    EXPECT_EQ(Read(*s, fb->ino, own_b.size()), own_b) << "B's own file";
-    ASSERT_TRUE(s->release(*ha).ok() && s->release(*hb).ok());
+    auto writer = [&](RegionStore& s, size_t parity, uint64_t own,
+                      const std::vector<std::byte>& mine) {
+      for (size_t i = parity; i < kSlices; i += 2) {
+        std::span<const std::byte> slice(model.data() + i * kSlice, kSlice);
+        if (!s.write(f->ino, i * kSlice, slice).ok()) errors++;
+        size_t k = i / 2 % 5;
+        if (!s.write(own, k * kChunkBytes, std::span(mine).subspan(k * kChunkBytes, kChunkBytes))
+                 .ok())
+          errors++;
+      }
+      if (parity == 0 &&
+          !s.write(f->ino, kSlices * kSlice, std::span(model).subspan(kSlices * kSlice)).ok())
+        errors++;
+    };
+    if (held) gate_b_.Close();
+    std::thread ta(writer, std::ref(A()), 0, fa->ino, std::cref(own_a));
+    std::thread tb(writer, std::ref(B()), 1, fb->ino, std::cref(own_b));
+    ta.join();
+    tb.join();
+    // B writes its last slice once more after A is done: whatever B records now must keep
+    // everything A recorded.
+    const size_t last = kSlices - 1;
+    ASSERT_TRUE(
+        B().write(f->ino, last * kSlice, std::span(model).subspan(last * kSlice, kSlice)).ok());
+    ASSERT_TRUE(A().release(*ha).ok() && B().release(*hb).ok());
+    gate_b_.Open();
+    ASSERT_EQ(errors.load(), 0);
+    for (RegionStore* s : {&A(), &B()}) {
+      auto h = s->open(f->ino, false);  // an open reads the record from the store
+      ASSERT_TRUE(h.ok());
+      EXPECT_EQ(Read(*s, f->ino, model.size() + 1), model)
+          << (s == &A() ? "A" : "B")
+          << ": the shared file is not the union of both writers' slices";
+      ASSERT_TRUE(s->release(*h).ok());
+      auto oa = s->open(fa->ino, false), ob = s->open(fb->ino, false);
+      ASSERT_TRUE(oa.ok() && ob.ok());
+      EXPECT_EQ(Read(*s, fa->ino, own_a.size()), own_a) << "A's own file";
+      EXPECT_EQ(Read(*s, fb->ino, own_b.size()), own_b) << "B's own file";
+      ASSERT_TRUE(s->release(*oa).ok() && s->release(*ob).ok());
+    }
   }
 }
 
