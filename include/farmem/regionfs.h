@@ -50,10 +50,10 @@ struct RegionFsOptions {
 Status RunRegionFs(const RegionFsOptions& options);
 
 // rsetdefaultattr (the paper's per-thread defaults, docs/regions.md "Attributes"): `attr`
-// ("persistent", "multihosted", "onewriter" with "0" or "1"; "hostalloc" with a server list, ""
-// for all) becomes the default for the files and directories the *calling thread* creates in the
-// mount at `mountpoint` from now on, over what they would inherit from their directory. Other
-// threads are not affected; the defaults end with the thread. It is the xattr
+// ("persistent", "multihosted", "onewriter", "fixvaddr" with "0" or "1"; "hostalloc" with a server
+// list, "" for all) becomes the default for the files and directories the *calling thread* creates
+// in the mount at `mountpoint` from now on, over what they would inherit from their directory.
+// Other threads are not affected; the defaults end with the thread. It is the xattr
 // "user.region.default.<attr>" of the mount's root, so any language (or setfattr, for that one
 // short-lived process) can set it. Errors as setxattr's: InvalidArgument (EINVAL: bad value,
 // unknown server), EPERM for "ownerpid" (set at creation), ENOTSUP for other names; also

@@ -85,6 +85,8 @@ namespace internal {
 //     their owner any more);
 //   no_taken_check: a write records its new chunks over chunks another write recorded for the
 //     same holes meanwhile (that write's bytes are lost);
+//   no_vaddr_cas: a FIXVADDR slot is taken without checking that no other region holds it (two
+//     mounts may give two regions one address);
 //   unbound_opens: open records are plain keys, not bound to the mount's lease (a killed mount's
 //     open files are then never freed).
 bool Fault(std::string_view name) {
@@ -509,6 +511,12 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
     if (!Fault("no_create_cas"))
       checks = {
           {DirentKey(parent, name), std::nullopt}, InodeCheck(*dir), {InodeKey(ino), std::nullopt}};
+    // An inherited FIXVADDR takes a free slot of the fixed range, checked free in the store.
+    if (is_reg && (h.attr_flags & kAttrFixVaddr)) {
+      FARMEM_ASSIGN_OR_RETURN(uint32_t slot, FreeVaddrSlot());
+      writes.push_back({VaddrKey(slot), std::to_string(ino)});
+      if (!Fault("no_vaddr_cas")) checks.push_back({VaddrKey(slot), std::nullopt});
+    }
     auto r = CommitApply(checks, writes);
     if (r.ok()) {
       FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
@@ -715,17 +723,18 @@ Result<std::vector<DirEntry>> RegionStore::readdir(uint64_t ino) {
 }
 
 Status RegionStore::UpdateInode(
-    Inode& in,
-    const std::function<Status(InodeRecord& next, std::vector<MetaWrite>& extra)>& change) {
+    Inode& in, const std::function<Status(InodeRecord& next, std::vector<MetaWrite>& extra,
+                                          std::vector<MetaCheck>& checks)>& change) {
   for (int attempt = 0;; ++attempt) {
     if (!in.stored) return Err(ENOENT, "inode was deleted");
     InodeRecord next = in.rec;
     std::vector<MetaWrite> writes{{InodeKey(in.rec.h.ino), ""}};
-    FARMEM_RETURN_IF_ERROR(change(next, writes));
+    std::vector<MetaCheck> checks{InodeCheck(in)};
+    FARMEM_RETURN_IF_ERROR(change(next, writes, checks));
     writes[0].value = EncodeInode(next);
     // Applied once the store has it: a failed metadata write (the cluster store unreachable)
     // changes nothing, and another mount's change first makes it start over on that record.
-    auto r = CommitApply({InodeCheck(in)}, writes);
+    auto r = CommitApply(checks, writes);
     if (r.ok()) return Status::OK();
     if (!Conflict(r.status())) {
       if (Fault("no_meta_rollback")) in.rec = std::move(next);
@@ -749,50 +758,52 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   std::vector<Piece> tail;  // zeroes of the new last chunk's tail, written after the commit
   std::string free_key;     // where the chunks cut off are parked
   InodeRecord before;
-  Status st = UpdateInode(*in, [&](InodeRecord& next, std::vector<MetaWrite>& extra) -> Status {
-    before = next;
-    tail.clear();
-    free_key.clear();
-    int64_t now = NowNs();
-    InodeRecordHeader& h = next.h;
-    std::vector<MapEntry> cut;
-    if (req.size) {
-      if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
-      uint64_t n = *req.size;
-      if (n > kMaxRegionBytes) return Err(EFBIG, "larger than the largest region (8 GiB)");
-      if (n < h.size) {
-        // The tail of the new last chunk must read zero if the file grows again.
-        uint64_t c = ChunkOf(n);
-        if (n % kChunkBytes != 0 && c < next.map.size() && next.map[c] != kHole &&
-            !Fault("no_tail")) {
-          FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(next.map[c]));
-          uint64_t in_chunk = n % kChunkBytes;
-          uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
-          ref.offset += in_chunk;
-          tail.push_back(Piece{ref, nullptr, ZeroChunk(), end - in_chunk});
+  Status st = UpdateInode(
+      *in,
+      [&](InodeRecord& next, std::vector<MetaWrite>& extra, std::vector<MetaCheck>&) -> Status {
+        before = next;
+        tail.clear();
+        free_key.clear();
+        int64_t now = NowNs();
+        InodeRecordHeader& h = next.h;
+        std::vector<MapEntry> cut;
+        if (req.size) {
+          if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
+          uint64_t n = *req.size;
+          if (n > kMaxRegionBytes) return Err(EFBIG, "larger than the largest region (8 GiB)");
+          if (n < h.size) {
+            // The tail of the new last chunk must read zero if the file grows again.
+            uint64_t c = ChunkOf(n);
+            if (n % kChunkBytes != 0 && c < next.map.size() && next.map[c] != kHole &&
+                !Fault("no_tail")) {
+              FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(next.map[c]));
+              uint64_t in_chunk = n % kChunkBytes;
+              uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
+              ref.offset += in_chunk;
+              tail.push_back(Piece{ref, nullptr, ZeroChunk(), end - in_chunk});
+            }
+            size_t keep = ChunksFor(n);
+            for (size_t i = keep; i < next.map.size(); ++i)
+              if (next.map[i] != kHole) cut.push_back(next.map[i]);
+            if (next.map.size() > keep) next.map.resize(keep);
+          }
+          h.size = n;
+          h.mtime_ns = now;
         }
-        size_t keep = ChunksFor(n);
-        for (size_t i = keep; i < next.map.size(); ++i)
-          if (next.map[i] != kHole) cut.push_back(next.map[i]);
-        if (next.map.size() > keep) next.map.resize(keep);
-      }
-      h.size = n;
-      h.mtime_ns = now;
-    }
-    if (req.mode) h.mode = (h.mode & S_IFMT) | (*req.mode & 07777);
-    if (req.uid) h.uid = *req.uid;
-    if (req.gid) h.gid = *req.gid;
-    if (req.atime_ns) h.atime_ns = *req.atime_ns;
-    if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
-    h.ctime_ns = now;
-    // The chunks cut off are parked, not freed: a mount with the file open may still read them
-    // (TryFree returns them once none has it open).
-    if (!cut.empty()) {
-      free_key = NewFreeKey(ino);
-      extra.push_back({free_key, EncodeFree({ino, cut})});
-    }
-    return Status::OK();
-  });
+        if (req.mode) h.mode = (h.mode & S_IFMT) | (*req.mode & 07777);
+        if (req.uid) h.uid = *req.uid;
+        if (req.gid) h.gid = *req.gid;
+        if (req.atime_ns) h.atime_ns = *req.atime_ns;
+        if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
+        h.ctime_ns = now;
+        // The chunks cut off are parked, not freed: a mount with the file open may still read them
+        // (TryFree returns them once none has it open).
+        if (!cut.empty()) {
+          free_key = NewFreeKey(ino);
+          extra.push_back({free_key, EncodeFree({ino, cut})});
+        }
+        return Status::OK();
+      });
   if (!st.ok()) return st;
   // Zeroed after the commit, so a truncate the store refused leaves the bytes as they were. No
   // read or write of this mount runs meanwhile (io is held) and the chunks cut off are freed only
@@ -810,18 +821,19 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
       // leaves the file as it was. Only the fields this call changed (a setxattr or unlink may
       // have changed the record meanwhile). The free record is emptied in the same transaction,
       // not removed: a removal frees its chunks, which are in the map again.
-      Status r = UpdateInode(*in, [&](InodeRecord& back, std::vector<MetaWrite>& extra) {
-        back.h.size = before.h.size;
-        back.map = before.map;
-        back.h.mode = before.h.mode;
-        back.h.uid = before.h.uid;
-        back.h.gid = before.h.gid;
-        back.h.atime_ns = before.h.atime_ns;
-        back.h.mtime_ns = before.h.mtime_ns;
-        back.h.ctime_ns = before.h.ctime_ns;
-        if (!free_key.empty()) extra.push_back({free_key, EncodeFree({ino, {}})});
-        return Status::OK();
-      });
+      Status r = UpdateInode(
+          *in, [&](InodeRecord& back, std::vector<MetaWrite>& extra, std::vector<MetaCheck>&) {
+            back.h.size = before.h.size;
+            back.map = before.map;
+            back.h.mode = before.h.mode;
+            back.h.uid = before.h.uid;
+            back.h.gid = before.h.gid;
+            back.h.atime_ns = before.h.atime_ns;
+            back.h.mtime_ns = before.h.mtime_ns;
+            back.h.ctime_ns = before.h.ctime_ns;
+            if (!free_key.empty()) extra.push_back({free_key, EncodeFree({ino, {}})});
+            return Status::OK();
+          });
       if (r.ok()) return z;
       // Both failed: the store has the new size and so does memory; the bytes past it in the
       // last chunk were not zeroed (docs/regions.md "Failures").
@@ -845,8 +857,11 @@ struct XattrName {
 };
 constexpr XattrName kXattrs[] = {{"user.region.persistent", kAttrPersistent},
                                  {"user.region.multihosted", kAttrMultihosted},
-                                 {"user.region.onewriter", kAttrOneWriter}};
+                                 {"user.region.onewriter", kAttrOneWriter},
+                                 {"user.region.fixvaddr", kAttrFixVaddr}};
 constexpr std::string_view kOwnerPidXattr = "user.region.ownerpid";
+// FIXVADDR's address ("0x..."), read-only and not listed (as user.region.map).
+constexpr std::string_view kVaddrXattr = "user.region.vaddr";
 constexpr std::string_view kHostallocXattr = "user.region.hostalloc";
 }  // namespace
 
@@ -855,6 +870,14 @@ Result<std::string> RegionStore::getxattr(uint64_t ino, std::string_view name) {
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return std::to_string(in->rec.h.owner_pid);
   if (name == kHostallocXattr) return in->rec.hostalloc;
+  if (name == kVaddrXattr) {
+    auto v = vaddr_of_.find(ino);
+    if (v == vaddr_of_.end()) return Err(ENODATA, "not a FIXVADDR region");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx",
+                  static_cast<unsigned long long>(FixVaddrOf(v->second)));
+    return std::string(buf);
+  }
   for (const auto& x : kXattrs)
     if (x.name == name) return std::string((in->rec.h.attr_flags & x.flag) ? "1" : "0");
   return Err(ENODATA, std::string(name));
@@ -864,6 +887,7 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  if (name == kVaddrXattr) return Err(EPERM, "user.region.vaddr is assigned by the store");
   auto has_data = [](const InodeRecord& r) {
     return std::any_of(r.map.begin(), r.map.end(), [](MapEntry e) { return e != kHole; });
   };
@@ -874,33 +898,50 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
     for (const std::string& a : SplitHostalloc(value))
       if (std::none_of(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; }))
         return Err(EINVAL, "HOSTALLOC: " + a + " is not a memory server of this mount");
-    return UpdateInode(*in, [&](InodeRecord& next, std::vector<MetaWrite>&) -> Status {
-      // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
-      if (in->is_reg() && has_data(next))
-        return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
-      next.hostalloc = std::string(value);
-      next.h.ctime_ns = NowNs();
-      return Status::OK();
-    });
+    return UpdateInode(
+        *in, [&](InodeRecord& next, std::vector<MetaWrite>&, std::vector<MetaCheck>&) -> Status {
+          // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
+          if (in->is_reg() && has_data(next))
+            return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
+          next.hostalloc = std::string(value);
+          next.h.ctime_ns = NowNs();
+          return Status::OK();
+        });
   }
   for (const auto& x : kXattrs) {
     if (x.name != name) continue;
     if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
-    return UpdateInode(*in, [&](InodeRecord& next, std::vector<MetaWrite>&) -> Status {
-      // MULTIHOSTED decides where chunks go: fixed once a file has any.
-      if (x.flag == kAttrMultihosted && in->is_reg() && has_data(next))
-        return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
-      if (value == "1")
-        next.h.attr_flags |= x.flag;
-      else
-        next.h.attr_flags &= static_cast<uint16_t>(~x.flag);
-      next.h.ctime_ns = NowNs();
-      return Status::OK();
-    });
+    return UpdateInode(
+        *in,
+        [&](InodeRecord& next, std::vector<MetaWrite>& extra,
+            std::vector<MetaCheck>& checks) -> Status {
+          // MULTIHOSTED decides where chunks go: fixed once a file has any.
+          if (x.flag == kAttrMultihosted && in->is_reg() && has_data(next))
+            return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
+          if (value == "1")
+            next.h.attr_flags |= x.flag;
+          else
+            next.h.attr_flags &= static_cast<uint16_t>(~x.flag);
+          next.h.ctime_ns = NowNs();
+          // FIXVADDR on a file: it takes a free slot of the fixed range (one no other region holds:
+          // the key's absence is checked), and gives it back when cleared.
+          if (x.flag == kAttrFixVaddr && in->is_reg()) {
+            auto v = vaddr_of_.find(ino);
+            if (value == "1" && v == vaddr_of_.end()) {
+              FARMEM_ASSIGN_OR_RETURN(uint32_t slot, FreeVaddrSlot());
+              extra.push_back({VaddrKey(slot), std::to_string(ino)});
+              if (!Fault("no_vaddr_cas")) checks.push_back({VaddrKey(slot), std::nullopt});
+            } else if (value == "0" && v != vaddr_of_.end()) {
+              extra.push_back({VaddrKey(v->second), std::nullopt});
+            }
+          }
+          return Status::OK();
+        });
   }
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
-  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter,hostalloc} can be set");
+  return Err(ENOTSUP,
+             "only user.region.{persistent,multihosted,onewriter,fixvaddr,hostalloc} can be set");
 }
 
 Status RegionStore::SetDefaultAttr(AttrDefaults& into, std::string_view name,
@@ -929,8 +970,9 @@ Status RegionStore::SetDefaultAttr(AttrDefaults& into, std::string_view name,
         static_cast<uint16_t>(value == "1" ? (into.flags | x.flag) : (into.flags & ~x.flag));
     return Status::OK();
   }
-  return Err(ENOTSUP,
-             "only user.region.{persistent,multihosted,onewriter,hostalloc} have defaults");
+  return Err(
+      ENOTSUP,
+      "only user.region.{persistent,multihosted,onewriter,fixvaddr,hostalloc} have defaults");
 }
 
 Result<std::string> RegionStore::DefaultAttr(const AttrDefaults& defaults, std::string_view name) {
@@ -1748,8 +1790,16 @@ Result<std::string> RegionStore::report(std::string_view name) {
         << " persistent=" << ((h.attr_flags & kAttrPersistent) ? 1 : 0)
         << " multihosted=" << ((h.attr_flags & kAttrMultihosted) ? 1 : 0)
         << " onewriter=" << ((h.attr_flags & kAttrOneWriter) ? 1 : 0) << " ownerpid=" << h.owner_pid
-        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc))
-        << " map=";
+        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc));
+      if (auto v = vaddr_of_.find(ino); v != vaddr_of_.end()) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "0x%llx",
+                      static_cast<unsigned long long>(FixVaddrOf(v->second)));
+        o << " vaddr=" << buf;
+      } else {
+        o << " vaddr=-";
+      }
+      o << " map=";
       // chunk:gid.index for every allocated chunk (holes left out), "-" when there is none.
       bool any = false;
       for (size_t c = 0; c < in->rec.map.size(); ++c) {
@@ -1776,6 +1826,7 @@ Result<MapDescriptor> RegionStore::map_descriptor(uint64_t ino) {
   MapDescriptor d;
   d.ino = ino;
   d.size = in->rec.h.size;
+  if (auto v = vaddr_of_.find(ino); v != vaddr_of_.end()) d.vaddr = FixVaddrOf(v->second);
   for (const auto& s : servers_) d.servers.push_back(s->address);
   std::map<uint32_t, uint32_t> index;  // gid -> position in d.units
   d.chunks.assign(std::min<uint64_t>(in->rec.map.size(), ChunksFor(d.size)), 0);

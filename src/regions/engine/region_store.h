@@ -264,8 +264,9 @@ class RegionStore {
   // has the inode open, and zeroes the tail of the last chunk).
   Result<InodeAttr> setattr(uint64_t ino, const SetAttrRequest& req);
 
-  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,ownerpid,
-  // hostalloc}" (hostalloc: comma-separated server addresses of this store, "" = all) ----
+  // ---- region attributes as xattrs "user.region.{persistent,multihosted,onewriter,fixvaddr,
+  // ownerpid,hostalloc}" (hostalloc: comma-separated server addresses of this store, "" = all),
+  // and the read-only "user.region.vaddr" of a FIXVADDR region ("0x...": its fixed address) ----
   Result<std::string> getxattr(uint64_t ino, std::string_view name);
   Status setxattr(uint64_t ino, std::string_view name, std::string_view value);
   Result<std::vector<std::string>> listxattr(uint64_t ino);
@@ -367,6 +368,10 @@ class RegionStore {
   void ApplyUnitOwner(uint32_t gid, const std::optional<std::string>& value);
   void ApplyOwner(uint64_t ino, const std::optional<std::string>& value);
   void ApplyMount(const std::string& id, const std::optional<std::string>& value, bool remote);
+  void ApplyVaddr(uint32_t slot, const std::optional<std::string>& value);
+  // FIXVADDR: the lowest slot no region holds (ENOSPC when none is left), and its key. mu_ held.
+  Result<uint32_t> FreeVaddrSlot() const;
+  static std::string VaddrKey(uint32_t slot);
   void OnWatchEvent(const MetaEvent& e);
   // Commits `writes` if every check holds and applies them here (mu_ held). A check that failed
   // (another mount changed a record first) refreshes the checked keys from the store and returns
@@ -423,9 +428,9 @@ class RegionStore {
                                           std::string_view target = {});  // mu_ held
   // Applies `change` to a copy of in.rec (it may add writes to `extra`) and commits it with a
   // compare on the record; retries when another mount changed the record first. mu_ held.
-  Status UpdateInode(
-      Inode& in,
-      const std::function<Status(InodeRecord& next, std::vector<MetaWrite>& extra)>& change);
+  Status UpdateInode(Inode& in,
+                     const std::function<Status(InodeRecord& next, std::vector<MetaWrite>& extra,
+                                                std::vector<MetaCheck>& checks)>& change);
   // `known_zero`: the chunk was never used since its unit was granted (it reads zero). mu_ held.
   Result<MapEntry> AllocChunk(uint32_t server, bool& known_zero);
   // Allocates a chunk for every hole among chunks [first, last] of `map` (for inode `rec`),
@@ -465,6 +470,8 @@ class RegionStore {
   std::unordered_map<uint64_t, std::set<std::string>> open_mounts_;  // ino -> mounts with it open
   std::map<std::string, MountRecord> mounts_;                        // live mounts
   std::unordered_map<uint64_t, OwnerRecord> owner_info_;             // ino -> its owner
+  std::map<uint32_t, uint64_t> vaddr_slots_;                         // FIXVADDR slot -> its region
+  std::unordered_map<uint64_t, uint32_t> vaddr_of_;                  // region -> its FIXVADDR slot
   std::unordered_map<std::string, int64_t> key_rev_;                 // revision applied per key
   std::multimap<int64_t, std::string> tombstones_;  // removed keys by revision (pruned)
   int64_t watch_rev_ = 0;                           // the last revision the watch delivered

@@ -249,6 +249,11 @@ Status RegionStore::Load() {
     } else if (k.starts_with("mount/")) {
       auto rec = DecodeMount(kv.value);
       if (rec.ok()) mounts_[key.substr(6)] = std::move(*rec);
+    } else if (k.starts_with("fixvaddr/")) {
+      auto slot = Num(k.substr(9));
+      if (!slot || *slot >= kFixVaddrSlots || !Num(kv.value))
+        return Status::InvalidArgument("regions metadata: bad " + key);
+      ApplyVaddr(static_cast<uint32_t>(*slot), kv.value);
     }
   }
   for (auto& [gid, owner] : owners) unit_owners_[gid] = owner;
@@ -406,6 +411,9 @@ void RegionStore::ApplyKey(const std::string& key, const std::optional<std::stri
     if (auto ino = Num(k.substr(6))) ApplyOwner(*ino, value);
   } else if (k.starts_with("mount/")) {
     ApplyMount(key.substr(6), value, remote);
+  } else if (k.starts_with("fixvaddr/")) {
+    if (auto slot = Num(k.substr(9)); slot && *slot < kFixVaddrSlots)
+      ApplyVaddr(static_cast<uint32_t>(*slot), value);
   }
   // writer/<ino> (ONEWRITER claims) and next-ino are decided by the store alone.
 }
@@ -571,6 +579,35 @@ void RegionStore::PushChange(RemoteChange c) {
   changes_cv_.notify_all();
 }
 
+void RegionStore::ApplyVaddr(uint32_t slot, const std::optional<std::string>& value) {
+  auto old = vaddr_slots_.find(slot);
+  if (old != vaddr_slots_.end()) {
+    auto v = vaddr_of_.find(old->second);
+    if (v != vaddr_of_.end() && v->second == slot) vaddr_of_.erase(v);
+    vaddr_slots_.erase(old);
+  }
+  if (!value) return;
+  auto ino = Num(*value);
+  if (!ino) return;
+  vaddr_slots_[slot] = *ino;
+  vaddr_of_[*ino] = slot;
+}
+
+Result<uint32_t> RegionStore::FreeVaddrSlot() const {
+  uint32_t slot = 0;
+  for (const auto& [s, ino] : vaddr_slots_) {
+    if (s != slot) break;
+    ++slot;
+  }
+  if (slot >= kFixVaddrSlots)
+    return Err(ENOSPC, "every FIXVADDR address range is taken (4096 regions)");
+  return slot;
+}
+
+std::string RegionStore::VaddrKey(uint32_t slot) {
+  return "fixvaddr/" + std::to_string(slot);
+}
+
 void RegionStore::MarkUsed(MapEntry e) {
   if (e == kHole) return;
   auto u = units_.find(EntryGid(e));
@@ -732,6 +769,8 @@ void RegionStore::TryReclaim(const std::shared_ptr<Inode>& in) {
       if (e != kHole) parked.chunks.push_back(e);
     std::vector<MetaWrite> writes{{InodeKey(ino), std::nullopt},
                                   {"owner/" + std::to_string(ino), std::nullopt}};
+    if (auto v = vaddr_of_.find(ino); v != vaddr_of_.end())
+      writes.push_back({VaddrKey(v->second), std::nullopt});
     if (!parked.chunks.empty()) writes.push_back({NewFreeKey(ino), EncodeFree(parked)});
     auto r = CommitApply({InodeCheck(*in)}, writes);
     if (!r.ok()) return;  // changed meanwhile, or the store is away: the housekeeper tries again

@@ -4,9 +4,11 @@
 // creates have one winner, ONEWRITER holds across mounts, a file one mount unlinks while the
 // other reads it keeps its bytes until the other closes it (its memory returns only then), an
 // open sees what the other mount wrote before, regions whose owner's host has no mount left are
-// reaped, and a stress run of both mounts never reads another region's bytes.
+// reaped, FIXVADDR addresses are unique across mounts, and a stress run of both mounts never reads
+// another region's bytes.
 // FARMEM_REGIONS_FAULT=no_write_cas|no_unit_owner|no_create_cas|no_cluster_onewriter|
-// no_open_check|no_open_sync|no_hostless_reap removes one protection; the test guarding it fails.
+// no_open_check|no_open_sync|no_hostless_reap|no_vaddr_cas removes one protection; the test
+// guarding it fails.
 // Threads: the test's, and the writer/reader threads it starts.
 #include <gtest/gtest.h>
 
@@ -17,6 +19,7 @@
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -269,6 +272,35 @@ TEST_F(MultiMountTest, RacingExclusiveCreatesHaveOneWinner) {
   tb.join();
   EXPECT_EQ(other_errors.load(), 0);
   for (int i = 0; i < kNames; ++i) EXPECT_EQ(wins[i].load(), 1) << "race" << i;
+}
+
+// FIXVADDR across mounts: with B's watch held (B does not know A's regions), A and B each make
+// FIXVADDR regions; no two share an address, and B sees A's region at A's address.
+TEST_F(MultiMountTest, FixvaddrAddressesAreUniqueAcrossMounts) {
+  auto da = A().mkdir(kRootIno, "fa", 0755, who_);
+  ASSERT_TRUE(da.ok());
+  ASSERT_TRUE(A().setxattr(da->ino, "user.region.fixvaddr", "1").ok());
+  ASSERT_TRUE(Eventually([&] { return B().lookup(kRootIno, "fa").ok(); }));
+  gate_b_.Close();
+  std::set<std::string> seen;
+  std::vector<std::pair<RegionStore*, uint64_t>> made;
+  for (int i = 0; i < 4; ++i)
+    for (RegionStore* s : {&A(), &B()}) {
+      auto f = s->create(da->ino, (s == &A() ? "a" : "b") + std::to_string(i), 0644, who_);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      auto v = s->getxattr(f->ino, "user.region.vaddr");
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      EXPECT_TRUE(seen.insert(*v).second) << "two regions got the fixed address " << *v;
+      made.emplace_back(s, f->ino);
+    }
+  gate_b_.Open();
+  auto a0 = A().lookup(da->ino, "a0");
+  ASSERT_TRUE(a0.ok());
+  EXPECT_TRUE(Eventually([&] {
+    auto va = A().getxattr(a0->ino, "user.region.vaddr");
+    auto vb = B().getxattr(a0->ino, "user.region.vaddr");
+    return va.ok() && vb.ok() && *va == *vb;
+  })) << "B does not see A's region at A's address";
 }
 
 TEST_F(MultiMountTest, OneWriterHoldsAcrossMounts) {

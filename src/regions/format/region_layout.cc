@@ -286,6 +286,12 @@ Result<std::string> EncodeMapDescriptor(const MapDescriptor& d) {
   h.chunks = static_cast<uint32_t>(d.chunks.size());
   h.token_len = static_cast<uint32_t>(d.token.size());
   h.addresses_len = static_cast<uint32_t>(addresses.size());
+  if (d.vaddr != 0) {
+    if (d.vaddr < kFixVaddrBase || (d.vaddr - kFixVaddrBase) % kFixVaddrSlotBytes != 0 ||
+        (d.vaddr - kFixVaddrBase) / kFixVaddrSlotBytes >= kFixVaddrSlots)
+      return Status::InvalidArgument("map descriptor: a fixed address outside the FIXVADDR range");
+    h.vaddr_slot = static_cast<uint32_t>((d.vaddr - kFixVaddrBase) / kFixVaddrSlotBytes) + 1;
+  }
   std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
   out += d.token;
   out += addresses;
@@ -308,9 +314,12 @@ Result<MapDescriptor> DecodeMapDescriptor(std::string_view bytes) {
   const uint64_t want = sizeof(h) + uint64_t{h.token_len} + h.addresses_len +
                         uint64_t{h.units} * sizeof(MapUnit) + uint64_t{h.chunks} * sizeof(uint32_t);
   if (bytes.size() != want) return Status::InvalidArgument("map descriptor: length mismatch");
+  if (h.vaddr_slot > kFixVaddrSlots)
+    return Status::InvalidArgument("map descriptor: FIXVADDR slot out of range");
   MapDescriptor d;
   d.ino = h.ino;
   d.size = h.size;
+  d.vaddr = h.vaddr_slot == 0 ? 0 : FixVaddrOf(h.vaddr_slot - 1);
   size_t at = sizeof(h);
   d.token.assign(bytes.data() + at, h.token_len);
   at += h.token_len;

@@ -73,11 +73,26 @@ enum RegionAttr : uint16_t {
   kAttrPersistent = 1 << 0,   // survives its creating process
   kAttrMultihosted = 1 << 1,  // 2 MiB steps round-robin over every server
   kAttrOneWriter = 1 << 2,    // at most one open-for-writing handle at a time (else EBUSY)
+  kAttrFixVaddr = 1 << 3,     // rmmap maps it at the same virtual address in every process
 };
 // HOSTALLOC (not a flag: a list): the servers a region's chunks may come from, as
 // comma-separated farmemd bootstrap addresses ("" = all); at most this many bytes.
 inline constexpr uint32_t kMaxHostallocBytes = 4096;
-inline constexpr uint16_t kAttrKnown = kAttrPersistent | kAttrMultihosted | kAttrOneWriter;
+inline constexpr uint16_t kAttrKnown =
+    kAttrPersistent | kAttrMultihosted | kAttrOneWriter | kAttrFixVaddr;
+
+// FIXVADDR (docs/regions_mmap.md "FIXVADDR"): a region with the attribute holds one slot of a
+// fixed range of virtual addresses, [kFixVaddrBase, + kFixVaddrSlots * kFixVaddrSlotBytes) =
+// [16 TiB, 48 TiB), the same for every process and host; its slot is recorded in the key
+// "<prefix>fixvaddr/<slot>" (value: the inode number, decimal). A slot holds the largest region.
+inline constexpr uint64_t kFixVaddrBase = uint64_t{1} << 44;
+inline constexpr uint64_t kFixVaddrSlotBytes = kMaxRegionBytes;
+inline constexpr uint32_t kFixVaddrSlots = 4096;
+static_assert(kFixVaddrBase + uint64_t{kFixVaddrSlots} * kFixVaddrSlotBytes <= uint64_t{1} << 47,
+              "the FIXVADDR range fits in 47-bit user space");
+constexpr uint64_t FixVaddrOf(uint32_t slot) {
+  return kFixVaddrBase + uint64_t{slot} * kFixVaddrSlotBytes;
+}
 // Inode state, kept with the attribute flags but never inherited: the region's owner process
 // exited (not PERSISTENT), so reads, writes and opens through any mount's handles fail with EIO.
 inline constexpr uint16_t kStateRevoked = 1 << 15;
@@ -222,7 +237,9 @@ struct MapDescriptorHeader {
   uint32_t chunks;
   uint32_t token_len;
   uint32_t addresses_len;
-  uint32_t reserved;  // 0
+  // FIXVADDR: 0 for none, else the region's slot + 1 (its address is FixVaddrOf(slot)); was a
+  // reserved 0, so an older descriptor reads as "not FIXVADDR".
+  uint32_t vaddr_slot;
 };
 static_assert(sizeof(MapDescriptorHeader) == 48, "map descriptor header is 48 bytes");
 // A 2 MiB allocation unit: pool `key` of server `server`, starting at `offset`.
@@ -238,6 +255,7 @@ static_assert(kChunksPerStep <= 16, "a chunk word keeps the slot in its low 4 bi
 struct MapDescriptor {
   uint64_t ino = 0;
   uint64_t size = 0;
+  uint64_t vaddr = 0;  // FIXVADDR: the address every process maps it at (0: anywhere)
   std::string token;
   std::vector<std::string> servers;
   std::vector<MapUnit> units;
