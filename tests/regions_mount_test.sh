@@ -342,7 +342,7 @@ with open(os.path.join(d, "f"), "wb") as f:
     f.write(b"x" * 200000)
 assert os.getxattr(os.path.join(d, "f"), "user.region.hostalloc") == server, "not inherited"
 PY
-grep -q "^path=/placed/f .* hostalloc=$server map=" "$MNT/.regions/files" || fail ".regions/files: no hostalloc=$server for /placed/f"
+grep -q "^path=/placed/f .* hostalloc=$server vaddr=- map=" "$MNT/.regions/files" || fail ".regions/files: no hostalloc=$server for /placed/f"
 log "HOSTALLOC: set to the mount's server, inherited, shown in .regions/files; an unknown server EINVAL"
 
 # 12. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.

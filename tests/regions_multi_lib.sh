@@ -101,14 +101,10 @@ else:
 PY
 }
 
-# memusage MNT FIELD: one number of the mount's .regions/memusage.
-memusage() {
-  local v
-  v="$(grep -o " $2=[0-9]*" "$1/.regions/memusage" | cut -d= -f2)"
-  [[ -n "$v" ]] || fail "no $2 in $1/.regions/memusage"
-  echo "$v"
-}
 sha() { sha256sum <"$1" | cut -d' ' -f1; }
+# held MNT INO: the chunk count .regions/files shows for inode INO ("" once its record is gone:
+# an unlinked file keeps it, nameless, while any mount has it open).
+held() { sed -n "s/^path=[^ ]* ino=$2 size=[0-9]* chunks=\([0-9]*\) .*/\1/p" "$1/.regions/files"; }
 # wait_line FILE REGEX [SECONDS]: until FILE has a matching line.
 wait_line() {
   for _ in $(seq $((${3:-20} * 10))); do
@@ -222,36 +218,33 @@ multi_onewriter() {
 
 # A file unlinked in A while a process in B reads it (O_DIRECT: every read reaches B's daemon):
 # B keeps reading its bytes while A fills new files (reusing freed memory if it were freed), and
-# the file's chunks are still in use until B closes it; then they return.
+# A still shows the nameless file with its 32 chunks until B closes it; then it goes.
 multi_unlink_open() {
   head -c $((4 * 1024 * 1024)) /dev/urandom >"$MNT_A/held"
-  local want
+  local want ino
   want="$(sha "$MNT_A/held")"
+  ino="$(stat -c %i "$MNT_A/held")"
   rm -f "$WORK/uo_1" "$WORK/uo_2"
   python3 "$WORK/multi.py" hold "$MNT_B/held" r "$WORK/uo_1" "$WORK/uo_2" >"$WORK/uo.out" 2>&1 &
   local p=$!
   wait_line "$WORK/uo.out" '^open'
-  local before
-  before="$(memusage "$MNT_A" chunks_in_use)"
   rm "$MNT_A/held"
   head -c $((6 * 1024 * 1024)) /dev/zero | tr '\0' '\356' >"$MNT_A/tags"
   touch "$WORK/uo_1"
   wait_line "$WORK/uo.out" '^read'
   [[ "$(grep -m1 '^read' "$WORK/uo.out")" == "read $want" ]] ||
     fail "B read other bytes from a file A unlinked: $(grep '^read' "$WORK/uo.out")"
-  local held
-  held="$(memusage "$MNT_A" chunks_in_use)"
-  ((held >= before + 48)) || fail "chunks in use $before -> $held: the unlinked file's went while B had it open"
+  [[ "$(held "$MNT_A" "$ino")" == 32 ]] ||
+    fail "the unlinked file's record or chunks went while B had it open: chunks '$(held "$MNT_A" "$ino")'"
   touch "$WORK/uo_2"
   wait "$p" || fail "B's reader: $(cat "$WORK/uo.out")"
   for _ in $(seq 100); do
-    (($(memusage "$MNT_A" chunks_in_use) <= held - 32)) && break
+    [[ -z "$(held "$MNT_A" "$ino")" ]] && break
     sleep 0.1
   done
-  (($(memusage "$MNT_A" chunks_in_use) <= held - 32)) ||
-    fail "the unlinked file's 32 chunks did not return within 10 s of B's close ($(memusage "$MNT_A" chunks_in_use) in use)"
+  [[ -z "$(held "$MNT_A" "$ino")" ]] || fail "the unlinked file stayed 10 s after B's close"
   rm "$MNT_A/tags"
-  log "unlinked in A while B reads it: B reads its bytes, its 32 chunks stay in use until B closes, then return"
+  log "unlinked in A while B reads it: B reads its bytes, its 32 chunks stay until B closes, then go"
 }
 
 # A mount killed (B: SIGKILL) and one stopped past its lease (C: SIGSTOP), each holding a file A
@@ -261,7 +254,12 @@ multi_unlink_open() {
 # by then) instead of returning the bytes A wrote meanwhile.
 multi_kill_and_fence() {
   head -c $((2 * 1024 * 1024)) /dev/urandom >"$MNT_A/held2"
-  head -c $((2 * 1024 * 1024)) /dev/urandom >"$MNT_A/held3"
+  # C's file (2 chunks) between two one-chunk keepers: A hands out the lowest free chunks first, so
+  # every unit it lands in keeps a keeper, is not given back when it goes, and A's next file takes
+  # its chunks again (what C must then not read).
+  echo keep >"$MNT_A/keep1"
+  head -c 200000 /dev/urandom >"$MNT_A/held3"
+  echo keep >"$MNT_A/keep2"
   echo x >"$MNT_A/ow/f2"
   rm -f "$WORK/kf_never" "$WORK/kf_read"
   python3 "$WORK/multi.py" hold "$MNT_B/held2" r "$WORK/kf_never" >"$WORK/kf_b.out" 2>&1 &
@@ -273,8 +271,9 @@ multi_kill_and_fence() {
   wait_line "$WORK/kf_b.out" '^open'
   wait_line "$WORK/kf_bw.out" '^open'
   wait_line "$WORK/kf_c.out" '^open'
-  local base
-  base="$(memusage "$MNT_A" chunks_in_use)"
+  local i2 i3
+  i2="$(stat -c %i "$MNT_A/held2")"
+  i3="$(stat -c %i "$MNT_A/held3")"
   rm "$MNT_A/held2" "$MNT_A/held3"
   kill -KILL "$PID_B"
   kill -STOP "$PID_C"
@@ -284,14 +283,15 @@ multi_kill_and_fence() {
   head -c 300000 /dev/urandom >"$WORK/alive"
   cp "$WORK/alive" "$MNT_A/alive"
   [[ "$(sha "$MNT_A/alive")" == "$(sha "$WORK/alive")" ]] || fail "A stopped working with B dead and C stopped"
-  (($(memusage "$MNT_A" chunks_in_use) >= base)) || fail "the killed mount's files were freed before its lease ended"
+  [[ "$(held "$MNT_A" "$i2") $(held "$MNT_A" "$i3")" == "16 2" ]] ||
+    fail "the killed or stopped mount's file went before its lease ended: '$(held "$MNT_A" "$i2") $(held "$MNT_A" "$i3")'"
   for _ in $(seq 200); do
-    (($(memusage "$MNT_A" chunks_in_use) <= base - 32 + 3)) && break
+    [[ -z "$(held "$MNT_A" "$i2")$(held "$MNT_A" "$i3")" ]] && break
     sleep 0.1
   done
-  (($(memusage "$MNT_A" chunks_in_use) <= base - 32 + 3)) ||
-    fail "the dead and the stopped mount's files still held after 20 s ($(memusage "$MNT_A" chunks_in_use) chunks, base $base)"
-  log "B killed, C stopped: their 32 chunks returned $(($(date +%s%3N) - t0)) ms later (their leases)"
+  [[ -z "$(held "$MNT_A" "$i2")$(held "$MNT_A" "$i3")" ]] ||
+    fail "the dead and the stopped mount's files still held after 20 s (chunks '$(held "$MNT_A" "$i2")' '$(held "$MNT_A" "$i3")')"
+  log "B killed, C stopped: the files they held went $(($(date +%s%3N) - t0)) ms later (their leases)"
   echo y >>"$MNT_A/ow/f2" || fail "the killed mount's ONEWRITER claim outlived its lease"
   # The freed memory goes to a new file of A's; then C resumes and reads what it held.
   head -c $((6 * 1024 * 1024)) /dev/zero | tr '\0' '\356' >"$MNT_A/tags2"
@@ -305,5 +305,5 @@ multi_kill_and_fence() {
   wait "$pb" "$pbw" "$pc" 2>/dev/null || true
   wait "$PID_B" 2>/dev/null || true
   fusermount3 -uz "$MNT_B" 2>/dev/null || true
-  rm "$MNT_A/tags2"
+  rm "$MNT_A/tags2" "$MNT_A/keep1" "$MNT_A/keep2"
 }
