@@ -112,25 +112,6 @@ netns_probe() {
   grep -qi 'refused' <<<"$out" || fail "no route from $ns to $ip ($out)"
 }
 
-# Fails unless `farmem mount` (pid $3, stdout in file $1, stderr in $2) is refused as a second
-# mount of its namespace ("mounted already") within 10 s; it must never mount.
-expect_mount_refused() {
-  local out=$1 err=$2 pid=$3
-  for _ in $(seq 100); do
-    kill -0 "$pid" 2>/dev/null || break
-    if grep -q '^regions: mounted at' "$out"; then
-      kill -TERM "$pid"
-      wait "$pid" || true
-      fail "a second mount of the namespace was let in"
-    fi
-    sleep 0.1
-  done
-  kill -0 "$pid" 2>/dev/null && { stop_process "$pid"; fail "second mount neither mounted nor exited in 10 s"; }
-  wait "$pid" && fail "second mount exited 0"
-  grep -q "mounted already" "$err" ||
-    fail "second mount failed, but not as refused: $(grep -v '\[info\]' "$err")"
-}
-
 # expect_root_refused <script> <arg>...: the script, run as `nobody`, must exit 1 at once saying it
 # needs root (before it creates anything). Not checked (said in the log) without a `nobody` user
 # that can run it.

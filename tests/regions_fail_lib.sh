@@ -1,7 +1,7 @@
 # Shell helpers of the remote-regions failure tests (tests/regions_fail_*_test.sh; sourced after
 # lib.sh, not run): an etcd on free loopback ports that can be stopped and restarted on the same
-# data dir, a farmemd, `farmem mount --cluster ... --server ...` (also retried while the namespace's
-# claim of a killed mount is still held), namespace snapshots, and a cleanup that unmounts every
+# data dir, a farmemd, `farmem mount --cluster ... --server ...` (also retried while a namespace
+# mounted exclusively is still claimed by a killed mount), namespace snapshots, and a cleanup that unmounts every
 # mount and kills only the processes these helpers started. Callers set FARMEM and FARMEMD, call
 # fail_test_start first and run under `set -euo pipefail`.
 
@@ -91,8 +91,9 @@ start_etcd_mount() {
 
 # mount_regions DIR NAME URL [ARG...]: `farmem mount DIR --cluster URL --server $SERVER_ADDR ARG...` in the
 # background (MOUNT_PID, output in $WORK/NAME.out/.err), waited for (10 s). While the namespace
-# is still claimed by a mount that was killed (its membership lease has not expired yet: "mounted
-# already") it is started again, for up to 30 s; the number of refusals is left in REFUSALS.
+# is still claimed by an exclusive mount that was killed (its membership lease has not expired
+# yet: "mounted already") it is started again, for up to 30 s; the number of refusals is left in
+# REFUSALS (etcd mounts are shared: never refused).
 mount_regions() {
   local dir=$1 name=$2 url=$3 deadline
   shift 3  # the rest: more `farmem mount` arguments

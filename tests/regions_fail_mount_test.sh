@@ -3,12 +3,12 @@
 # loopback, `farmem mount --cluster etcd://... --server ...`; PERSISTENT files are written, a
 # helper holds two of them open (O_DIRECT, so nothing comes from the page cache), and the daemon
 # is SIGKILLed. The helper's read and write on the open descriptors fail at once (no hang) with
-# ENOTCONN (ECONNABORTED for a call queued while the daemon was dying), a stat with ENOTCONN; `fusermount3 -u -z` detaches the dead mount, a new `farmem
-# mount` of the same namespace gets in at once (the dead mount's claim outlives it with its lease;
-# a mount on the same host sees the claim's process is gone and takes it over) and reads every
-# file back with the same sha256 and attributes, and takes new writes.
-# FARMEM_REGIONS_FAULT=no_takeover makes it fail ("the remount was refused"). SKIP without
-# /dev/fuse or etcd. Labels: regions, integration.
+# ENOTCONN (ECONNABORTED for a call queued while the daemon was dying), a stat with ENOTCONN;
+# `fusermount3 -u -z` detaches the dead mount, a new `farmem mount` of the same namespace gets in
+# at once (etcd mounts are shared: nothing of the dead mount's, whose lease still lives, keeps it
+# out) and reads every file back with the same sha256 and attributes, and takes new writes. (What
+# the dead mount held, its open files, goes when its lease ends: regions_etcd_test.sh.) SKIP
+# without /dev/fuse or etcd. Labels: regions, integration.
 # Usage: regions_fail_mount_test.sh FARMEM FARMEMD
 set -euo pipefail
 
@@ -82,9 +82,8 @@ timeout 10 fusermount3 -u -z "$MNT" || fail "fusermount3 -u -z failed"
 t0=$(now_ms)
 mount_regions "$MNT" mount2 "$CLUSTER_URL"
 log "remounted after $(($(now_ms) - t0)) ms ($REFUSALS refusals)"
-# The dead mount's claim lives on with its membership lease; a mount on the same host sees that
-# its process is gone and takes the namespace over at once.
-((REFUSALS == 0)) || fail "the remount was refused $REFUSALS times while the killed mount's claim lived"
+# The dead mount's membership lease lives on for a while; a shared mount is not kept out by it.
+((REFUSALS == 0)) || fail "the remount was refused $REFUSALS times while the killed mount's lease lived"
 wait "$DEAD_PID" 2>/dev/null || true
 snapshot "$MNT" >"$WORK/after"
 diff "$WORK/before" "$WORK/after" >"$WORK/diff.out" || fail "namespace differs after the remount: $(cat "$WORK/diff.out")"

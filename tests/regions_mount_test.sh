@@ -2,7 +2,8 @@
 # Remote regions over FUSE (docs/regions.md "Tests"): `farmem mount` with no flags (embedded
 # farmemd, memory:// metadata, a 40 MiB budget), then Unix tools against it, compared with tmpfs:
 # random data + sha256 (also read back with O_DIRECT, past the page cache), cp -a + diff -r of the
-# repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, chmod/chown/
+# repo's src/common, truncate shrink/grow (holes read zero), mv over an existing file, cp over a
+# larger one (O_DIRECT read back), chmod/chown/
 # utimens and permissions (nobody vs a 0600 file), mkdir/rmdir/readdir, symlink, ONEWRITER (second
 # writer EBUSY), ENOSPC with the rest intact and the space reusable after rm, df from the budget,
 # fallocate (-l, -n, -p, -z) against tmpfs, the root-only .regions/ reports and `farmem regions
@@ -84,7 +85,14 @@ echo first >"$MNT/x"
 echo second >"$MNT/y"
 mv "$MNT/x" "$MNT/y"
 [[ "$(cat "$MNT/y")" == first && ! -e "$MNT/x" ]] || fail "mv over an existing file"
-log "mv over an existing file: ok"
+# And cp of a small file over a large one (open with O_TRUNC, which the kernel leaves to the
+# daemon: FUSE_CAP_ATOMIC_O_TRUNC): the store holds the small file, read past the page cache.
+head -c 2500000 /dev/urandom >"$MNT/over"
+head -c 70000 /dev/urandom >"$WORK/small"
+cp "$WORK/small" "$MNT/over"
+[[ "$(dd if="$MNT/over" iflag=direct bs=1M status=none | sha256sum)" == "$(sha256sum <"$WORK/small")" ]] ||
+  fail "cp over a larger file: the store kept the old size or bytes ($(grep 'path=/over ' "$MNT/.regions/files" | grep -o 'size=[0-9]*'))"
+log "mv over an existing file, cp over a larger one: ok"
 
 # 5. Directories, readdir, symlinks, hard links refused.
 mkdir -p "$MNT/d/e/f"
@@ -229,7 +237,7 @@ printf abc >"$MNT/intro/one file"
 exec 3<"$MNT/intro/one file"  # an open region for the "open" report
 grep -Eq "^path=/intro/one%20file ino=[0-9]+ size=3 chunks=1 .* map=0:[0-9]+\.[0-9]+$" "$MNT/.regions/files" ||
   fail ".regions/files: $(cat "$MNT/.regions/files")"
-grep -Eq "^ino=[0-9]+ path=/intro/one%20file opens=1 writers=0$" "$MNT/.regions/open" ||
+grep -Eq "^ino=[0-9]+ path=/intro/one%20file opens=1 writers=0 mounts=1$" "$MNT/.regions/open" ||
   fail ".regions/open: $(cat "$MNT/.regions/open")"
 exec 3<&-
 grep -q "^pid=$PID uid=0 mountpoint=$MNT " "$MNT/.regions/daemon" || fail ".regions/daemon: $(cat "$MNT/.regions/daemon")"
@@ -334,7 +342,7 @@ with open(os.path.join(d, "f"), "wb") as f:
     f.write(b"x" * 200000)
 assert os.getxattr(os.path.join(d, "f"), "user.region.hostalloc") == server, "not inherited"
 PY
-grep -q "^path=/placed/f .* hostalloc=$server map=" "$MNT/.regions/files" || fail ".regions/files: no hostalloc=$server for /placed/f"
+grep -q "^path=/placed/f .* hostalloc=$server vaddr=- map=" "$MNT/.regions/files" || fail ".regions/files: no hostalloc=$server for /placed/f"
 log "HOSTALLOC: set to the mount's server, inherited, shown in .regions/files; an unknown server EINVAL"
 
 # 12. Clean unmount on SIGTERM, then a second mount unmounted by fusermount3 -u.

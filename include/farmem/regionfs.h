@@ -31,6 +31,14 @@ struct RegionFsOptions {
   // Every metadata-store (etcd) call gives up after this long (the change fails with EIO): how
   // long a create waits for an etcd that stopped answering. 100..30000.
   uint32_t meta_timeout_ms = 2000;
+  // Several mounts of one namespace (docs/regions.md "Several mounts"). kShared: other mounts may
+  // share the namespace; the kernel's caches are kept coherent with theirs (no writeback cache,
+  // pages dropped at open, invalidations as others change things). kExclusive: this mount claims
+  // the namespace alone (a second mount is refused) and keeps the kernel's writeback cache, its
+  // pages across opens and negative entries. kAuto: kExclusive for memory:// (no other process
+  // can share it), kShared otherwise.
+  enum class Sharing { kAuto, kExclusive, kShared };
+  Sharing sharing = Sharing::kAuto;
   bool debug = false;  // libfuse's request log on stderr
   // Called once the mount is live (the FUSE session is mounted, requests will be served).
   std::function<void()> on_ready;
@@ -42,10 +50,10 @@ struct RegionFsOptions {
 Status RunRegionFs(const RegionFsOptions& options);
 
 // rsetdefaultattr (the paper's per-thread defaults, docs/regions.md "Attributes"): `attr`
-// ("persistent", "multihosted", "onewriter" with "0" or "1"; "hostalloc" with a server list, ""
-// for all) becomes the default for the files and directories the *calling thread* creates in the
-// mount at `mountpoint` from now on, over what they would inherit from their directory. Other
-// threads are not affected; the defaults end with the thread. It is the xattr
+// ("persistent", "multihosted", "onewriter", "fixvaddr" with "0" or "1"; "hostalloc" with a server
+// list, "" for all) becomes the default for the files and directories the *calling thread* creates
+// in the mount at `mountpoint` from now on, over what they would inherit from their directory.
+// Other threads are not affected; the defaults end with the thread. It is the xattr
 // "user.region.default.<attr>" of the mount's root, so any language (or setfattr, for that one
 // short-lived process) can set it. Errors as setxattr's: InvalidArgument (EINVAL: bad value,
 // unknown server), EPERM for "ownerpid" (set at creation), ENOTSUP for other names; also

@@ -1,14 +1,16 @@
-// RegionStore implementation. Lock order: an inode's `io` lock before mu_. Reads and writes hold
-// `io` shared and truncates/fallocates/reclaims hold it exclusive while their one-sided operations
-// run, so no chunk is freed (and possibly handed to another region) while an operation may touch
-// it. Writes to one inode overlap: each claims a span of bytes (under mu_) and waits only for
-// claimed spans it overlaps, so disjoint writes run together and overlapping ones one at a time.
+// RegionStore implementation: the file-system operations (the mirror of the cluster store and the
+// multi-mount protocol are in region_store_mirror.cc). Lock order: an inode's `open_mu`, then its
+// `io` lock, then mu_. Reads and writes hold `io` shared and truncates/fallocates/reclaims hold
+// it exclusive while their one-sided operations run, so no chunk is freed (and possibly handed to
+// another region) while an operation of this mount may touch it; other mounts are kept off by
+// this mount's open records. Writes to one inode overlap: each claims a span of bytes (under mu_)
+// and waits only for claimed spans it overlaps. Every change of the store is a compare-and-set on
+// the records it was computed from (CommitApply); when another mount changed one first, the
+// change is computed again on the refreshed records.
 // Invariant: every byte of an allocated chunk at or past the inode's size is zero (reused chunks
 // are zeroed where a write does not cover them, never-used ones are zero from ALLOC_RAW; a shrink
 // zeroes the tail of its last chunk).
 #include "regions/engine/region_store.h"
-
-#include "regions/engine/chunk_io.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -30,10 +32,12 @@
 #include <unordered_set>
 
 #include "common/log.h"
+#include "regions/engine/chunk_io.h"
+#include "regions/engine/store_internal.h"
 
 namespace farmem::regions {
 
-namespace {
+namespace internal {
 
 // Test-only protections that FARMEM_REGIONS_FAULT removes (docs/regions.md "Tests"):
 //   no_zero: fresh chunks are not zeroed where a write does not cover them;
@@ -65,7 +69,26 @@ namespace {
 //   no_truncate_rollback: a shrink whose tail zeroing failed keeps its new size (the EIO then
 //     comes with the size changed and the cut bytes still in the chunk);
 //   keep_orphans: Load refuses inode records no name leads to (left by a delete or create cut
-//     short by a failed metadata write) instead of dropping them.
+//     short by a failed metadata write) instead of dropping or reclaiming them.
+// And of the multi-mount protocol (docs/regions.md "Several mounts"):
+//   no_create_cas: create/mkdir/symlink commit without checking that the name is still free
+//     (racing creates in two mounts both succeed);
+//   no_write_cas: a write records its map and size without checking the record it started from
+//     (concurrent writers in two mounts lose each other's chunks);
+//   no_open_check: chunks are freed without asking whether another mount has the inode open;
+//   no_open_sync: opens and lookups of unknown names use what the watch delivered so far instead
+//     of reading the store (close-to-open then depends on the watch's delay);
+//   no_cluster_onewriter: ONEWRITER is enforced per mount only;
+//   no_fence: data calls go on while this mount's lease is unconfirmed or lost;
+//   no_unit_owner: a mount allocates chunks from any unit, not only its own;
+//   no_hostless_reap: regions whose owner's host has no mount left are kept (nobody watches
+//     their owner any more);
+//   no_taken_check: a write records its new chunks over chunks another write recorded for the
+//     same holes meanwhile (that write's bytes are lost);
+//   no_vaddr_cas: a FIXVADDR slot is taken without checking that no other region holds it (two
+//     mounts may give two regions one address);
+//   unbound_opens: open records are plain keys, not bound to the mount's lease (a killed mount's
+//     open files are then never freed).
 bool Fault(std::string_view name) {
   static const std::string fault = [] {
     const char* e = std::getenv("FARMEM_REGIONS_FAULT");
@@ -146,9 +169,27 @@ int64_t NowNs() {
       .count();
 }
 
-// The thread group (process) of thread `tid` (FUSE reports the calling thread), from
-// /proc/<tid>/status; `tid` itself when that cannot be read (the caller is gone, or a test's
-// made-up pid).
+std::string ProcStartTime(int32_t pid) {
+  if (pid <= 0) return "";
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return "";
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr || p[1] == 0) return "";
+  char state = 0;
+  unsigned long long start = 0;
+  // After ") ": state (field 3) ... starttime (field 22): skip 18 fields after the state.
+  if (std::sscanf(p + 2,
+                  "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &state, &start) != 2 ||
+      state == 'Z' || state == 'X')
+    return "";
+  return std::to_string(start);
+}
+
 int32_t TgidOf(int32_t tid) {
   std::FILE* f = std::fopen(("/proc/" + std::to_string(tid) + "/status").c_str(), "r");
   if (f == nullptr) return tid;
@@ -168,6 +209,40 @@ Status CheckName(std::string_view name) {
   return Status::OK();
 }
 
+std::string InodeKey(uint64_t ino) {
+  return "inode/" + std::to_string(ino);
+}
+std::string DirentKey(uint64_t parent, std::string_view name) {
+  return "dirent/" + std::to_string(parent) + "/" + std::string(name);
+}
+std::string DirentValue(uint64_t child) {
+  DirentRecord d{child};
+  return std::string(reinterpret_cast<const char*>(&d), sizeof(d));
+}
+std::string OpenKey(uint64_t ino, std::string_view mount) {
+  return OpenPrefix(ino) + std::string(mount);
+}
+std::string OpenPrefix(uint64_t ino) {
+  return "open/" + std::to_string(ino) + "/";
+}
+std::string FreePrefix(uint64_t ino) {
+  return "free/" + std::to_string(ino) + "/";
+}
+
+}  // namespace internal
+
+using internal::CheckName;
+using internal::DirentKey;
+using internal::DirentValue;
+using internal::Err;
+using internal::Fault;
+using internal::InodeKey;
+using internal::kMaxConflicts;
+using internal::kNoServer;
+using internal::NowNs;
+
+namespace {
+
 using Piece = ChunkPiece;
 
 const std::byte* ZeroChunk() {
@@ -184,46 +259,11 @@ Status RunPieces(Scheduler& s, const std::vector<Piece>& pieces, bool write) {
   return Status::OK();
 }
 
-class ClusterMeta : public MetaStore {
- public:
-  ClusterMeta(Cluster& c, std::string prefix) : c_(c), prefix_(std::move(prefix)) {}
-  Status put(std::string_view key, std::string_view value) override {
-    auto r = c_.put(prefix_ + std::string(key), value);
-    return r.ok() ? Status::OK() : r.status();
-  }
-  Status remove(std::string_view key) override {
-    Status s = c_.remove(prefix_ + std::string(key));
-    return s.code() == Code::kNotFound ? Status::OK() : s;
-  }
-  Status commit(const std::vector<MetaCheck>& checks,
-                const std::vector<MetaWrite>& writes) override {
-    std::vector<ClusterCompare> cmp;
-    for (const MetaCheck& c : checks) cmp.push_back({prefix_ + c.key, c.value});
-    std::vector<ClusterOp> ops;
-    for (const MetaWrite& w : writes)
-      ops.push_back({w.value ? ClusterOp::Type::kPut : ClusterOp::Type::kRemove, prefix_ + w.key,
-                     w.value.value_or("")});
-    auto r = c_.commit(cmp, ops);
-    return r.ok() ? Status::OK() : r.status();
-  }
-  Result<std::vector<std::pair<std::string, std::string>>> list(std::string_view prefix) override {
-    FARMEM_ASSIGN_OR_RETURN(auto kvs, c_.list(prefix_ + std::string(prefix)));
-    std::vector<std::pair<std::string, std::string>> out;
-    out.reserve(kvs.size());
-    for (auto& kv : kvs) out.emplace_back(kv.key.substr(prefix_.size()), std::move(kv.value));
-    return out;
-  }
-
- private:
-  Cluster& c_;
-  std::string prefix_;
-};
+Status KeptChanging(std::string_view what) {
+  return Err(EIO, std::string(what) + ": other mounts kept changing the records it needs");
+}
 
 }  // namespace
-
-std::unique_ptr<MetaStore> NewClusterMetaStore(Cluster& cluster, std::string prefix) {
-  return std::make_unique<ClusterMeta>(cluster, std::move(prefix));
-}
 
 Status ErrnoStatus(int e, std::string_view what) {
   return Err(e, what);
@@ -253,57 +293,31 @@ int ErrnoOf(const Status& s) {
   return EIO;
 }
 
-struct RegionStore::Inode {
-  InodeRecord rec;  // header (size, mode, ...), map, symlink target
-  std::map<std::string, uint64_t, std::less<>> children;  // directories
-  uint64_t parent = 0;                                    // directories
-  uint32_t opens = 0;
-  uint32_t writers = 0;
-  std::vector<MapEntry> deferred;  // cut off by a shrink while open: freed at the last release
-  bool reclaimed = false;
-  bool revoked = false;  // its owner exited (not PERSISTENT): IO through open handles is EIO
-  // Writes in flight: the bytes each claimed (its own, widened to whole chunks where it allocated:
-  // its zeroing covers them) and the chunks it allocated, which read as holes until it is done
-  // (their bytes are not zeroed yet). A write waits until no claimed span overlaps its own.
-  struct Claim {
-    uint64_t from = 0, to = 0;
-    std::vector<uint64_t> fresh;
-  };
-  std::list<Claim> claims;
-  std::shared_mutex io;
-  bool Overlaps(uint64_t from, uint64_t to) const {
-    for (const Claim& c : claims)
-      if (c.from < to && from < c.to) return true;
-    return false;
-  }
-  bool Fresh(uint64_t chunk) const {
-    for (const Claim& c : claims)
-      if (std::find(c.fresh.begin(), c.fresh.end(), chunk) != c.fresh.end()) return true;
-    return false;
-  }
-  bool is_dir() const { return (rec.h.mode & S_IFMT) == S_IFDIR; }
-  bool is_reg() const { return (rec.h.mode & S_IFMT) == S_IFREG; }
-};
-
-struct RegionStore::Unit {
-  uint32_t server = 0;
-  RemoteRef base;
-  uint16_t used = 0;  // bit i: chunk i is in some region's map
-  // Bit i: chunk i was handed out since ALLOC_RAW granted the unit, so it may hold a freed
-  // region's bytes. A chunk never handed out reads zero (ALLOC_RAW gives zeroed memory,
-  // docs/server.md) and needs no zeroing. Units loaded from metadata: all set (unknown history).
-  uint16_t touched = 0xffff;
-};
-
-struct RegionStore::Server {
-  std::string address;
-  std::unique_ptr<RawClient> client;
-};
-
 RegionStore::RegionStore(Node& node, MetaStore& meta, RegionStoreOptions options)
     : node_(node), meta_(meta), options_(std::move(options)) {}
 
 RegionStore::~RegionStore() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  house_cv_.notify_all();
+  changes_cv_.notify_all();
+  if (housekeeper_.joinable()) housekeeper_.join();
+  if (watch_) watch_->cancel();  // waits for a running callback (which takes mu_)
+  watch_.reset();
+  // What this store held in the cluster store goes with it (best effort: its lease ends them
+  // anyway, and a later store of the same member removes stale open records at Load).
+  std::vector<std::shared_ptr<Inode>> held;
+  for (auto& [ino, in] : inodes_)
+    if (in->published || in->writer_claimed) held.push_back(in);
+  for (auto& in : held) {
+    if (in->published) (void)meta_.remove(internal::OpenKey(in->rec.h.ino, mount_id_));
+    if (in->writer_claimed)
+      (void)meta_.commit({{"writer/" + std::to_string(in->rec.h.ino), mount_id_}},
+                         {{"writer/" + std::to_string(in->rec.h.ino), std::nullopt}});
+  }
+  if (!mount_id_.empty()) (void)meta_.remove("mount/" + mount_id_);
   for (auto& [pid, fd] : owners_)
     if (fd >= 0) close(fd);
   {
@@ -314,7 +328,10 @@ RegionStore::~RegionStore() {
     // Session units go with the clients' sessions anyway; free them now so the servers see it
     // at once.
     std::lock_guard lk(mu_);
-    for (auto& [gid, u] : units_) (void)servers_[u->server]->client->free_raw(u->base);
+    for (auto& [gid, u] : units_)
+      if (u->server != kNoServer && unit_owners_.contains(static_cast<uint32_t>(gid)) &&
+          unit_owners_[static_cast<uint32_t>(gid)] == mount_id_)
+        (void)servers_[u->server]->client->free_raw(u->base);
   }
 }
 
@@ -333,156 +350,39 @@ Result<std::unique_ptr<RegionStore>> RegionStore::Open(Node& node, MetaStore& me
     srv->client = std::move(*c);
     s->servers_.push_back(std::move(srv));
   }
+  FARMEM_RETURN_IF_ERROR(meta.join());
+  s->mount_id_ = meta.mount_id();
+  s->host_id_ = s->options_.host_id.empty() ? LocalHostId() : s->options_.host_id;
   FARMEM_RETURN_IF_ERROR(s->Load());
+  // This mount, for the others: its host (OWNERPID) and that it lives (the key goes with its
+  // lease).
+  const std::string mkey = "mount/" + s->mount_id_;
+  auto reg =
+      meta.put_bound(mkey, EncodeMount({s->host_id_, static_cast<int32_t>(getpid())}), false);
+  if (!reg.ok()) return reg.status();
+  {
+    std::lock_guard lk(s->mu_);
+    s->ApplyKey(mkey, EncodeMount({s->host_id_, static_cast<int32_t>(getpid())}), *reg, false);
+  }
+  s->ProbeLease();
+  s->AdoptOrphanUnits(/*wait=*/true);
+  // Unlinked files no mount has open any more, and chunks parked for them: freed now.
+  std::vector<std::shared_ptr<Inode>> nameless;
+  std::set<uint64_t> parked;
+  {
+    std::lock_guard lk(s->mu_);
+    for (auto& [ino, in] : s->inodes_)
+      if (!in->is_dir() && in->rec.h.nlink == 0) nameless.push_back(in);
+    for (auto& [key, p] : s->frees_) parked.insert(p.ino);
+  }
+  for (auto& in : nameless) {
+    s->TryReclaim(in);
+    std::lock_guard lk(s->mu_);
+    if (in->reclaimed) s->orphans_dropped_++;
+  }
+  for (uint64_t ino : parked) s->TryFree(ino);
+  s->housekeeper_ = std::thread([p = s.get()] { p->Housekeep(); });
   return s;
-}
-
-Status RegionStore::Load() {
-  std::lock_guard lk(mu_);
-  FARMEM_ASSIGN_OR_RETURN(auto kvs, meta_.list(""));
-  std::vector<std::pair<std::string, uint64_t>> dirents;
-  for (auto& [key, value] : kvs) {
-    auto num = [](std::string_view t) -> std::optional<uint64_t> {
-      if (t.empty() || t.size() > 19) return std::nullopt;
-      uint64_t v = 0;
-      for (char ch : t) {
-        if (ch < '0' || ch > '9') return std::nullopt;
-        v = v * 10 + static_cast<uint64_t>(ch - '0');
-      }
-      return v;
-    };
-    if (key.starts_with("inode/")) {
-      auto ino = num(std::string_view(key).substr(6));
-      auto rec = DecodeInode(value);
-      if (!ino || !rec.ok() || rec->h.ino != *ino)
-        return Status::InvalidArgument("regions metadata: bad " + key + ": " +
-                                       (rec.ok() ? "number mismatch" : rec.status().ToString()));
-      auto in = std::make_shared<Inode>();
-      in->rec = std::move(*rec);
-      inodes_[*ino] = in;
-      next_ino_ = std::max(next_ino_, *ino + 1);
-    } else if (key.starts_with("unit/")) {
-      auto gid = num(std::string_view(key).substr(5));
-      auto rec = DecodeUnit(value);
-      if (!gid || *gid == 0 || *gid > kMaxGid || !rec.ok())
-        return Status::InvalidArgument("regions metadata: bad " + key);
-      auto u = std::make_unique<Unit>();
-      auto it = std::find_if(servers_.begin(), servers_.end(),
-                             [&](auto& s) { return s->address == rec->address; });
-      if (it == servers_.end())
-        return Status::InvalidArgument("regions metadata: " + key + " is on server " +
-                                       rec->address + ", which this store was not given");
-      u->server = static_cast<uint32_t>(it - servers_.begin());
-      u->base = RemoteRef{(*it)->client->server().id, rec->key, rec->offset};
-      units_[*gid] = std::move(u);
-      next_gid_ = std::max<uint32_t>(next_gid_, static_cast<uint32_t>(*gid) + 1);
-    } else if (key.starts_with("dirent/")) {
-      std::string_view rest = std::string_view(key).substr(7);
-      size_t slash = rest.find('/');
-      auto parent = slash == std::string_view::npos ? std::nullopt : num(rest.substr(0, slash));
-      if (!parent || value.size() != sizeof(DirentRecord) ||
-          !CheckName(rest.substr(slash + 1)).ok())
-        return Status::InvalidArgument("regions metadata: bad " + key);
-      DirentRecord d;
-      std::memcpy(&d, value.data(), sizeof(d));
-      dirents.emplace_back(key, d.ino);
-    }
-  }
-  // Session units die with the clients that allocated them: metadata naming units from an
-  // earlier store can only be trusted when units are persistent (else its chunks may already
-  // belong to someone else).
-  if (!units_.empty() && !options_.persistent_units)
-    return Status::FailedPrecondition(
-        "regions metadata: names " + std::to_string(units_.size()) +
-        " unit(s) of an earlier mount, but this store allocates session units, which do not "
-        "outlive a mount; open it with persistent units");
-  if (inodes_.empty()) {
-    auto root = std::make_shared<Inode>();
-    root->rec.h.ino = kRootIno;
-    root->rec.h.mode = S_IFDIR | (options_.root_mode & 07777);
-    root->rec.h.nlink = 2;
-    root->rec.h.attr_flags = options_.root_attrs & kAttrKnown;
-    root->rec.h.atime_ns = root->rec.h.mtime_ns = root->rec.h.ctime_ns = NowNs();
-    root->parent = kRootIno;
-    inodes_[kRootIno] = root;
-    return Persist(*root);
-  }
-  if (!inodes_.contains(kRootIno) || !inodes_[kRootIno]->is_dir())
-    return Status::InvalidArgument("regions metadata: no root directory");
-  // Owners of an earlier mount: watched by pid again (a pid reused since would be taken for the
-  // owner; the record has no start time), gone ones reaped at the first ReapOwners.
-  for (auto& [ino, in] : inodes_)
-    if (in->is_reg() && in->rec.h.owner_pid > 0 && !Fault("no_rewatch"))
-      WatchOwner(in->rec.h.owner_pid);
-  inodes_[kRootIno]->parent = kRootIno;
-  for (auto& [key, ino] : dirents) {
-    std::string_view rest = std::string_view(key).substr(7);
-    size_t slash = rest.find('/');
-    uint64_t parent = std::stoull(std::string(rest.substr(0, slash)));
-    auto p = inodes_.find(parent);
-    auto c = inodes_.find(ino);
-    if (p == inodes_.end() || !p->second->is_dir() || c == inodes_.end() || ino == kRootIno)
-      return Status::InvalidArgument("regions metadata: dangling " + key);
-    p->second->children.emplace(std::string(rest.substr(slash + 1)), ino);
-    if (c->second->is_dir()) c->second->parent = parent;
-  }
-  // Inode records no name leads to are leftovers of a create whose name could not be written, or
-  // of a delete whose record could not be removed (the cluster store was lost between the two
-  // writes): not part of the namespace. They are dropped (their records removed, best effort)
-  // and their chunks are not counted as used. A directory with children is not such a leftover
-  // (a subtree cut off from the root is refused below).
-  if (!Fault("keep_orphans")) {
-    std::unordered_set<uint64_t> named;
-    for (auto& [key, ino] : dirents) named.insert(ino);
-    for (auto it = inodes_.begin(); it != inodes_.end();) {
-      if (it->first == kRootIno || named.contains(it->first) ||
-          (it->second->is_dir() && !it->second->children.empty())) {
-        ++it;
-        continue;
-      }
-      FARMEM_LOG_WARN(
-          "regions metadata: inode/{} has no name (a create or delete cut short): "
-          "dropped",
-          it->first);
-      (void)meta_.remove("inode/" + std::to_string(it->first));
-      orphans_dropped_++;
-      it = inodes_.erase(it);
-    }
-  }
-  // One tree: every inode reachable from the root through exactly one name (no cycles, no
-  // orphans, no second parent), so walks up the tree (rename's cycle check) end at the root.
-  std::unordered_map<uint64_t, int> names;
-  std::vector<uint64_t> todo{kRootIno};
-  names[kRootIno] = 1;
-  while (!todo.empty()) {
-    auto dir = inodes_[todo.back()];
-    todo.pop_back();
-    for (auto& [name, child] : dir->children) {
-      if (++names[child] > 1)
-        return Status::InvalidArgument("regions metadata: inode " + std::to_string(child) +
-                                       " has more than one name");
-      if (inodes_[child]->is_dir()) todo.push_back(child);
-    }
-  }
-  if (names.size() != inodes_.size())
-    return Status::InvalidArgument(
-        "regions metadata: " + std::to_string(inodes_.size() - names.size()) +
-        " inode(s) not reachable from the root");
-  // Every chunk in exactly one map, and only in units that exist.
-  for (auto& [ino, in] : inodes_) {
-    for (MapEntry e : in->rec.map) {
-      if (e == kHole) continue;
-      auto u = units_.find(EntryGid(e));
-      if (u == units_.end())
-        return Status::InvalidArgument("regions metadata: inode " + std::to_string(ino) +
-                                       " maps a chunk of unknown unit");
-      uint16_t bit = static_cast<uint16_t>(1u << (EntryUnitOffset(e) >> kChunkShift));
-      if (u->second->used & bit)
-        return Status::InvalidArgument("regions metadata: a chunk is mapped twice");
-      u->second->used |= bit;
-    }
-  }
-  return Status::OK();
 }
 
 Scheduler& RegionStore::Sched() {
@@ -508,29 +408,10 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::GetDir(uint64_t ino) {
   return in;
 }
 
-Status RegionStore::Persist(const Inode& in) {
-  return PersistRecord(in.rec);
-}
-
-Status RegionStore::PersistRecord(const InodeRecord& rec) {
-  return meta_.put("inode/" + std::to_string(rec.h.ino), EncodeInode(rec));
-}
-
-Status RegionStore::Commit(Inode& in, InodeRecord next) {
-  if (Fault("no_meta_rollback")) {
-    in.rec = std::move(next);
-    return Persist(in);
-  }
-  FARMEM_RETURN_IF_ERROR(PersistRecord(next));
-  in.rec = std::move(next);
-  return Status::OK();
-}
-
-Status RegionStore::PersistDirent(uint64_t parent, std::string_view name, uint64_t ino) {
-  std::string key = "dirent/" + std::to_string(parent) + "/" + std::string(name);
-  if (ino == 0) return meta_.remove(key);
-  DirentRecord d{ino};
-  return meta_.put(key, std::string_view(reinterpret_cast<const char*>(&d), sizeof(d)));
+uint64_t RegionStore::ParentOf(uint64_t dir) const {
+  if (dir == kRootIno) return kRootIno;
+  auto it = name_of_.find(dir);
+  return it == name_of_.end() ? kRootIno : it->second.first;
 }
 
 InodeAttr RegionStore::AttrOf(const Inode& in) const {
@@ -547,7 +428,7 @@ InodeAttr RegionStore::AttrOf(const Inode& in) const {
   a.atime_ns = h.atime_ns;
   a.mtime_ns = h.mtime_ns;
   a.ctime_ns = h.ctime_ns;
-  a.attr_flags = h.attr_flags;
+  a.attr_flags = static_cast<uint16_t>(h.attr_flags & kAttrKnown);
   a.owner_pid = h.owner_pid;
   return a;
 }
@@ -561,8 +442,26 @@ Result<InodeAttr> RegionStore::getattr(uint64_t ino) {
 Result<InodeAttr> RegionStore::lookup(uint64_t parent, std::string_view name) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
-  auto it = dir->children.find(name);
-  if (it == dir->children.end()) return Err(ENOENT, std::string(name));
+  auto& names = Children(parent);
+  auto it = names.find(name);
+  if ((it == names.end() || !inodes_.contains(it->second)) && CheckName(name).ok() &&
+      !Fault("no_open_sync") && !StoreAway()) {
+    // Another mount may have made the name a moment ago (its change not here yet): the store
+    // knows.
+    const std::string key = DirentKey(parent, name);
+    auto kv = meta_.get(key);
+    if (!kv.ok()) NoteStoreError(kv.status());
+    if (kv.ok() && *kv && (*kv)->value.size() == sizeof(DirentRecord)) {
+      DirentRecord d;
+      std::memcpy(&d, (*kv)->value.data(), sizeof(d));
+      auto rec = meta_.get(InodeKey(d.ino));
+      if (rec.ok() && *rec) ApplyKey(InodeKey(d.ino), (*rec)->value, (*rec)->revision, true);
+      ApplyKey(key, (*kv)->value, (*kv)->revision, true);
+      if (auto in = inodes_.find(d.ino); in != inodes_.end()) (void)RefreshUnitsOf(*in->second);
+    }
+    it = names.find(name);
+  }
+  if (it == names.end()) return Err(ENOENT, std::string(name));
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(it->second));
   return AttrOf(*in);
 }
@@ -572,36 +471,61 @@ Result<std::shared_ptr<RegionStore::Inode>> RegionStore::NewInode(uint64_t paren
                                                                   uint32_t mode, const Caller& who,
                                                                   std::string_view target) {
   FARMEM_RETURN_IF_ERROR(CheckName(name));
-  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
-  if (dir->children.contains(name)) return Err(EEXIST, std::string(name));
-  auto in = std::make_shared<Inode>();
-  InodeRecordHeader& h = in->rec.h;
-  h.ino = next_ino_++;
-  h.mode = mode;
-  h.uid = who.uid;
-  h.gid = who.gid;
-  h.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
-  h.attr_flags = dir->rec.h.attr_flags;  // inherited from the directory
-  if ((mode & S_IFMT) != S_IFLNK) in->rec.hostalloc = dir->rec.hostalloc;
-  // ... unless the creating thread set defaults (rsetdefaultattr): they win.
-  if (who.defaults != nullptr && (mode & S_IFMT) != S_IFLNK && !Fault("no_thread_defaults")) {
-    h.attr_flags = static_cast<uint16_t>((h.attr_flags & ~who.defaults->set) |
-                                         (who.defaults->flags & who.defaults->set));
-    if (who.defaults->hostalloc) in->rec.hostalloc = *who.defaults->hostalloc;
+  const bool is_reg = (mode & S_IFMT) == S_IFREG, is_dir = (mode & S_IFMT) == S_IFDIR;
+  const int32_t owner = who.pid > 0 ? internal::TgidOf(who.pid) : 0;  // the process, not thread
+  const std::string owner_start = owner > 0 && is_reg ? internal::ProcStartTime(owner) : "";
+  for (int attempt = 0;; ++attempt) {
+    FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+    if (Children(parent).contains(name)) return Err(EEXIST, std::string(name));
+    FARMEM_ASSIGN_OR_RETURN(uint64_t ino, NextIno());
+    InodeRecord rec;
+    InodeRecordHeader& h = rec.h;
+    h.ino = ino;
+    h.mode = mode;
+    h.uid = who.uid;
+    h.gid = who.gid;
+    h.nlink = is_dir ? 2 : 1;
+    h.attr_flags = dir->rec.h.attr_flags & kAttrKnown;  // inherited from the directory
+    if ((mode & S_IFMT) != S_IFLNK) rec.hostalloc = dir->rec.hostalloc;
+    // ... unless the creating thread set defaults (rsetdefaultattr): they win.
+    if (who.defaults != nullptr && (mode & S_IFMT) != S_IFLNK && !Fault("no_thread_defaults")) {
+      h.attr_flags = static_cast<uint16_t>((h.attr_flags & ~who.defaults->set) |
+                                           (who.defaults->flags & who.defaults->set));
+      if (who.defaults->hostalloc) rec.hostalloc = *who.defaults->hostalloc;
+    }
+    h.owner_pid = owner;
+    h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
+    rec.target = std::string(target);
+    InodeRecord dn = dir->rec;
+    if (is_dir) ++dn.h.nlink;
+    dn.h.mtime_ns = dn.h.ctime_ns = h.ctime_ns;
+    std::vector<MetaWrite> writes{{InodeKey(ino), EncodeInode(rec)},
+                                  {DirentKey(parent, name), DirentValue(ino)},
+                                  {InodeKey(parent), EncodeInode(dn)}};
+    if (is_reg && owner > 0)
+      writes.push_back(
+          {"owner/" + std::to_string(ino), EncodeOwner({mount_id_, host_id_, owner, owner_start})});
+    // The name must still be free, and the directory as this mount saw it (a racing create in
+    // another mount, or an rmdir, changed one of them): exactly one of racing creates wins.
+    std::vector<MetaCheck> checks;
+    if (!Fault("no_create_cas"))
+      checks = {
+          {DirentKey(parent, name), std::nullopt}, InodeCheck(*dir), {InodeKey(ino), std::nullopt}};
+    // An inherited FIXVADDR takes a free slot of the fixed range, checked free in the store.
+    if (is_reg && (h.attr_flags & kAttrFixVaddr)) {
+      FARMEM_ASSIGN_OR_RETURN(uint32_t slot, FreeVaddrSlot());
+      writes.push_back({VaddrKey(slot), std::to_string(ino)});
+      if (!Fault("no_vaddr_cas")) checks.push_back({VaddrKey(slot), std::nullopt});
+    }
+    auto r = CommitApply(checks, writes);
+    if (r.ok()) {
+      FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
+      if (is_reg && owner > 0) WatchOwner(owner, owner_start);
+      return in;
+    }
+    if (!Conflict(r.status())) return r.status();
+    if (attempt + 1 >= kMaxConflicts) return KeptChanging("create");
   }
-  h.owner_pid = who.pid > 0 ? TgidOf(who.pid) : 0;  // the process, not the thread
-  h.atime_ns = h.mtime_ns = h.ctime_ns = NowNs();
-  if (in->is_dir()) in->parent = parent;
-  in->rec.target = std::string(target);  // symlinks: in the record before it is first persisted
-  FARMEM_RETURN_IF_ERROR(Persist(*in));
-  FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, h.ino));
-  inodes_[h.ino] = in;
-  if (in->is_reg() && h.owner_pid > 0) WatchOwner(h.owner_pid);
-  dir->children.emplace(std::string(name), h.ino);
-  if (in->is_dir()) ++dir->rec.h.nlink;
-  dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = h.ctime_ns;
-  FARMEM_RETURN_IF_ERROR(Persist(*dir));
-  return in;
 }
 
 Result<InodeAttr> RegionStore::create(uint64_t parent, std::string_view name, uint32_t mode,
@@ -634,67 +558,61 @@ Result<std::string> RegionStore::readlink(uint64_t ino) {
   return in->rec.target;
 }
 
-// The inode lost a name. Files with no name left and no handle are reclaimed by the caller
-// (returns true through `reclaim`).
-Status RegionStore::DropLink(const std::shared_ptr<Inode>& in) {
-  if (in->rec.h.nlink > 0) --in->rec.h.nlink;
-  if (in->is_dir()) in->rec.h.nlink = 0;
-  in->rec.h.ctime_ns = NowNs();
-  if (in->rec.h.nlink == 0) return Status::OK();
-  return Persist(*in);
-}
-
-// Frees an inode that has no name and no open handle: waits for reads and writes in flight
-// (io exclusive), then returns its chunks and removes its record. Called without mu_.
-void RegionStore::MaybeReclaim(const std::shared_ptr<Inode>& in) {
-  std::unique_lock io(in->io);
-  std::lock_guard lk(mu_);
-  if (in->reclaimed || in->rec.h.nlink != 0 || (in->opens != 0 && !Fault("no_pin"))) return;
-  in->reclaimed = true;
-  for (MapEntry e : in->rec.map)
-    if (e != kHole) FreeChunk(e);
-  for (MapEntry e : in->deferred) FreeChunk(e);
-  in->rec.map.clear();
-  in->deferred.clear();
-  (void)meta_.remove("inode/" + std::to_string(in->rec.h.ino));
-  inodes_.erase(in->rec.h.ino);
-}
-
 Status RegionStore::unlink(uint64_t parent, std::string_view name) {
   std::shared_ptr<Inode> victim;
   {
     std::lock_guard lk(mu_);
-    FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
-    auto it = dir->children.find(name);
-    if (it == dir->children.end()) return Err(ENOENT, std::string(name));
-    FARMEM_ASSIGN_OR_RETURN(victim, Get(it->second));
-    if (victim->is_dir()) return Err(EISDIR, std::string(name) + " is a directory");
-    FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
-    dir->children.erase(it);
-    dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
-    FARMEM_RETURN_IF_ERROR(Persist(*dir));
-    FARMEM_RETURN_IF_ERROR(DropLink(victim));
+    for (int attempt = 0;; ++attempt) {
+      FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+      auto it = Children(parent).find(name);
+      if (it == Children(parent).end()) return Err(ENOENT, std::string(name));
+      FARMEM_ASSIGN_OR_RETURN(victim, Get(it->second));
+      if (victim->is_dir()) return Err(EISDIR, std::string(name) + " is a directory");
+      const uint64_t ino = victim->rec.h.ino;
+      InodeRecord dn = dir->rec, vn = victim->rec;
+      dn.h.mtime_ns = dn.h.ctime_ns = vn.h.ctime_ns = NowNs();
+      if (vn.h.nlink > 0) --vn.h.nlink;
+      // The name goes and the record stays with nlink 0 until no mount has the file open
+      // (TryReclaim): one transaction, so the file never has a name without a record or the
+      // other way round.
+      auto r = CommitApply(
+          {{DirentKey(parent, name), DirentValue(ino)}, InodeCheck(*dir), InodeCheck(*victim)},
+          {{DirentKey(parent, name), std::nullopt},
+           {InodeKey(parent), EncodeInode(dn)},
+           {InodeKey(ino), EncodeInode(vn)}});
+      if (r.ok()) break;
+      if (!Conflict(r.status())) return r.status();
+      if (attempt + 1 >= kMaxConflicts) return KeptChanging("unlink");
+    }
   }
-  MaybeReclaim(victim);
+  TryReclaim(victim);
   return Status::OK();
 }
 
 Status RegionStore::rmdir(uint64_t parent, std::string_view name) {
   std::lock_guard lk(mu_);
-  FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
-  auto it = dir->children.find(name);
-  if (it == dir->children.end()) return Err(ENOENT, std::string(name));
-  FARMEM_ASSIGN_OR_RETURN(auto victim, Get(it->second));
-  if (!victim->is_dir()) return Err(ENOTDIR, std::string(name) + " is not a directory");
-  if (!victim->children.empty()) return Err(ENOTEMPTY, std::string(name) + " is not empty");
-  FARMEM_RETURN_IF_ERROR(PersistDirent(parent, name, 0));
-  dir->children.erase(it);
-  --dir->rec.h.nlink;
-  dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
-  FARMEM_RETURN_IF_ERROR(Persist(*dir));
-  (void)meta_.remove("inode/" + std::to_string(victim->rec.h.ino));
-  inodes_.erase(victim->rec.h.ino);
-  return Status::OK();
+  for (int attempt = 0;; ++attempt) {
+    FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(parent));
+    auto it = Children(parent).find(name);
+    if (it == Children(parent).end()) return Err(ENOENT, std::string(name));
+    FARMEM_ASSIGN_OR_RETURN(auto victim, Get(it->second));
+    if (!victim->is_dir()) return Err(ENOTDIR, std::string(name) + " is not a directory");
+    const uint64_t ino = victim->rec.h.ino;
+    if (!Children(ino).empty()) return Err(ENOTEMPTY, std::string(name) + " is not empty");
+    InodeRecord dn = dir->rec;
+    --dn.h.nlink;
+    dn.h.mtime_ns = dn.h.ctime_ns = NowNs();
+    // Every create in the directory rewrites its record: the compare on it keeps a name made in
+    // another mount meanwhile from being cut off.
+    auto r = CommitApply(
+        {{DirentKey(parent, name), DirentValue(ino)}, InodeCheck(*dir), InodeCheck(*victim)},
+        {{DirentKey(parent, name), std::nullopt},
+         {InodeKey(parent), EncodeInode(dn)},
+         {InodeKey(ino), std::nullopt}});
+    if (r.ok()) return Status::OK();
+    if (!Conflict(r.status())) return r.status();
+    if (attempt + 1 >= kMaxConflicts) return KeptChanging("rmdir");
+  }
 }
 
 Status RegionStore::rename(uint64_t parent, std::string_view name, uint64_t new_parent,
@@ -703,106 +621,90 @@ Status RegionStore::rename(uint64_t parent, std::string_view name, uint64_t new_
   {
     std::lock_guard lk(mu_);
     FARMEM_RETURN_IF_ERROR(CheckName(new_name));
-    FARMEM_ASSIGN_OR_RETURN(auto from, GetDir(parent));
-    FARMEM_ASSIGN_OR_RETURN(auto to, GetDir(new_parent));
-    auto it = from->children.find(name);
-    if (it == from->children.end()) return Err(ENOENT, std::string(name));
-    FARMEM_ASSIGN_OR_RETURN(auto moving, Get(it->second));
-    if (parent == new_parent && name == new_name) return Status::OK();
-    if (moving->is_dir()) {
-      // Not into its own subtree.
-      for (uint64_t p = new_parent;; p = inodes_[p]->parent) {
-        if (p == moving->rec.h.ino) return Err(EINVAL, "a directory cannot move into itself");
-        if (p == kRootIno) break;
+    for (int attempt = 0;; ++attempt) {
+      replaced.reset();
+      FARMEM_ASSIGN_OR_RETURN(auto from, GetDir(parent));
+      FARMEM_ASSIGN_OR_RETURN(auto to, GetDir(new_parent));
+      auto it = Children(parent).find(name);
+      if (it == Children(parent).end()) return Err(ENOENT, std::string(name));
+      FARMEM_ASSIGN_OR_RETURN(auto moving, Get(it->second));
+      if (parent == new_parent && name == new_name) return Status::OK();
+      const uint64_t ino = moving->rec.h.ino;
+      if (moving->is_dir()) {
+        // Not into its own subtree (bounded: the walk ends at the root).
+        uint64_t p = new_parent;
+        for (size_t steps = 0; steps <= inodes_.size(); ++steps, p = ParentOf(p)) {
+          if (p == ino) return Err(EINVAL, "a directory cannot move into itself");
+          if (p == kRootIno) break;
+        }
       }
-    }
-    auto old = to->children.find(new_name);
-    if (old != to->children.end()) {
-      if (noreplace) return Err(EEXIST, std::string(new_name));
-      FARMEM_ASSIGN_OR_RETURN(replaced, Get(old->second));
-      if (replaced->is_dir() != moving->is_dir())
-        return replaced->is_dir() ? Err(EISDIR, std::string(new_name))
-                                  : Err(ENOTDIR, std::string(new_name));
-      if (replaced->is_dir() && !replaced->children.empty())
-        return Err(ENOTEMPTY, std::string(new_name));
-    }
-    // Every record the rename changes goes to the store in one transaction, checked against
-    // the names as this store knows them: cut short (etcd lost), it changed nothing, so a reload
-    // never finds two names for one inode. Memory follows once the store has it.
-    const uint64_t ino = moving->rec.h.ino;
-    const int64_t now = NowNs();
-    auto dirent = [](uint64_t dir, std::string_view n) {
-      return "dirent/" + std::to_string(dir) + "/" + std::string(n);
-    };
-    auto direntValue = [](uint64_t child) {
-      DirentRecord d{child};
-      return std::string(reinterpret_cast<const char*>(&d), sizeof(d));
-    };
-    std::vector<MetaCheck> checks{{dirent(parent, name), direntValue(ino)}};
-    checks.push_back(
-        {dirent(new_parent, new_name),
-         replaced ? std::optional<std::string>(direntValue(replaced->rec.h.ino)) : std::nullopt});
-    std::vector<MetaWrite> writes{{dirent(new_parent, new_name), direntValue(ino)},
-                                  {dirent(parent, name), std::nullopt}};
-    InodeRecord from_next = from->rec, to_next = to->rec, moving_next = moving->rec;
-    InodeRecord& tn = to == from ? from_next : to_next;  // the target directory's next record
-    std::optional<InodeRecord> replaced_next;
-    const bool moves_dir = moving->is_dir() && parent != new_parent;
-    if (replaced) {
-      if (replaced->is_dir()) {
-        --tn.h.nlink;
-        writes.push_back({"inode/" + std::to_string(replaced->rec.h.ino), std::nullopt});
-      } else {
-        // As DropLink: a file with no name left keeps its record until it is reclaimed (a
-        // record no name leads to is dropped at load).
-        replaced_next = replaced->rec;
-        if (replaced_next->h.nlink > 0) --replaced_next->h.nlink;
-        replaced_next->h.ctime_ns = now;
-        if (replaced_next->h.nlink > 0)
-          writes.push_back(
-              {"inode/" + std::to_string(replaced->rec.h.ino), EncodeInode(*replaced_next)});
+      auto old = Children(new_parent).find(new_name);
+      if (old != Children(new_parent).end()) {
+        if (noreplace) return Err(EEXIST, std::string(new_name));
+        FARMEM_ASSIGN_OR_RETURN(replaced, Get(old->second));
+        if (replaced->is_dir() != moving->is_dir())
+          return replaced->is_dir() ? Err(EISDIR, std::string(new_name))
+                                    : Err(ENOTDIR, std::string(new_name));
+        if (replaced->is_dir() && !Children(replaced->rec.h.ino).empty())
+          return Err(ENOTEMPTY, std::string(new_name));
       }
-    }
-    if (moves_dir) {
-      --from_next.h.nlink;
-      ++tn.h.nlink;
-    }
-    from_next.h.mtime_ns = from_next.h.ctime_ns = now;
-    tn.h.mtime_ns = tn.h.ctime_ns = now;
-    moving_next.h.ctime_ns = now;
-    writes.push_back({"inode/" + std::to_string(from->rec.h.ino), EncodeInode(from_next)});
-    if (to != from)
-      writes.push_back({"inode/" + std::to_string(to->rec.h.ino), EncodeInode(to_next)});
-    writes.push_back({"inode/" + std::to_string(ino), EncodeInode(moving_next)});
-    if (Fault("split_rename")) {
-      // The old way: one write after the other; a failure leaves the ones before it.
-      for (const MetaWrite& w : writes)
-        FARMEM_RETURN_IF_ERROR(w.value ? meta_.put(w.key, *w.value) : meta_.remove(w.key));
-    } else {
-      Status c = meta_.commit(checks, writes);
-      if (!c.ok())
-        return c.code() == Code::kFailedPrecondition
-                   ? Err(EIO, "rename: the metadata store's names differ from this mount's: " +
-                                  c.ToString())
-                   : c;
-    }
-    from->children.erase(it);
-    if (replaced) {
-      to->children.erase(std::string(new_name));
-      if (replaced->is_dir()) {
-        inodes_.erase(replaced->rec.h.ino);
-        replaced.reset();
-      } else {
-        replaced->rec = std::move(*replaced_next);
+      // Every record the rename changes goes to the store in one transaction, checked against
+      // the names and records as this mount knows them: cut short (etcd lost), it changed
+      // nothing, so a reload never finds two names for one inode; another mount's change to any
+      // of them first makes it start over on the new records.
+      const int64_t now = NowNs();
+      std::vector<MetaCheck> checks{{DirentKey(parent, name), DirentValue(ino)}};
+      checks.push_back(
+          {DirentKey(new_parent, new_name),
+           replaced ? std::optional<std::string>(DirentValue(replaced->rec.h.ino)) : std::nullopt});
+      checks.push_back(InodeCheck(*from));
+      if (to != from) checks.push_back(InodeCheck(*to));
+      checks.push_back(InodeCheck(*moving));
+      if (replaced) checks.push_back(InodeCheck(*replaced));
+      std::vector<MetaWrite> writes{{DirentKey(new_parent, new_name), DirentValue(ino)},
+                                    {DirentKey(parent, name), std::nullopt}};
+      InodeRecord from_next = from->rec, to_next = to->rec, moving_next = moving->rec;
+      InodeRecord& tn = to == from ? from_next : to_next;  // the target directory's next record
+      const bool moves_dir = moving->is_dir() && parent != new_parent;
+      if (replaced) {
+        if (replaced->is_dir()) {
+          --tn.h.nlink;
+          writes.push_back({InodeKey(replaced->rec.h.ino), std::nullopt});
+        } else {
+          // As unlink: a file with no name left keeps its record, nlink 0, until it is reclaimed.
+          InodeRecord rn = replaced->rec;
+          if (rn.h.nlink > 0) --rn.h.nlink;
+          rn.h.ctime_ns = now;
+          writes.push_back({InodeKey(replaced->rec.h.ino), EncodeInode(rn)});
+        }
       }
+      if (moves_dir) {
+        --from_next.h.nlink;
+        ++tn.h.nlink;
+      }
+      from_next.h.mtime_ns = from_next.h.ctime_ns = now;
+      tn.h.mtime_ns = tn.h.ctime_ns = now;
+      moving_next.h.ctime_ns = now;
+      writes.push_back({InodeKey(from->rec.h.ino), EncodeInode(from_next)});
+      if (to != from) writes.push_back({InodeKey(to->rec.h.ino), EncodeInode(to_next)});
+      writes.push_back({InodeKey(ino), EncodeInode(moving_next)});
+      if (Fault("split_rename")) {
+        // The old way: one write after the other; a failure leaves the ones before it.
+        for (const MetaWrite& w : writes) {
+          auto r = w.value ? meta_.put(w.key, *w.value) : meta_.remove(w.key);
+          if (!r.ok()) return r.status();
+          ApplyKey(w.key, w.value, *r, false);
+        }
+        break;
+      }
+      auto r = CommitApply(checks, writes);
+      if (r.ok()) break;
+      if (!Conflict(r.status())) return r.status();
+      if (attempt + 1 >= kMaxConflicts) return KeptChanging("rename");
     }
-    to->children.emplace(std::string(new_name), ino);
-    if (moves_dir) moving->parent = new_parent;
-    from->rec = std::move(from_next);
-    if (to != from) to->rec = std::move(to_next);
-    moving->rec = std::move(moving_next);
+    if (replaced && replaced->is_dir()) replaced.reset();
   }
-  if (replaced) MaybeReclaim(replaced);
+  if (replaced) TryReclaim(replaced);
   return Status::OK();
 }
 
@@ -811,15 +713,39 @@ Result<std::vector<DirEntry>> RegionStore::readdir(uint64_t ino) {
   FARMEM_ASSIGN_OR_RETURN(auto dir, GetDir(ino));
   std::vector<DirEntry> out;
   out.push_back({".", ino, S_IFDIR});
-  out.push_back({"..", dir->parent, S_IFDIR});
-  for (auto& [name, child] : dir->children) {
+  out.push_back({"..", ParentOf(ino), S_IFDIR});
+  for (auto& [name, child] : Children(ino)) {
     auto c = inodes_.find(child);
-    out.push_back({name, child, c == inodes_.end() ? 0u : c->second->rec.h.mode});
+    if (c == inodes_.end()) continue;  // its record is not here yet
+    out.push_back({name, child, c->second->rec.h.mode});
   }
   return out;
 }
 
+Status RegionStore::UpdateInode(
+    Inode& in, const std::function<Status(InodeRecord& next, std::vector<MetaWrite>& extra,
+                                          std::vector<MetaCheck>& checks)>& change) {
+  for (int attempt = 0;; ++attempt) {
+    if (!in.stored) return Err(ENOENT, "inode was deleted");
+    InodeRecord next = in.rec;
+    std::vector<MetaWrite> writes{{InodeKey(in.rec.h.ino), ""}};
+    std::vector<MetaCheck> checks{InodeCheck(in)};
+    FARMEM_RETURN_IF_ERROR(change(next, writes, checks));
+    writes[0].value = EncodeInode(next);
+    // Applied once the store has it: a failed metadata write (the cluster store unreachable)
+    // changes nothing, and another mount's change first makes it start over on that record.
+    auto r = CommitApply(checks, writes);
+    if (r.ok()) return Status::OK();
+    if (!Conflict(r.status())) {
+      if (Fault("no_meta_rollback")) in.rec = std::move(next);
+      return r.status();
+    }
+    if (attempt + 1 >= kMaxConflicts) return KeptChanging("a change of inode");
+  }
+}
+
 Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) {
+  if (req.size) FARMEM_RETURN_IF_ERROR(CheckLease());
   std::shared_ptr<Inode> in;
   {
     std::lock_guard lk(mu_);
@@ -827,49 +753,61 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
   }
   std::unique_lock io(in->io);  // no read or write of this inode in flight from here on
   std::unique_lock lk(mu_);
-  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
-  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
-  int64_t now = NowNs();
-  // The change is made on a copy and applied only once the store has it: a failed metadata
-  // write (the cluster store unreachable) changes nothing.
-  InodeRecord next = in->rec;
-  InodeRecordHeader& h = next.h;
-  std::vector<MapEntry> cut;
+  if (in->revoked()) return Err(EIO, "region revoked: its owner process exited");
+  if (in->reclaimed || !in->stored) return Err(ENOENT, "inode was deleted");
   std::vector<Piece> tail;  // zeroes of the new last chunk's tail, written after the commit
-  if (req.size) {
-    if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
-    uint64_t n = *req.size;
-    if (n > kMaxRegionBytes) return Err(EFBIG, "larger than the largest region (8 GiB)");
-    if (n < h.size) {
-      // The tail of the new last chunk must read zero if the file grows again.
-      uint64_t c = ChunkOf(n);
-      if (n % kChunkBytes != 0 && c < next.map.size() && next.map[c] != kHole &&
-          !Fault("no_tail")) {
-        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(next.map[c]));
-        uint64_t in_chunk = n % kChunkBytes;
-        uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
-        ref.offset += in_chunk;
-        tail.push_back(Piece{ref, nullptr, ZeroChunk(), end - in_chunk});
-      }
-      size_t keep = ChunksFor(n);
-      for (size_t i = keep; i < next.map.size(); ++i)
-        if (next.map[i] != kHole) cut.push_back(next.map[i]);
-      if (next.map.size() > keep) next.map.resize(keep);
-    }
-    h.size = n;
-    h.mtime_ns = now;
-  }
-  if (req.mode) h.mode = (h.mode & S_IFMT) | (*req.mode & 07777);
-  if (req.uid) h.uid = *req.uid;
-  if (req.gid) h.gid = *req.gid;
-  if (req.atime_ns) h.atime_ns = *req.atime_ns;
-  if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
-  h.ctime_ns = now;
-  const InodeRecord before = in->rec;
-  FARMEM_RETURN_IF_ERROR(Commit(*in, std::move(next)));
+  std::string free_key;     // where the chunks cut off are parked
+  InodeRecord before;
+  Status st = UpdateInode(
+      *in,
+      [&](InodeRecord& next, std::vector<MetaWrite>& extra, std::vector<MetaCheck>&) -> Status {
+        before = next;
+        tail.clear();
+        free_key.clear();
+        int64_t now = NowNs();
+        InodeRecordHeader& h = next.h;
+        std::vector<MapEntry> cut;
+        if (req.size) {
+          if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "truncate of a non-file");
+          uint64_t n = *req.size;
+          if (n > kMaxRegionBytes) return Err(EFBIG, "larger than the largest region (8 GiB)");
+          if (n < h.size) {
+            // The tail of the new last chunk must read zero if the file grows again.
+            uint64_t c = ChunkOf(n);
+            if (n % kChunkBytes != 0 && c < next.map.size() && next.map[c] != kHole &&
+                !Fault("no_tail")) {
+              FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(next.map[c]));
+              uint64_t in_chunk = n % kChunkBytes;
+              uint64_t end = std::min<uint64_t>(kChunkBytes, h.size - c * kChunkBytes);
+              ref.offset += in_chunk;
+              tail.push_back(Piece{ref, nullptr, ZeroChunk(), end - in_chunk});
+            }
+            size_t keep = ChunksFor(n);
+            for (size_t i = keep; i < next.map.size(); ++i)
+              if (next.map[i] != kHole) cut.push_back(next.map[i]);
+            if (next.map.size() > keep) next.map.resize(keep);
+          }
+          h.size = n;
+          h.mtime_ns = now;
+        }
+        if (req.mode) h.mode = (h.mode & S_IFMT) | (*req.mode & 07777);
+        if (req.uid) h.uid = *req.uid;
+        if (req.gid) h.gid = *req.gid;
+        if (req.atime_ns) h.atime_ns = *req.atime_ns;
+        if (req.mtime_ns) h.mtime_ns = *req.mtime_ns;
+        h.ctime_ns = now;
+        // The chunks cut off are parked, not freed: a mount with the file open may still read them
+        // (TryFree returns them once none has it open).
+        if (!cut.empty()) {
+          free_key = NewFreeKey(ino);
+          extra.push_back({free_key, EncodeFree({ino, cut})});
+        }
+        return Status::OK();
+      });
+  if (!st.ok()) return st;
   // Zeroed after the commit, so a truncate the store refused leaves the bytes as they were. No
-  // read or write runs meanwhile (io is held) and reclaim waits for io too; the chunks cut off
-  // are freed only once the zeroing is done, so a rollback can give them back to the map.
+  // read or write of this mount runs meanwhile (io is held) and the chunks cut off are freed only
+  // after this, so a rollback can give them back to the map.
   Status z;
   if (!tail.empty()) {
     lk.unlock();
@@ -880,18 +818,22 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
     lk.lock();
     if (!z.ok() && !Fault("no_truncate_rollback")) {
       // The tail still holds the cut bytes: put the old size, map and times back, so the EIO
-      // leaves the file as it was. Only the fields this call changed: a setxattr or unlink may
-      // have changed the record meanwhile (they take mu_ only).
-      InodeRecord back = in->rec;
-      back.h.size = before.h.size;
-      back.map = before.map;
-      back.h.mode = before.h.mode;
-      back.h.uid = before.h.uid;
-      back.h.gid = before.h.gid;
-      back.h.atime_ns = before.h.atime_ns;
-      back.h.mtime_ns = before.h.mtime_ns;
-      back.h.ctime_ns = before.h.ctime_ns;
-      Status r = Commit(*in, std::move(back));
+      // leaves the file as it was. Only the fields this call changed (a setxattr or unlink may
+      // have changed the record meanwhile). The free record is emptied in the same transaction,
+      // not removed: a removal frees its chunks, which are in the map again.
+      Status r = UpdateInode(
+          *in, [&](InodeRecord& back, std::vector<MetaWrite>& extra, std::vector<MetaCheck>&) {
+            back.h.size = before.h.size;
+            back.map = before.map;
+            back.h.mode = before.h.mode;
+            back.h.uid = before.h.uid;
+            back.h.gid = before.h.gid;
+            back.h.atime_ns = before.h.atime_ns;
+            back.h.mtime_ns = before.h.mtime_ns;
+            back.h.ctime_ns = before.h.ctime_ns;
+            if (!free_key.empty()) extra.push_back({free_key, EncodeFree({ino, {}})});
+            return Status::OK();
+          });
       if (r.ok()) return z;
       // Both failed: the store has the new size and so does memory; the bytes past it in the
       // last chunk were not zeroed (docs/regions.md "Failures").
@@ -901,13 +843,11 @@ Result<InodeAttr> RegionStore::setattr(uint64_t ino, const SetAttrRequest& req) 
           ino, z.ToString(), r.ToString());
     }
   }
-  // Handles of this inode keep what was cut until the last one goes (docs/regions.md).
-  if (in->opens > 0 && !Fault("no_pin"))
-    in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
-  else
-    for (MapEntry e : cut) FreeChunk(e);
+  InodeAttr a = AttrOf(*in);
+  lk.unlock();
+  TryFree(ino, /*io_held=*/true);
   if (!z.ok()) return z;
-  return AttrOf(*in);
+  return a;
 }
 
 namespace {
@@ -917,8 +857,11 @@ struct XattrName {
 };
 constexpr XattrName kXattrs[] = {{"user.region.persistent", kAttrPersistent},
                                  {"user.region.multihosted", kAttrMultihosted},
-                                 {"user.region.onewriter", kAttrOneWriter}};
+                                 {"user.region.onewriter", kAttrOneWriter},
+                                 {"user.region.fixvaddr", kAttrFixVaddr}};
 constexpr std::string_view kOwnerPidXattr = "user.region.ownerpid";
+// FIXVADDR's address ("0x..."), read-only and not listed (as user.region.map).
+constexpr std::string_view kVaddrXattr = "user.region.vaddr";
 constexpr std::string_view kHostallocXattr = "user.region.hostalloc";
 }  // namespace
 
@@ -927,6 +870,14 @@ Result<std::string> RegionStore::getxattr(uint64_t ino, std::string_view name) {
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return std::to_string(in->rec.h.owner_pid);
   if (name == kHostallocXattr) return in->rec.hostalloc;
+  if (name == kVaddrXattr) {
+    auto v = vaddr_of_.find(ino);
+    if (v == vaddr_of_.end()) return Err(ENODATA, "not a FIXVADDR region");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx",
+                  static_cast<unsigned long long>(FixVaddrOf(v->second)));
+    return std::string(buf);
+  }
   for (const auto& x : kXattrs)
     if (x.name == name) return std::string((in->rec.h.attr_flags & x.flag) ? "1" : "0");
   return Err(ENODATA, std::string(name));
@@ -936,6 +887,10 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (name == kOwnerPidXattr) return Err(EPERM, "user.region.ownerpid is set at creation");
+  if (name == kVaddrXattr) return Err(EPERM, "user.region.vaddr is assigned by the store");
+  auto has_data = [](const InodeRecord& r) {
+    return std::any_of(r.map.begin(), r.map.end(), [](MapEntry e) { return e != kHole; });
+  };
   if (name == kHostallocXattr) {
     if ((in->rec.h.mode & S_IFMT) == S_IFLNK) return Err(EINVAL, "a symlink has no HOSTALLOC");
     Status ok = CheckHostalloc(value);
@@ -943,33 +898,50 @@ Status RegionStore::setxattr(uint64_t ino, std::string_view name, std::string_vi
     for (const std::string& a : SplitHostalloc(value))
       if (std::none_of(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; }))
         return Err(EINVAL, "HOSTALLOC: " + a + " is not a memory server of this mount");
-    // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
-    if (in->is_reg() &&
-        std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
-      return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
-    InodeRecord next = in->rec;  // applied once the store has it
-    next.hostalloc = std::string(value);
-    next.h.ctime_ns = NowNs();
-    return Commit(*in, std::move(next));
+    return UpdateInode(
+        *in, [&](InodeRecord& next, std::vector<MetaWrite>&, std::vector<MetaCheck>&) -> Status {
+          // Like MULTIHOSTED, it decides where chunks go: fixed once a file has any.
+          if (in->is_reg() && has_data(next))
+            return Err(EBUSY, "user.region.hostalloc cannot change once the region has data");
+          next.hostalloc = std::string(value);
+          next.h.ctime_ns = NowNs();
+          return Status::OK();
+        });
   }
   for (const auto& x : kXattrs) {
     if (x.name != name) continue;
     if (value != "0" && value != "1") return Err(EINVAL, std::string(name) + " takes 0 or 1");
-    // MULTIHOSTED decides where chunks go: fixed once a file has any.
-    if (x.flag == kAttrMultihosted && in->is_reg() &&
-        std::any_of(in->rec.map.begin(), in->rec.map.end(), [](MapEntry e) { return e; }))
-      return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
-    InodeRecord next = in->rec;  // applied once the store has it
-    if (value == "1")
-      next.h.attr_flags |= x.flag;
-    else
-      next.h.attr_flags &= static_cast<uint16_t>(~x.flag);
-    next.h.ctime_ns = NowNs();
-    return Commit(*in, std::move(next));
+    return UpdateInode(
+        *in,
+        [&](InodeRecord& next, std::vector<MetaWrite>& extra,
+            std::vector<MetaCheck>& checks) -> Status {
+          // MULTIHOSTED decides where chunks go: fixed once a file has any.
+          if (x.flag == kAttrMultihosted && in->is_reg() && has_data(next))
+            return Err(EBUSY, "user.region.multihosted cannot change once the region has data");
+          if (value == "1")
+            next.h.attr_flags |= x.flag;
+          else
+            next.h.attr_flags &= static_cast<uint16_t>(~x.flag);
+          next.h.ctime_ns = NowNs();
+          // FIXVADDR on a file: it takes a free slot of the fixed range (one no other region holds:
+          // the key's absence is checked), and gives it back when cleared.
+          if (x.flag == kAttrFixVaddr && in->is_reg()) {
+            auto v = vaddr_of_.find(ino);
+            if (value == "1" && v == vaddr_of_.end()) {
+              FARMEM_ASSIGN_OR_RETURN(uint32_t slot, FreeVaddrSlot());
+              extra.push_back({VaddrKey(slot), std::to_string(ino)});
+              if (!Fault("no_vaddr_cas")) checks.push_back({VaddrKey(slot), std::nullopt});
+            } else if (value == "0" && v != vaddr_of_.end()) {
+              extra.push_back({VaddrKey(v->second), std::nullopt});
+            }
+          }
+          return Status::OK();
+        });
   }
   // Other names (ACLs, security labels, user xattrs) are not stored: ENOTSUP, which tools such as
   // cp -a take as "this file system has none".
-  return Err(ENOTSUP, "only user.region.{persistent,multihosted,onewriter,hostalloc} can be set");
+  return Err(ENOTSUP,
+             "only user.region.{persistent,multihosted,onewriter,fixvaddr,hostalloc} can be set");
 }
 
 Status RegionStore::SetDefaultAttr(AttrDefaults& into, std::string_view name,
@@ -998,8 +970,9 @@ Status RegionStore::SetDefaultAttr(AttrDefaults& into, std::string_view name,
         static_cast<uint16_t>(value == "1" ? (into.flags | x.flag) : (into.flags & ~x.flag));
     return Status::OK();
   }
-  return Err(ENOTSUP,
-             "only user.region.{persistent,multihosted,onewriter,hostalloc} have defaults");
+  return Err(
+      ENOTSUP,
+      "only user.region.{persistent,multihosted,onewriter,fixvaddr,hostalloc} have defaults");
 }
 
 Result<std::string> RegionStore::DefaultAttr(const AttrDefaults& defaults, std::string_view name) {
@@ -1030,11 +1003,72 @@ Result<std::vector<std::string>> RegionStore::listxattr(uint64_t ino) {
 }
 
 Result<uint64_t> RegionStore::open(uint64_t ino, bool write) {
+  FARMEM_RETURN_IF_ERROR(CheckLease());
+  std::shared_ptr<Inode> in;
+  {
+    std::lock_guard lk(mu_);
+    auto got = Get(ino);
+    if (!got.ok() && !Fault("no_open_sync")) {
+      // Known to the kernel but not (yet) here: another mount's new file.
+      (void)Refresh({InodeKey(ino)});
+      got = Get(ino);
+    }
+    if (!got.ok()) return got.status();
+    in = *got;
+  }
+  std::lock_guard ol(in->open_mu);
+  // Invalidate-before-free, the opener's half: this mount's open record goes to the store first,
+  // then the inode's record is read from the store. A free that committed before the read is
+  // seen (the record is gone or no longer maps the chunks); one after it sees the open record.
+  // (With the store away an open fails: other mounts could free the chunks once it is back.)
+  const bool first = !in->published;
+  FARMEM_RETURN_IF_ERROR(Publish(*in, ino));
+  auto undo = [&](Status s) -> Status {
+    bool idle;
+    {
+      std::lock_guard lk(mu_);
+      idle = in->opens == 0;
+    }
+    if (first && idle) (void)Unpublish(*in, ino);
+    return s;
+  };
+  if (!Fault("no_open_sync")) {
+    // Close-to-open: what another mount wrote and closed before is in this record.
+    std::lock_guard lk(mu_);
+    Status r = Refresh({InodeKey(ino)});
+    if (!r.ok()) {
+      NoteStoreError(r);
+      return undo(Err(EIO, "reading the inode's record: " + r.ToString()));
+    }
+  }
+  bool claim = false;
+  Status refused;
+  {
+    std::lock_guard lk(mu_);
+    const bool onewriter =
+        write && (in->rec.h.attr_flags & kAttrOneWriter) && !Fault("no_onewriter");
+    if (!in->stored || in->reclaimed)
+      refused = Err(ENOENT, "the file was deleted");
+    else if (in->revoked())
+      refused = Err(EIO, "region revoked: its owner process exited");
+    else if (onewriter && in->writers > 0)
+      refused = Err(EBUSY, "ONEWRITER region already has a writer");
+    claim = onewriter && !in->writer_claimed && !Fault("no_cluster_onewriter");
+  }
+  if (!refused.ok()) return undo(refused);
+  if (claim) {
+    // ONEWRITER across mounts: the writer claim is a key only one mount can create, bound to its
+    // lease (a mount that dies gives it up when its lease ends).
+    const std::string key = "writer/" + std::to_string(ino);
+    auto r = meta_.put_bound(key, mount_id_, /*create_only=*/true);
+    if (!r.ok()) {
+      if (r.status().code() == Code::kFailedPrecondition)
+        return undo(Err(EBUSY, "ONEWRITER region already has a writer in another mount"));
+      return undo(Err(EIO, "claiming the writer: " + r.status().ToString()));
+    }
+    in->writer_claimed = true;
+  }
   std::lock_guard lk(mu_);
-  FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
-  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
-  if (write && (in->rec.h.attr_flags & kAttrOneWriter) && in->writers > 0 && !Fault("no_onewriter"))
-    return Err(EBUSY, "ONEWRITER region already has a writer");
   ++in->opens;
   if (write) ++in->writers;
   uint64_t h = next_handle_++;
@@ -1045,35 +1079,63 @@ Result<uint64_t> RegionStore::open(uint64_t ino, bool write) {
 
 Status RegionStore::release(uint64_t handle) {
   std::shared_ptr<Inode> in;
+  bool writer = handle >> 63;
   {
     std::lock_guard lk(mu_);
-    bool writer = handle >> 63;
     auto it = handles_.find(handle & ~(uint64_t{1} << 63));
     if (it == handles_.end()) return Err(EBADF, "unknown handle");
     in = it->second;
     handles_.erase(it);
-    --in->opens;
-    if (writer) --in->writers;
-    if (in->opens == 0 && !in->deferred.empty()) {
-      for (MapEntry e : in->deferred) FreeChunk(e);
-      in->deferred.clear();
-    }
   }
-  MaybeReclaim(in);
+  uint64_t ino = 0;
+  bool last = false;
+  {
+    std::lock_guard ol(in->open_mu);
+    bool drop_claim = false;
+    {
+      std::lock_guard lk(mu_);
+      --in->opens;
+      if (writer) --in->writers;
+      ino = in->rec.h.ino;
+      last = in->opens == 0;
+      drop_claim = in->writers == 0 && in->writer_claimed;
+      if (last && !in->stored && !in->reclaimed) {
+        // Its record went while this mount had it open (another mount reclaimed it).
+        in->reclaimed = true;
+        inodes_.erase(ino);
+      }
+    }
+    if (drop_claim) {
+      const std::string key = "writer/" + std::to_string(ino);
+      (void)meta_.commit({{key, mount_id_}}, {{key, std::nullopt}});
+      in->writer_claimed = false;
+    }
+    // A failed removal (the store away) leaves the record: the housekeeper tries again.
+    if (last) (void)Unpublish(*in, ino);
+  }
+  if (last) {
+    TryReclaim(in);
+    TryFree(ino);
+  }
   return Status::OK();
 }
 
 Result<RemoteRef> RegionStore::RefOf(MapEntry e) const {
   auto u = units_.find(EntryGid(e));
   if (u == units_.end()) return Err(EIO, "map entry of an unknown unit");
+  if (u->second->server == kNoServer)
+    return Err(EIO, "a chunk on a memory server this mount was not given");
   RemoteRef r = u->second->base;
   r.offset += EntryUnitOffset(e);
   return r;
 }
 
 Result<MapEntry> RegionStore::AllocChunk(uint32_t server, bool& known_zero) {
+  // Only from units this mount owns: no other mount hands out their chunks, so the bitmap here
+  // is the truth (others only free chunks, which this mirror learns from the free records).
   for (auto& [gid, u] : units_) {
     if (u->server != server || u->used == 0xffff) continue;
+    if (!Mine(static_cast<uint32_t>(gid)) && !Fault("no_unit_owner")) continue;
     unsigned i = static_cast<unsigned>(std::countr_one(u->used));
     const auto bit = static_cast<uint16_t>(1u << i);
     u->used |= bit;
@@ -1081,54 +1143,108 @@ Result<MapEntry> RegionStore::AllocChunk(uint32_t server, bool& known_zero) {
     u->touched |= bit;
     return MakeMapEntry(static_cast<uint32_t>(gid), uint64_t{i} << kChunkShift);
   }
-  uint32_t gid = next_gid_;
-  while (units_.contains(gid)) ++gid;
-  if (gid > kMaxGid) return Err(ENOSPC, "unit table full (2^17 units)");
   Server& s = *servers_[server];
-  auto a = s.client->alloc_raw(
-      kStepBytes, options_.persistent_units ? Lifetime::kPersistent : Lifetime::kSession);
-  if (!a.ok()) {
-    alloc_failures_++;
-    if (a.status().code() == Code::kResourceExhausted)
-      return Err(ENOSPC, "server " + s.address + " is out of memory");
-    return Err(EIO, "ALLOC_RAW at " + s.address + ": " + a.status().ToString());
+  for (int attempt = 0; attempt < kMaxConflicts; ++attempt) {
+    // The lowest number no unit and no claim has (a claim may come before its unit's record).
+    uint32_t gid = 1;
+    while (units_.contains(gid) || unit_owners_.contains(gid)) ++gid;
+    if (gid > kMaxGid) return Err(ENOSPC, "unit table full (2^17 units)");
+    // The claim first: whoever creates "unitowner/<gid>" may allocate the unit.
+    const std::string owner_key = "unitowner/" + std::to_string(gid);
+    auto claimed = meta_.put_bound(owner_key, mount_id_, /*create_only=*/true);
+    if (!claimed.ok()) {
+      if (claimed.status().code() != Code::kFailedPrecondition)
+        return Err(EIO,
+                   "claiming unit " + std::to_string(gid) + ": " + claimed.status().ToString());
+      (void)Refresh({owner_key, "unit/" + std::to_string(gid)});
+      continue;
+    }
+    ApplyKey(owner_key, mount_id_, *claimed, false);
+    auto drop_claim = [&] {
+      auto r = meta_.remove(owner_key);
+      if (r.ok()) ApplyKey(owner_key, std::nullopt, *r, false);
+    };
+    auto a = s.client->alloc_raw(
+        kStepBytes, options_.persistent_units ? Lifetime::kPersistent : Lifetime::kSession);
+    if (!a.ok()) {
+      drop_claim();
+      alloc_failures_++;
+      if (a.status().code() == Code::kResourceExhausted)
+        return Err(ENOSPC, "server " + s.address + " is out of memory");
+      return Err(EIO, "ALLOC_RAW at " + s.address + ": " + a.status().ToString());
+    }
+    UnitRecord rec{s.address, a->ref.key, a->ref.offset, kStepBytes};
+    const std::string unit_key = "unit/" + std::to_string(gid);
+    auto p = CommitApply({{unit_key, std::nullopt}}, {{unit_key, EncodeUnit(rec)}});
+    if (!p.ok()) {
+      (void)s.client->free_raw(a->ref);
+      drop_claim();
+      if (Conflict(p.status())) continue;
+      return p.status();
+    }
+    auto u = units_.find(gid);
+    if (u == units_.end()) return Err(EIO, "unit " + std::to_string(gid) + " vanished");
+    u->second->used = 1;
+    u->second->touched = 1;
+    u->second->usable_rev = 0;
+    known_zero = true;  // fresh from ALLOC_RAW: zeroed
+    return MakeMapEntry(gid, 0);
   }
-  UnitRecord rec{s.address, a->ref.key, a->ref.offset, kStepBytes};
-  Status p = meta_.put("unit/" + std::to_string(gid), EncodeUnit(rec));
-  if (!p.ok()) {
-    (void)s.client->free_raw(a->ref);
-    return p;
-  }
-  auto u = std::make_unique<Unit>();
-  u->server = server;
-  u->base = a->ref;
-  u->used = 1;
-  u->touched = 1;
-  known_zero = true;  // fresh from ALLOC_RAW: zeroed
-  units_[gid] = std::move(u);
-  next_gid_ = gid + 1;
-  return MakeMapEntry(gid, 0);
+  return Err(EIO, "no free unit number (other mounts kept taking them)");
 }
 
 void RegionStore::FreeChunk(MapEntry e) {
   auto it = units_.find(EntryGid(e));
   if (it == units_.end()) return;
-  Unit& u = *it->second;
-  u.used &= static_cast<uint16_t>(~(1u << (EntryUnitOffset(e) >> kChunkShift)));
-  if (u.used != 0) return;
-  // An empty unit goes back to its server, so statfs and other clients see the memory. Its
-  // record goes first: a record left behind would name memory the server may have handed to
-  // someone else by the next Load. If the record cannot be removed (the cluster store is
-  // unreachable) the unit stays, empty, and is used again.
-  if (Fault("free_unit_first")) (void)servers_[u.server]->client->free_raw(u.base);
-  if (!meta_.remove("unit/" + std::to_string(it->first)).ok()) return;
-  if (!Fault("free_unit_first")) (void)servers_[u.server]->client->free_raw(u.base);
-  if (it->first < next_gid_) next_gid_ = static_cast<uint32_t>(it->first);
-  units_.erase(it);
-  units_freed_++;
+  it->second->used &= static_cast<uint16_t>(~(1u << (EntryUnitOffset(e) >> kChunkShift)));
+}
+
+Status RegionStore::AllocRange(const InodeRecord& rec, const std::vector<MapEntry>& map,
+                               uint64_t first, uint64_t last, Fresh& fresh,
+                               std::vector<uint64_t>& dirty) {
+  // HOSTALLOC: the servers this region may use, in its list's order (all when empty); a
+  // single-host region lives on the first, a MULTIHOSTED one goes round-robin over them.
+  std::vector<uint32_t> hosts;
+  if (rec.hostalloc.empty() || Fault("no_hostalloc")) {
+    for (uint32_t i = 0; i < servers_.size(); ++i) hosts.push_back(i);
+  } else {
+    for (const std::string& a : SplitHostalloc(rec.hostalloc)) {
+      auto it =
+          std::find_if(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; });
+      if (it == servers_.end())
+        return Err(EIO, "HOSTALLOC names " + a + ", which is not a memory server of this mount");
+      hosts.push_back(static_cast<uint32_t>(it - servers_.begin()));
+    }
+  }
+  uint32_t n = static_cast<uint32_t>(hosts.size());
+  bool multi = rec.h.attr_flags & kAttrMultihosted;
+  const size_t had = fresh.size();
+  for (uint64_t c = first; c <= last; ++c) {
+    if (c < map.size() && map[c] != kHole) continue;
+    bool zero = false;
+    auto e =
+        AllocChunk(hosts[multi ? StepServer(c, static_cast<uint32_t>(rec.h.ino % n), n) : 0], zero);
+    if (!e.ok()) {
+      if (!Fault("no_rollback")) {
+        Unalloc(Fresh(fresh.begin() + static_cast<ptrdiff_t>(had), fresh.end()));
+        fresh.resize(had);
+      }
+      return e.status();
+    }
+    fresh.emplace_back(c, *e);
+    if (!zero) dirty.push_back(c);
+  }
+  return Status::OK();
+}
+
+void RegionStore::Unalloc(const Fresh& fresh) {
+  if (fresh.empty()) return;
+  for (const auto& [c, e] : fresh) FreeChunk(e);
+  ReleaseEmptyUnits();
 }
 
 Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::byte> out) {
+  FARMEM_RETURN_IF_ERROR(CheckLease());
   std::shared_ptr<Inode> in;
   {
     std::lock_guard lk(mu_);
@@ -1139,7 +1255,7 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
   size_t n = 0;
   {
     std::lock_guard lk(mu_);
-    if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
+    if (in->revoked()) return Err(EIO, "region revoked: its owner process exited");
     if (in->reclaimed) return Err(ENOENT, "inode was deleted");
     if (!in->is_reg()) return Err(EISDIR, "read of a non-file");
     uint64_t size = in->rec.h.size;
@@ -1149,10 +1265,10 @@ Result<size_t> RegionStore::read(uint64_t ino, uint64_t offset, std::span<std::b
       uint64_t c = ChunkOf(pos);
       uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, offset + n) - pos;
       std::byte* dst = out.data() + (pos - offset);
+      // Chunks a write in flight allocated are not in the map yet: holes for readers (their
+      // bytes may be a freed region's until that write's zeroing is done).
       MapEntry e = c < in->rec.map.size() ? in->rec.map[c] : kHole;
-      // A chunk a write in flight allocated is still a hole for readers: its bytes may be a freed
-      // region's until that write's zeroing is done.
-      if (e == kHole || in->Fresh(c)) {
+      if (e == kHole) {
         std::memset(dst, 0, len);  // a hole: zeros, no remote read
       } else {
         FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(e));
@@ -1171,6 +1287,7 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
   if (data.empty()) return Status::OK();
   if (offset > kMaxRegionBytes || data.size() > kMaxRegionBytes - offset)
     return Err(EFBIG, "past the largest region (8 GiB)");
+  FARMEM_RETURN_IF_ERROR(CheckLease());
   std::shared_ptr<Inode> in;
   {
     std::lock_guard lk(mu_);
@@ -1184,120 +1301,110 @@ Status RegionStore::write(uint64_t ino, uint64_t offset, std::span<const std::by
     io_excl.lock();
   else
     io_shared.lock();
-  std::vector<Piece> pieces;
-  std::vector<uint64_t> fresh;  // chunk indexes allocated by this write
-  std::vector<uint64_t> dirty;  // those of them that may hold a freed region's bytes
-  uint64_t end = offset + data.size();
-  std::list<Inode::Claim>::iterator claim;
-  {
-    std::unique_lock lk(mu_);
-    uint64_t from = offset, to = end;
-    for (;;) {
-      if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
-      if (in->reclaimed) return Err(ENOENT, "inode was deleted");
-      if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
-      // The span: this write's bytes, widened to every chunk it will allocate (it zeroes them).
-      from = offset;
-      to = end;
-      for (uint64_t c = ChunkOf(offset); c <= ChunkOf(end - 1); ++c)
-        if (c >= in->rec.map.size() || in->rec.map[c] == kHole) {
-          from = std::min(from, c * kChunkBytes);
-          to = std::max(to, (c + 1) * kChunkBytes);
+  const uint64_t end = offset + data.size();
+  for (int attempt = 0;; ++attempt) {
+    std::vector<Piece> pieces;
+    Fresh fresh;                  // chunks allocated by this write, by index
+    std::vector<uint64_t> dirty;  // those of them that may hold a freed region's bytes
+    std::list<Inode::Claim>::iterator claim;
+    {
+      std::unique_lock lk(mu_);
+      uint64_t from = offset, to = end;
+      for (;;) {
+        if (in->revoked()) return Err(EIO, "region revoked: its owner process exited");
+        if (in->reclaimed) return Err(ENOENT, "inode was deleted");
+        if (!in->is_reg()) return Err(EISDIR, "write to a non-file");
+        // The span: this write's bytes, widened to every chunk it will allocate (it zeroes them).
+        from = offset;
+        to = end;
+        for (uint64_t c = ChunkOf(offset); c <= ChunkOf(end - 1); ++c)
+          if (c >= in->rec.map.size() || in->rec.map[c] == kHole) {
+            from = std::min(from, c * kChunkBytes);
+            to = std::max(to, (c + 1) * kChunkBytes);
+          }
+        if (!in->Overlaps(from, to) || Fault("no_range_lock")) break;
+        claims_cv_.wait(lk);
+      }
+      FARMEM_RETURN_IF_ERROR(
+          AllocRange(in->rec, in->rec.map, ChunkOf(offset), ChunkOf(end - 1), fresh, dirty));
+      auto entry = [&](uint64_t c) {
+        for (const auto& [i, e] : fresh)
+          if (i == c) return e;
+        return in->rec.map[c];
+      };
+      for (uint64_t pos = offset; pos < end;) {
+        uint64_t c = ChunkOf(pos);
+        uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, end) - pos;
+        auto ref = RefOf(entry(c));
+        if (!ref.ok()) {
+          Unalloc(fresh);
+          return ref.status();
         }
-      if (!in->Overlaps(from, to) || Fault("no_range_lock")) break;
-      claims_cv_.wait(lk);
-    }
-    FARMEM_RETURN_IF_ERROR(AllocRange(*in, ChunkOf(offset), ChunkOf(end - 1), fresh, dirty));
-    for (uint64_t pos = offset; pos < end;) {
-      uint64_t c = ChunkOf(pos);
-      uint64_t len = std::min<uint64_t>((c + 1) * kChunkBytes, end) - pos;
-      FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
-      RemoteRef at = ref;
-      at.offset += pos % kChunkBytes;
-      pieces.push_back(Piece{at, nullptr, data.data() + (pos - offset), len});
-      pos += len;
-    }
-    // A reused chunk may hold a freed region's bytes: zero what this write does not cover. (A
-    // chunk never used since its unit was granted reads zero already: no transfer.)
-    if (!Fault("no_zero")) {
-      for (uint64_t c : dirty) {
-        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
-        uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
-        if (offset > cs)
-          pieces.push_back(Piece{ref, nullptr, ZeroChunk(), std::min(offset, ce) - cs});
-        if (end < ce) {
-          RemoteRef at = ref;
-          at.offset += std::max(end, cs) - cs;
-          pieces.push_back(Piece{at, nullptr, ZeroChunk(), ce - std::max(end, cs)});
+        RemoteRef at = *ref;
+        at.offset += pos % kChunkBytes;
+        pieces.push_back(Piece{at, nullptr, data.data() + (pos - offset), len});
+        pos += len;
+      }
+      // A reused chunk may hold a freed region's bytes: zero what this write does not cover. (A
+      // chunk never used since its unit was granted reads zero already: no transfer.)
+      if (!Fault("no_zero")) {
+        for (uint64_t c : dirty) {
+          RemoteRef ref = *RefOf(entry(c));
+          uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
+          if (offset > cs)
+            pieces.push_back(Piece{ref, nullptr, ZeroChunk(), std::min(offset, ce) - cs});
+          if (end < ce) {
+            RemoteRef at = ref;
+            at.offset += std::max(end, cs) - cs;
+            pieces.push_back(Piece{at, nullptr, ZeroChunk(), ce - std::max(end, cs)});
+          }
         }
       }
+      claim = in->claims.insert(in->claims.end(), Inode::Claim{from, to});
     }
-    claim = in->claims.insert(in->claims.end(), Inode::Claim{from, to, fresh});
-  }
-  remote_writes_ += pieces.size();
-  Status w = RunPieces(Sched(), pieces, true);
-  std::lock_guard lk(mu_);
-  in->claims.erase(claim);
-  claims_cv_.notify_all();
-  if (!w.ok()) {
-    Unalloc(*in, fresh);
-    return w;
-  }
-  // The new size and times count only once the store has them. The chunks this write allocated
-  // stay in the map either way: they hold its bytes, read as nothing past the size, and the next
-  // record written of this inode names them (freeing them here could free chunks another write's
-  // record already named).
-  const InodeRecordHeader before = in->rec.h;
-  in->rec.h.size = std::max(in->rec.h.size, end);
-  in->rec.h.mtime_ns = in->rec.h.ctime_ns = NowNs();
-  Status p = Persist(*in);
-  if (!p.ok() && !Fault("no_meta_rollback")) in->rec.h = before;
-  return p;
-}
-
-Status RegionStore::AllocRange(Inode& in, uint64_t first, uint64_t last,
-                               std::vector<uint64_t>& fresh, std::vector<uint64_t>& dirty) {
-  // HOSTALLOC: the servers this region may use, in its list's order (all when empty); a
-  // single-host region lives on the first, a MULTIHOSTED one goes round-robin over them.
-  std::vector<uint32_t> hosts;
-  if (in.rec.hostalloc.empty() || Fault("no_hostalloc")) {
-    for (uint32_t i = 0; i < servers_.size(); ++i) hosts.push_back(i);
-  } else {
-    for (const std::string& a : SplitHostalloc(in.rec.hostalloc)) {
-      auto it =
-          std::find_if(servers_.begin(), servers_.end(), [&](auto& s) { return s->address == a; });
-      if (it == servers_.end())
-        return Err(EIO, "HOSTALLOC names " + a + ", which is not a memory server of this mount");
-      hosts.push_back(static_cast<uint32_t>(it - servers_.begin()));
+    remote_writes_ += pieces.size();
+    Status w = RunPieces(Sched(), pieces, true);
+    std::lock_guard lk(mu_);
+    in->claims.erase(claim);
+    claims_cv_.notify_all();
+    if (!w.ok()) {
+      Unalloc(fresh);
+      return w;
     }
-  }
-  if (in.rec.map.size() <= last) in.rec.map.resize(last + 1, kHole);
-  uint32_t n = static_cast<uint32_t>(hosts.size());
-  bool multi = in.rec.h.attr_flags & kAttrMultihosted;
-  for (uint64_t c = first; c <= last; ++c) {
-    if (in.rec.map[c] != kHole) continue;
-    bool zero = false;
-    auto e = AllocChunk(
-        hosts[multi ? StepServer(c, static_cast<uint32_t>(in.rec.h.ino % n), n) : 0], zero);
-    if (!e.ok()) {
-      if (!Fault("no_rollback")) Unalloc(in, fresh);
-      return e.status();
+    if (!in->stored) {
+      // Reclaimed by another mount while this one has it open: the bytes went to chunks that
+      // are parked (held by this mount's handle), but nothing can be recorded any more.
+      Unalloc(fresh);
+      return Err(EIO, "the file was deleted and reclaimed by another mount");
     }
-    in.rec.map[c] = *e;
-    fresh.push_back(c);
-    if (!zero) dirty.push_back(c);
+    // The new map, size and times count only once the store has them, checked against the record
+    // this write started from: another mount's write may have recorded a chunk for one of the
+    // same holes first (then this write starts over and writes into that chunk), or changed the
+    // record otherwise (then it is recomputed on the new one).
+    InodeRecord next = in->rec;
+    bool taken = false;
+    for (const auto& [c, e] : fresh) {
+      if (next.map.size() <= c) next.map.resize(c + 1, kHole);
+      if (next.map[c] != kHole && !Fault("no_taken_check")) taken = true;
+      next.map[c] = e;
+    }
+    if (!taken) {
+      next.h.size = std::max(next.h.size, end);
+      next.h.mtime_ns = next.h.ctime_ns = NowNs();
+      std::vector<MetaCheck> checks;
+      if (!Fault("no_write_cas")) checks.push_back(InodeCheck(*in));
+      auto r = CommitApply(checks, {{InodeKey(ino), EncodeInode(next)}});
+      if (r.ok()) return Status::OK();
+      if (!Conflict(r.status())) {
+        Unalloc(fresh);
+        if (Fault("no_meta_rollback")) in->rec.h = next.h;
+        return r.status();
+      }
+    }
+    Unalloc(fresh);
+    conflicts_ += taken ? 1 : 0;
+    if (attempt + 1 >= kMaxConflicts) return KeptChanging("write");
   }
-  return Status::OK();
-}
-
-void RegionStore::Unalloc(Inode& in, const std::vector<uint64_t>& fresh) {
-  for (uint64_t c : fresh) {
-    FreeChunk(in.rec.map[c]);
-    in.rec.map[c] = kHole;
-  }
-  while (!in.rec.map.empty() && in.rec.map.back() == kHole &&
-         in.rec.map.size() > ChunksFor(in.rec.h.size))
-    in.rec.map.pop_back();
 }
 
 Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t len) {
@@ -1310,98 +1417,117 @@ Status RegionStore::fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t 
   if (len == 0) return Err(EINVAL, "fallocate of 0 bytes");
   if (offset > kMaxRegionBytes || len > kMaxRegionBytes - offset)
     return Err(EFBIG, "past the largest region (8 GiB)");
+  FARMEM_RETURN_IF_ERROR(CheckLease());
   std::shared_ptr<Inode> in;
   {
     std::lock_guard lk(mu_);
     FARMEM_ASSIGN_OR_RETURN(in, Get(ino));
   }
-  std::unique_lock io(in->io);  // no read or write of this inode in flight: the map is ours
+  std::unique_lock io(in->io);  // no read or write of this mount in flight: the map is ours
   std::unique_lock lk(mu_);
-  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
-  if (in->reclaimed) return Err(ENOENT, "inode was deleted");
-  if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "fallocate of a non-file");
   const uint64_t end = offset + len;
   const uint64_t first = ChunkOf(offset), last = ChunkOf(end - 1);
-  std::vector<Piece> zero;
-  std::vector<uint64_t> fresh, dirty, whole;
-  if (punch) {
-    // Partial chunks are zeroed where the range covers them; whole ones are cut afterwards, so a
-    // failed zeroing changes nothing.
-    for (uint64_t c = first; c <= last && c < in->rec.map.size(); ++c) {
-      if (in->rec.map[c] == kHole) continue;
-      uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
-      if (offset <= cs && end >= ce) {
-        whole.push_back(c);
-        continue;
-      }
-      if (Fault("no_punch_zero")) continue;
-      FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
-      uint64_t from = std::max(offset, cs), to = std::min(end, ce);
-      ref.offset += from - cs;
-      zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
-    }
-  } else if (!Fault("no_prealloc")) {
-    // ZERO_RANGE: chunks allocated before the call are zeroed where the range covers them (a
-    // chunk stays allocated, so later writes there cannot fail with ENOSPC); the holes get chunks
-    // as for mode 0.
-    if (zero_range && !Fault("no_zero_range"))
-      for (uint64_t c = first; c <= last && c < in->rec.map.size(); ++c) {
-        if (in->rec.map[c] == kHole) continue;
-        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
-        const uint64_t cs = c * kChunkBytes;
-        const uint64_t from = std::max(offset, cs), to = std::min(end, cs + kChunkBytes);
+  for (int attempt = 0;; ++attempt) {
+    if (in->revoked()) return Err(EIO, "region revoked: its owner process exited");
+    if (in->reclaimed || !in->stored) return Err(ENOENT, "inode was deleted");
+    if (!in->is_reg()) return Err(in->is_dir() ? EISDIR : EINVAL, "fallocate of a non-file");
+    std::vector<Piece> zero;
+    Fresh fresh;
+    std::vector<uint64_t> dirty;
+    std::vector<std::pair<uint64_t, MapEntry>> whole;  // punched chunks, as seen
+    const std::vector<MapEntry> seen = in->rec.map;
+    if (punch) {
+      // Partial chunks are zeroed where the range covers them; whole ones are cut afterwards,
+      // so a failed zeroing changes nothing.
+      for (uint64_t c = first; c <= last && c < seen.size(); ++c) {
+        if (seen[c] == kHole) continue;
+        uint64_t cs = c * kChunkBytes, ce = cs + kChunkBytes;
+        if (offset <= cs && end >= ce) {
+          whole.emplace_back(c, seen[c]);
+          continue;
+        }
+        if (Fault("no_punch_zero")) continue;
+        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(seen[c]));
+        uint64_t from = std::max(offset, cs), to = std::min(end, ce);
         ref.offset += from - cs;
         zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
       }
-    FARMEM_RETURN_IF_ERROR(AllocRange(*in, first, last, fresh, dirty));
-    // Reused chunks may hold a freed region's bytes, and all of a fresh chunk reads zero.
-    if (!Fault("no_zero"))
-      for (uint64_t c : dirty) {
-        FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(in->rec.map[c]));
-        zero.push_back(Piece{ref, nullptr, ZeroChunk(), kChunkBytes});
+    } else if (!Fault("no_prealloc")) {
+      // ZERO_RANGE: chunks allocated before the call are zeroed where the range covers them (a
+      // chunk stays allocated, so later writes there cannot fail with ENOSPC); the holes get
+      // chunks as for mode 0.
+      if (zero_range && !Fault("no_zero_range"))
+        for (uint64_t c = first; c <= last && c < seen.size(); ++c) {
+          if (seen[c] == kHole) continue;
+          FARMEM_ASSIGN_OR_RETURN(RemoteRef ref, RefOf(seen[c]));
+          const uint64_t cs = c * kChunkBytes;
+          const uint64_t from = std::max(offset, cs), to = std::min(end, cs + kChunkBytes);
+          ref.offset += from - cs;
+          zero.push_back(Piece{ref, nullptr, ZeroChunk(), to - from});
+        }
+      FARMEM_RETURN_IF_ERROR(AllocRange(in->rec, seen, first, last, fresh, dirty));
+      // Reused chunks may hold a freed region's bytes, and all of a fresh chunk reads zero.
+      if (!Fault("no_zero"))
+        for (uint64_t c : dirty)
+          for (const auto& [i, e] : fresh)
+            if (i == c) zero.push_back(Piece{*RefOf(e), nullptr, ZeroChunk(), kChunkBytes});
+    }
+    lk.unlock();
+    remote_writes_ += zero.size();
+    // In batches: a large preallocation (up to 2^16 chunks) must not put every write in flight.
+    constexpr size_t kBatch = 64;
+    Status w;
+    for (size_t i = 0; i < zero.size() && w.ok(); i += kBatch) {
+      std::vector<Piece> batch(
+          zero.begin() + static_cast<ptrdiff_t>(i),
+          zero.begin() + static_cast<ptrdiff_t>(std::min(zero.size(), i + kBatch)));
+      w = RunPieces(Sched(), batch, true);
+    }
+    lk.lock();
+    if (!w.ok()) {
+      Unalloc(fresh);
+      return w;
+    }
+    // The punched chunks are parked, and the new size counts, only once the store has the
+    // record (a failed metadata write changes nothing). Another mount's change to the record
+    // meanwhile makes this start over on the new one.
+    InodeRecord next = in->rec;
+    bool changed = next.map != seen;
+    for (const auto& [c, e] : fresh) {
+      if (next.map.size() <= c) next.map.resize(c + 1, kHole);
+      next.map[c] = e;
+    }
+    std::vector<MapEntry> cut;
+    for (const auto& [c, e] : whole) {
+      cut.push_back(e);
+      next.map[c] = kHole;
+    }
+    // Trailing holes past the size go.
+    while (!next.map.empty() && next.map.back() == kHole &&
+           next.map.size() > ChunksFor(next.h.size))
+      next.map.pop_back();
+    int64_t now = NowNs();
+    if ((mode == 0 || mode == FALLOC_FL_ZERO_RANGE) && end > next.h.size) {
+      next.h.size = end;
+      next.h.mtime_ns = now;
+    }
+    if (punch || zero_range) next.h.mtime_ns = now;  // the bytes changed
+    next.h.ctime_ns = now;
+    if (!changed) {
+      std::vector<MetaWrite> writes{{InodeKey(ino), EncodeInode(next)}};
+      if (!cut.empty()) writes.push_back({NewFreeKey(ino), EncodeFree({ino, cut})});
+      auto r = CommitApply({InodeCheck(*in)}, writes);
+      if (r.ok()) break;
+      if (!Conflict(r.status())) {
+        Unalloc(fresh);
+        return r.status();
       }
+    }
+    Unalloc(fresh);
+    if (attempt + 1 >= kMaxConflicts) return KeptChanging("fallocate");
   }
   lk.unlock();
-  remote_writes_ += zero.size();
-  // In batches: a large preallocation (up to 2^16 chunks) must not put every write in flight.
-  constexpr size_t kBatch = 64;
-  Status w;
-  for (size_t i = 0; i < zero.size() && w.ok(); i += kBatch) {
-    std::vector<Piece> batch(
-        zero.begin() + static_cast<ptrdiff_t>(i),
-        zero.begin() + static_cast<ptrdiff_t>(std::min(zero.size(), i + kBatch)));
-    w = RunPieces(Sched(), batch, true);
-  }
-  lk.lock();
-  if (!w.ok()) {
-    Unalloc(*in, fresh);
-    return w;
-  }
-  // The punched chunks are freed, and the new size counts, only once the store has the record
-  // (a failed metadata write changes nothing; chunks a preallocation got stay in the map, past
-  // the size where it was to grow, and the next record written names them).
-  InodeRecord next = in->rec;
-  std::vector<MapEntry> cut;
-  for (uint64_t c : whole) {
-    cut.push_back(next.map[c]);
-    next.map[c] = kHole;
-  }
-  // Trailing holes past the size go (as Unalloc drops them).
-  while (!next.map.empty() && next.map.back() == kHole && next.map.size() > ChunksFor(next.h.size))
-    next.map.pop_back();
-  int64_t now = NowNs();
-  if ((mode == 0 || mode == FALLOC_FL_ZERO_RANGE) && end > next.h.size) {
-    next.h.size = end;
-    next.h.mtime_ns = now;
-  }
-  if (punch || zero_range) next.h.mtime_ns = now;  // the bytes changed
-  next.h.ctime_ns = now;
-  FARMEM_RETURN_IF_ERROR(Commit(*in, std::move(next)));
-  // As for a shrink: open handles keep the memory until the last one goes.
-  if (in->opens > 0 && !Fault("no_pin"))
-    in->deferred.insert(in->deferred.end(), cut.begin(), cut.end());
-  else
-    for (MapEntry e : cut) FreeChunk(e);
+  TryFree(ino, /*io_held=*/true);
   return Status::OK();
 }
 
@@ -1417,7 +1543,8 @@ Result<StoreStatFs> RegionStore::statfs() {
   }
   std::lock_guard lk(mu_);
   for (auto& [gid, u] : units_)
-    out.free_bytes += static_cast<uint64_t>(16 - std::popcount(u->used)) * kChunkBytes;
+    if (Mine(static_cast<uint32_t>(gid)))
+      out.free_bytes += static_cast<uint64_t>(16 - std::popcount(u->used)) * kChunkBytes;
   out.inodes = inodes_.size();
   return out;
 }
@@ -1429,26 +1556,74 @@ RegionStoreStats RegionStore::stats() const {
   s.units_freed = units_freed_;
   s.alloc_failures = alloc_failures_;
   s.orphans_dropped = orphans_dropped_;
+  s.conflicts = conflicts_;
   std::lock_guard lk(mu_);
   s.units = units_.size();
   for (auto& [gid, u] : units_) s.chunks_in_use += static_cast<uint64_t>(std::popcount(u->used));
+  s.frees_waiting = frees_.size();
   return s;
 }
 
-}  // namespace farmem::regions
-
-namespace farmem::regions {
-
-void RegionStore::WatchOwner(int32_t pid) {
+void RegionStore::WatchOwner(int32_t pid, const std::string& start) {
   if (owners_.contains(pid)) return;
   int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (fd >= 0) {
+    // A pid reused since the region was made (another start time) is not its owner.
+    if (!start.empty() && internal::ProcStartTime(pid) != start) {
+      close(fd);
+      owners_[pid] = -1;
+      return;
+    }
     owners_[pid] = fd;
   } else if (errno == ESRCH) {
     owners_[pid] = -1;  // already gone: reaped at the next ReapOwners
   }
   // Other errors (no pidfd_open, out of fds, a made-up pid of another kind): not watched, so
   // the region behaves as PERSISTENT (docs/regions.md "Attributes").
+}
+
+Status RegionStore::ReapWhere(const std::function<bool(const Inode&)>& doomed,
+                              std::vector<ReapedRegion>& out,
+                              std::vector<std::shared_ptr<Inode>>& victims) {
+  struct Candidate {
+    uint64_t dir;
+    std::string name;
+    uint64_t ino;
+  };
+  std::vector<Candidate> found;
+  for (auto& [dino, names] : children_)
+    for (auto& [name, child] : names) {
+      auto c = inodes_.find(child);
+      if (c != inodes_.end() && doomed(*c->second)) found.push_back({dino, name, child});
+    }
+  Status failed;
+  for (const Candidate& x : found) {
+    auto d = inodes_.find(x.dir);
+    auto c = inodes_.find(x.ino);
+    auto it = Children(x.dir).find(x.name);
+    if (d == inodes_.end() || c == inodes_.end() || it == Children(x.dir).end() ||
+        it->second != x.ino)
+      continue;
+    std::shared_ptr<Inode> in = c->second;
+    // Unlinked and revoked in one transaction: every mount's handles get EIO from then on (the
+    // flag is in the record), and the chunks return once no mount has the file open.
+    InodeRecord dn = d->second->rec, vn = in->rec;
+    dn.h.mtime_ns = dn.h.ctime_ns = vn.h.ctime_ns = NowNs();
+    if (vn.h.nlink > 0) --vn.h.nlink;
+    if (!Fault("no_revoke")) vn.h.attr_flags |= kStateRevoked;
+    auto r = CommitApply(
+        {{DirentKey(x.dir, x.name), DirentValue(x.ino)}, InodeCheck(*d->second), InodeCheck(*in)},
+        {{DirentKey(x.dir, x.name), std::nullopt},
+         {InodeKey(x.dir), EncodeInode(dn)},
+         {InodeKey(x.ino), EncodeInode(vn)}});
+    if (!r.ok()) {
+      if (!Conflict(r.status())) failed = r.status();
+      continue;  // changed meanwhile: the next round looks again
+    }
+    out.push_back({x.dir, x.name, x.ino, in->rec.h.owner_pid});
+    victims.push_back(std::move(in));
+  }
+  return failed;
 }
 
 Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseconds wait) {
@@ -1462,6 +1637,7 @@ Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseco
       fds.push_back(pollfd{fd, POLLIN, 0});  // poll ignores negative fds
       pids.push_back(pid);
     }
+    if (mounts_changed_) gone = true;
   }
   // A pidfd turns readable when its process has exited.
   int n = poll(fds.data(), fds.size(), gone ? 0 : static_cast<int>(wait.count()));
@@ -1481,41 +1657,35 @@ Result<std::vector<ReapedRegion>> RegionStore::ReapOwners(std::chrono::milliseco
       owners_.erase(it);
       dead.push_back(pids[i]);
     }
-    if (dead.empty() || Fault("no_reap")) return out;
-    auto doomed = [&](const Inode& in) {
-      return in.is_reg() && in.rec.h.nlink > 0 &&
-             std::find(dead.begin(), dead.end(), in.rec.h.owner_pid) != dead.end() &&
-             (!(in.rec.h.attr_flags & kAttrPersistent) || Fault("reap_persistent"));
-    };
-    for (auto& [dino, dir] : inodes_) {
-      if (!dir->is_dir()) continue;
-      for (auto it = dir->children.begin(); it != dir->children.end() && failed.ok();) {
-        auto c = inodes_.find(it->second);
-        if (c == inodes_.end() || !doomed(*c->second)) {
-          ++it;
-          continue;
-        }
-        std::shared_ptr<Inode> in = c->second;
-        failed = PersistDirent(dino, it->first, 0);
-        if (!failed.ok()) break;  // this one unchanged
-        // The name is gone from the store: the rest follows in memory even if a record write
-        // fails (the next change of the directory rewrites it).
-        out.push_back({dino, it->first, in->rec.h.ino, in->rec.h.owner_pid});
-        it = dir->children.erase(it);
-        dir->rec.h.mtime_ns = dir->rec.h.ctime_ns = NowNs();
-        failed = Persist(*dir);
-        Status dropped = DropLink(in);
-        if (failed.ok()) failed = dropped;
-        if (!Fault("no_revoke")) in->revoked = true;
-        victims.push_back(std::move(in));
-      }
-      if (!failed.ok()) break;
+    // Owners on a host where no mount lives any more (it ended or its lease ran out): nobody can
+    // watch them, so their regions go as if they had exited.
+    std::set<std::string> hostless;
+    if (mounts_changed_ && !Fault("no_hostless_reap")) {
+      mounts_changed_ = false;
+      std::set<std::string> live;
+      for (const auto& [id, m] : mounts_) live.insert(m.host);
+      for (const auto& [ino, o] : owner_info_)
+        if (o.host != host_id_ && !live.contains(o.host)) hostless.insert(o.host);
     }
+    if ((dead.empty() && hostless.empty()) || Fault("no_reap")) return out;
+    auto doomed = [&](const Inode& in) {
+      if (!in.is_reg() || in.rec.h.nlink == 0 || in.revoked() ||
+          ((in.rec.h.attr_flags & kAttrPersistent) && !Fault("reap_persistent")))
+        return false;
+      const uint64_t ino = in.rec.h.ino;
+      if (std::find(dead.begin(), dead.end(), in.rec.h.owner_pid) != dead.end() && OwnerHere(ino))
+        return true;
+      auto o = owner_info_.find(ino);
+      return o != owner_info_.end() && hostless.contains(o->second.host);
+    };
+    failed = ReapWhere(doomed, out, victims);
     // A metadata write failed: the owners stay marked as gone, so the next call goes on.
-    if (!failed.ok())
+    if (!failed.ok()) {
       for (int32_t pid : dead) owners_.emplace(pid, -1);
+      if (!hostless.empty()) mounts_changed_ = true;
+    }
   }
-  for (auto& in : victims) MaybeReclaim(in);
+  for (auto& in : victims) TryReclaim(in);
   if (!failed.ok() && out.empty()) return failed;
   return out;  // what did go (the caller drops the kernel's cache of it)
 }
@@ -1543,12 +1713,13 @@ std::unordered_map<uint64_t, std::string> RegionStore::Paths() const {
   while (!todo.empty()) {
     auto [dir, prefix] = std::move(todo.back());
     todo.pop_back();
-    auto d = inodes_.find(dir);
-    if (d == inodes_.end()) continue;
-    for (const auto& [name, child] : d->second->children) {
+    auto d = children_.find(dir);
+    if (d == children_.end()) continue;
+    for (const auto& [name, child] : d->second) {
       std::string path = prefix + "/" + name;
       auto c = inodes_.find(child);
-      if (c != inodes_.end() && c->second->is_dir()) todo.emplace_back(child, path);
+      if (c != inodes_.end() && c->second->is_dir() && !out.contains(child))
+        todo.emplace_back(child, path);
       out[child] = std::move(path);
     }
   }
@@ -1568,7 +1739,9 @@ Result<std::string> RegionStore::report(std::string_view name) {
       << " unit_bytes=" << st.units * kStepBytes << " chunks_in_use=" << st.chunks_in_use
       << " inodes=" << inodes_.size() << " regions=" << regions
       << " remote_reads=" << st.remote_reads << " remote_writes=" << st.remote_writes
-      << " units_freed=" << st.units_freed << " alloc_failures=" << st.alloc_failures << "\n";
+      << " units_freed=" << st.units_freed << " alloc_failures=" << st.alloc_failures
+      << " mounts=" << mounts_.size() << " frees_waiting=" << st.frees_waiting
+      << " conflicts=" << st.conflicts << "\n";
     return o.str();
   }
   std::lock_guard lk(mu_);
@@ -1587,9 +1760,12 @@ Result<std::string> RegionStore::report(std::string_view name) {
     for (const auto& [gid, u] : units_) {
       char used[8];
       std::snprintf(used, sizeof(used), "%04x", u->used);
-      o << "gid=" << gid << " server=" << u->server << " address=" << servers_[u->server]->address
+      auto owner = unit_owners_.find(static_cast<uint32_t>(gid));
+      o << "gid=" << gid << " server=" << u->server
+        << " address=" << (u->server == kNoServer ? std::string("-") : servers_[u->server]->address)
         << " key=" << u->base.key << " offset=" << u->base.offset << " bytes=" << kStepBytes
-        << " used_bitmap=" << used << " chunks_in_use=" << std::popcount(u->used) << "\n";
+        << " used_bitmap=" << used << " chunks_in_use=" << std::popcount(u->used) << " owner="
+        << (owner == unit_owners_.end() ? std::string("-") : EscapeField(owner->second)) << "\n";
     }
   } else if (name == "open") {
     auto paths = Paths();
@@ -1597,8 +1773,10 @@ Result<std::string> RegionStore::report(std::string_view name) {
     for (const auto& [h, in] : handles_) open[in->rec.h.ino] = in;
     for (const auto& [ino, in] : open) {
       auto p = paths.find(ino);
+      auto m = open_mounts_.find(ino);
       o << "ino=" << ino << " path=" << (p == paths.end() ? "-" : EscapeField(p->second))
-        << " opens=" << in->opens << " writers=" << in->writers << "\n";
+        << " opens=" << in->opens << " writers=" << in->writers
+        << " mounts=" << (m == open_mounts_.end() ? 0 : m->second.size()) << "\n";
     }
   } else if (name == "files") {
     auto paths = Paths();
@@ -1612,8 +1790,16 @@ Result<std::string> RegionStore::report(std::string_view name) {
         << " persistent=" << ((h.attr_flags & kAttrPersistent) ? 1 : 0)
         << " multihosted=" << ((h.attr_flags & kAttrMultihosted) ? 1 : 0)
         << " onewriter=" << ((h.attr_flags & kAttrOneWriter) ? 1 : 0) << " ownerpid=" << h.owner_pid
-        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc))
-        << " map=";
+        << " hostalloc=" << (in->rec.hostalloc.empty() ? "-" : EscapeField(in->rec.hostalloc));
+      if (auto v = vaddr_of_.find(ino); v != vaddr_of_.end()) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "0x%llx",
+                      static_cast<unsigned long long>(FixVaddrOf(v->second)));
+        o << " vaddr=" << buf;
+      } else {
+        o << " vaddr=-";
+      }
+      o << " map=";
       // chunk:gid.index for every allocated chunk (holes left out), "-" when there is none.
       bool any = false;
       for (size_t c = 0; c < in->rec.map.size(); ++c) {
@@ -1635,19 +1821,21 @@ Result<MapDescriptor> RegionStore::map_descriptor(uint64_t ino) {
   std::lock_guard lk(mu_);
   FARMEM_ASSIGN_OR_RETURN(auto in, Get(ino));
   if (!in->is_reg()) return Err(EINVAL, "map of a non-file");
-  if (in->revoked) return Err(EIO, "region revoked: its owner process exited");
+  if (in->revoked()) return Err(EIO, "region revoked: its owner process exited");
   if (in->reclaimed) return Err(ENOENT, "inode was deleted");
   MapDescriptor d;
   d.ino = ino;
   d.size = in->rec.h.size;
+  if (auto v = vaddr_of_.find(ino); v != vaddr_of_.end()) d.vaddr = FixVaddrOf(v->second);
   for (const auto& s : servers_) d.servers.push_back(s->address);
   std::map<uint32_t, uint32_t> index;  // gid -> position in d.units
   d.chunks.assign(std::min<uint64_t>(in->rec.map.size(), ChunksFor(d.size)), 0);
   for (size_t c = 0; c < d.chunks.size(); ++c) {
     const MapEntry e = in->rec.map[c];
-    if (e == kHole || in->Fresh(c)) continue;
+    if (e == kHole) continue;
     auto u = units_.find(EntryGid(e));
-    if (u == units_.end()) return Err(EIO, "map entry of an unknown unit");
+    if (u == units_.end() || u->second->server == kNoServer)
+      return Err(EIO, "map entry of an unknown unit");
     auto [it, fresh] = index.emplace(EntryGid(e), static_cast<uint32_t>(d.units.size()));
     if (fresh)
       d.units.push_back(MapUnit{u->second->server, 0, u->second->base.key, u->second->base.offset});

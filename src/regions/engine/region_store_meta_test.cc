@@ -1,8 +1,10 @@
 // RegionStore when its metadata writes fail (the cluster store unreachable, docs/regions.md
 // "Failures"): a failed change leaves the live namespace as it was, an empty unit whose record
 // cannot be removed stays allocated, and records left by a delete cut short do not keep the
-// namespace from loading; a rename cut short leaves one name, and a truncate whose tail zeroing
-// fails leaves the old size and bytes. FARMEM_REGIONS_FAULT=no_meta_rollback|free_unit_first|
+// namespace from loading (an unlinked file's record whose last close came during the outage is
+// reclaimed at the next load, an older version's leftover is dropped); a rename cut short leaves
+// one name, and a truncate whose tail zeroing fails leaves the old size and bytes.
+// FARMEM_REGIONS_FAULT=no_meta_rollback|free_unit_first|
 // keep_orphans|split_rename|no_truncate_rollback removes one protection; the test guarding it
 // fails. Main thread only.
 #include <gtest/gtest.h>
@@ -23,35 +25,57 @@ namespace {
 using testing::RandomBytes;
 using testing::RegionEnv;
 
-// The test's metadata store, whose writes (put, remove) fail with Unavailable while `down` is
-// set, as the cluster store's do while etcd is unreachable; list still works (a store is opened
-// only once it is back).
+// The test's metadata store, whose writes (put, remove, commit, bound puts) fail with
+// Unavailable while `down` is set, as the cluster store's do while etcd is unreachable; reads
+// still work (a store is opened only once it is back).
 class FlakyMeta : public MetaStore {
  public:
   explicit FlakyMeta(MetaStore& real) : real_(real) {}
-  Status put(std::string_view key, std::string_view value) override {
-    if (Down()) return Status::Unavailable("test: the cluster store is down");
+  Status join() override { return real_.join(); }
+  std::string mount_id() const override { return real_.mount_id(); }
+  Result<int64_t> put(std::string_view key, std::string_view value) override {
+    if (Down({{std::string(key), std::string(value)}})) return Unavailable();
     return real_.put(key, value);
   }
-  Status remove(std::string_view key) override {
-    if (Down()) return Status::Unavailable("test: the cluster store is down");
+  Result<int64_t> remove(std::string_view key) override {
+    if (Down({{std::string(key), std::nullopt}})) return Unavailable();
     return real_.remove(key);
   }
-  Status commit(const std::vector<MetaCheck>& checks,
-                const std::vector<MetaWrite>& writes) override {
-    if (Down()) return Status::Unavailable("test: the cluster store is down");
+  Result<int64_t> put_bound(std::string_view key, std::string_view value,
+                            bool create_only) override {
+    if (Down({{std::string(key), std::string(value)}})) return Unavailable();
+    return real_.put_bound(key, value, create_only);
+  }
+  Result<int64_t> commit(const std::vector<MetaCheck>& checks,
+                         const std::vector<MetaWrite>& writes) override {
+    if (Down(writes)) return Unavailable();
     return real_.commit(checks, writes);
   }
-  Result<std::vector<std::pair<std::string, std::string>>> list(std::string_view prefix) override {
-    return real_.list(prefix);
+  Result<std::optional<MetaKv>> get(std::string_view key) override { return real_.get(key); }
+  Result<std::vector<MetaKv>> list(std::string_view prefix) override { return real_.list(prefix); }
+  Result<int64_t> revision() override { return real_.revision(); }
+  Result<std::unique_ptr<ClusterWatch>> watch(
+      std::string_view prefix, int64_t from_revision,
+      std::function<void(const MetaEvent&)> on_event,
+      std::function<void(const Status&)> on_error) override {
+    return real_.watch(prefix, from_revision, std::move(on_event), std::move(on_error));
   }
+  Result<MetaLease> lease() override { return real_.lease(); }
+  bool in_process() const override { return real_.in_process(); }
+
   std::atomic<bool> down{false};
-  // >= 0: that many more writes (put, remove or commit: one call each) go through, then the
-  // store is down (a change cut short after its first N writes).
+  // >= 0: that many more writes (put, remove, commit or bound put: one call each) go through,
+  // then the store is down (a change cut short after its first N writes).
   std::atomic<int> writes_left{-1};
+  // Non-empty: only writes that remove a key starting with this fail (while `down` is clear).
+  std::string refuse_removal_of;
 
  private:
-  bool Down() {
+  static Status Unavailable() { return Status::Unavailable("test: the cluster store is down"); }
+  bool Down(const std::vector<MetaWrite>& writes) {
+    if (!refuse_removal_of.empty())
+      for (const MetaWrite& w : writes)
+        if (!w.value && w.key.starts_with(refuse_removal_of)) return true;
     if (down) return true;
     if (writes_left.load() < 0) return false;
     if (writes_left.load() == 0) return true;
@@ -152,14 +176,16 @@ TEST_F(RegionStoreMetaTest, AnEmptyUnitWhoseRecordCannotGoStaysAllocated) {
   ASSERT_TRUE(h.ok());
   ASSERT_TRUE(store_->unlink(kRootIno, "f").ok());
   EXPECT_EQ(Allocated(), kStepBytes);
-  // The last close frees the region's chunk, which empties its unit, while the store is down.
-  meta_->down = true;
+  // The last close frees the region's chunk, which empties its unit, while the store refuses
+  // to remove unit records (as if it went away right then).
+  meta_->refuse_removal_of = "unit/";
   ASSERT_TRUE(store_->release(*h).ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 0u) << "the unlinked file's chunk was not freed";
   EXPECT_EQ(UnitRecords(), 1u);
   EXPECT_EQ(Allocated(), kStepBytes)
       << "the unit went back to farmemd while its record still names it (a later mount would "
          "use memory the server may give to someone else)";
-  meta_->down = false;
+  meta_->refuse_removal_of.clear();
   // The unit is used again (no second ALLOC_RAW), and a new store loads it.
   auto g = store_->create(kRootIno, "g", 0644, who_);
   ASSERT_TRUE(g.ok());
@@ -184,24 +210,33 @@ TEST_F(RegionStoreMetaTest, RecordsOfADeleteCutShortDoNotKeepTheNamespaceFromLoa
   meta_->down = true;
   ASSERT_TRUE(store_->release(*h).ok());  // its record cannot be removed now
   meta_->down = false;
-  // Its chunk, freed in memory, goes to another region, whose record names it.
   auto g = store_->create(kRootIno, "g", 0644, who_);
   ASSERT_TRUE(g.ok());
   ASSERT_TRUE(store_->write(g->ino, 0, RandomBytes(kChunkBytes, 7)).ok());
+  // And the record an older version left when its delete was cut short: a name-less inode
+  // (nlink 1) whose chunk was freed in memory and went to another region (g), whose record names
+  // it.
+  auto grec = DecodeInode(env_.meta->get("inode/" + std::to_string(g->ino))->value().value);
+  ASSERT_TRUE(grec.ok());
+  InodeRecord legacy = *grec;
+  legacy.h.ino = 900000;
+  ASSERT_TRUE(env_.meta->put("inode/900000", EncodeInode(legacy)).ok());
   store_.reset();
   auto s = RegionStore::Open(*env_.node, *meta_, env_.options);
   ASSERT_TRUE(s.ok()) << "the namespace no longer loads: " << s.status().ToString();
   store_ = std::move(*s);
-  EXPECT_EQ(store_->stats().orphans_dropped, 1u);
+  EXPECT_EQ(store_->stats().orphans_dropped, 2u);
   auto k = store_->lookup(d->ino, "keep");
   ASSERT_TRUE(k.ok());
   std::vector<std::byte> back(3000);
   ASSERT_TRUE(store_->read(k->ino, 0, back).ok());
   EXPECT_EQ(back, data);
   EXPECT_TRUE(store_->lookup(kRootIno, "g").ok());
+  EXPECT_EQ(store_->stats().chunks_in_use, 2u) << "keep and g hold one chunk each";
   EXPECT_EQ(ErrnoOf(store_->getattr(f->ino).status()), ENOENT);
-  // The leftover record is gone from the store too.
+  // The leftover records are gone from the store too.
   EXPECT_EQ(env_.meta->list("inode/" + std::to_string(f->ino))->size(), 0u);
+  EXPECT_EQ(env_.meta->list("inode/900000")->size(), 0u);
 }
 
 TEST_F(RegionStoreMetaTest, ARenameCutShortLeavesExactlyOneName) {

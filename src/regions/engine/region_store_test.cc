@@ -327,15 +327,20 @@ TEST_F(RegionStoreTest, ReportsDescribeHostsPoolsOpenRegionsAndFiles) {
       files.find(
           "path=/d/a%20b%3Dc ino=" + std::to_string(f) +
           " size=" + std::to_string(kChunkBytes + 10) +
-          " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 hostalloc=- map=1:1.0\n"),
+          " chunks=1 persistent=0 multihosted=0 onewriter=1 ownerpid=4242 hostalloc=- vaddr=- "
+          "map=1:1.0\n"),
       std::string::npos)
       << files;
-  EXPECT_EQ(text("open"), "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0\n");
+  EXPECT_EQ(text("open"),
+            "ino=" + std::to_string(f) + " path=/d/a%20b%3Dc opens=1 writers=0 mounts=1\n");
   EXPECT_EQ(text("hosts"), "server=0 address=" + env_.options.servers[0] +
                                " units=1 chunks_in_use=1 used_bytes=131072\n");
   EXPECT_NE(text("pools").find("gid=1 server=0 address=" + env_.options.servers[0]),
             std::string::npos);
-  EXPECT_NE(text("pools").find(" used_bitmap=0001 chunks_in_use=1\n"), std::string::npos);
+  EXPECT_NE(
+      text("pools").find(" used_bitmap=0001 chunks_in_use=1 owner=" + store_->mount_id() + "\n"),
+      std::string::npos)
+      << text("pools");
   std::string mem = text("memusage");
   EXPECT_TRUE(mem.starts_with("budget_bytes=8388608 ")) << mem;
   EXPECT_NE(mem.find(" used_bytes=131072 units=1 unit_bytes=2097152 chunks_in_use=1 "),
@@ -444,6 +449,44 @@ TEST_F(RegionStoreTest, OneWriterIsInheritedAndASecondWriterGetsEbusy) {
   EXPECT_EQ(ErrnoOf(store_->getxattr(g, "user.other").status()), ENODATA);
   EXPECT_EQ(ErrnoOf(store_->setxattr(g, "system.posix_acl_access", "x")), ENOTSUP);
   EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.ownerpid", "1")), EPERM);
+}
+
+// FIXVADDR: files inherit the attribute and each holds its own 8 GiB slot of the fixed range
+// (user.region.vaddr), kept across a reload; clearing the attribute or deleting the file gives
+// the slot back; the address cannot be set.
+TEST_F(RegionStoreTest, FixvaddrRegionsHoldDistinctAddressesOfTheFixedRange) {
+  Open(1, 16ull << 20, /*persistent=*/true);
+  uint64_t dir = MkdirWith("fixed", "user.region.fixvaddr");
+  uint64_t f1 = Create("f1", dir), f2 = Create("f2", dir), g = Create("g");
+  auto addr = [&](uint64_t ino) -> uint64_t {
+    auto v = store_->getxattr(ino, "user.region.vaddr");
+    return v.ok() ? std::strtoull(v->c_str(), nullptr, 16) : 0;
+  };
+  EXPECT_EQ(addr(f1), FixVaddrOf(0));
+  EXPECT_EQ(addr(f2), FixVaddrOf(1)) << "two regions share a fixed address";
+  EXPECT_EQ(ErrnoOf(store_->getxattr(g, "user.region.vaddr").status()), ENODATA);
+  EXPECT_EQ(ErrnoOf(store_->getxattr(dir, "user.region.vaddr").status()), ENODATA)
+      << "a directory holds no address (it passes the attribute on)";
+  EXPECT_EQ(ErrnoOf(store_->setxattr(g, "user.region.vaddr", "0x100000000000")), EPERM);
+  ASSERT_TRUE(store_->setxattr(g, "user.region.fixvaddr", "1").ok());
+  EXPECT_EQ(addr(g), FixVaddrOf(2));
+  auto desc = store_->map_descriptor(g);
+  ASSERT_TRUE(desc.ok());
+  EXPECT_EQ(desc->vaddr, FixVaddrOf(2)) << "the map descriptor does not carry the address";
+  ASSERT_TRUE(store_->setxattr(f1, "user.region.fixvaddr", "0").ok());
+  EXPECT_EQ(ErrnoOf(store_->getxattr(f1, "user.region.vaddr").status()), ENODATA);
+  uint64_t f3 = Create("f3", dir);
+  EXPECT_EQ(addr(f3), FixVaddrOf(0)) << "a cleared region's slot was not given back";
+  ASSERT_TRUE(store_->unlink(dir, "f2").ok());
+  uint64_t f4 = Create("f4", dir);
+  EXPECT_EQ(addr(f4), FixVaddrOf(1)) << "a deleted region's slot was not given back";
+  store_.reset();
+  auto again = env_.OpenStore();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  store_ = std::move(*again);
+  EXPECT_EQ(addr(g), FixVaddrOf(2));
+  EXPECT_EQ(addr(f3), FixVaddrOf(0));
+  EXPECT_EQ(addr(f4), FixVaddrOf(1));
 }
 
 TEST_F(RegionStoreTest, NamespaceOperations) {

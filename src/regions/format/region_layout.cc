@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdint>
 #include <cstring>
 
 namespace farmem::regions {
@@ -36,7 +37,7 @@ Result<InodeRecord> DecodeInode(std::string_view bytes) {
   std::memcpy(&r.h, bytes.data(), sizeof(r.h));
   if (r.h.magic != kInodeMagic) return Status::InvalidArgument("inode record: bad magic");
   if (r.h.version != kInodeVersion) return Status::InvalidArgument("inode record: bad version");
-  if ((r.h.attr_flags & ~kAttrKnown) != 0)
+  if ((r.h.attr_flags & ~kInodeFlagsKnown) != 0)
     return Status::InvalidArgument("inode record: unknown attribute flags");
   uint32_t type = r.h.mode & S_IFMT;
   if (type != S_IFREG && type != S_IFDIR && type != S_IFLNK)
@@ -134,6 +135,138 @@ Result<UnitRecord> DecodeUnit(std::string_view bytes) {
   return r;
 }
 
+std::string EncodeFree(const FreeRecord& r) {
+  FreeRecordHeader h{};
+  h.magic = kFreeMagic;
+  h.version = kFreeVersion;
+  h.ino = r.ino;
+  h.entries = static_cast<uint32_t>(r.chunks.size());
+  std::string out(sizeof(h) + r.chunks.size() * sizeof(MapEntry), '\0');
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (!r.chunks.empty())
+    std::memcpy(out.data() + sizeof(h), r.chunks.data(), r.chunks.size() * sizeof(MapEntry));
+  return out;
+}
+
+Result<FreeRecord> DecodeFree(std::string_view bytes) {
+  FreeRecordHeader h;
+  if (bytes.size() < sizeof(h)) return Status::InvalidArgument("free record: shorter than header");
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (h.magic != kFreeMagic) return Status::InvalidArgument("free record: bad magic");
+  if (h.version != kFreeVersion) return Status::InvalidArgument("free record: bad version");
+  if (h.reserved != 0 || h.reserved2 != 0)
+    return Status::InvalidArgument("free record: reserved field not 0");
+  if (h.ino == 0) return Status::InvalidArgument("free record: inode number 0");
+  if (h.entries > kMaxRegionChunks)
+    return Status::InvalidArgument("free record: more chunks than the largest region");
+  if (bytes.size() != sizeof(h) + uint64_t{h.entries} * sizeof(MapEntry))
+    return Status::InvalidArgument("free record: length mismatch");
+  FreeRecord r;
+  r.ino = h.ino;
+  r.chunks.resize(h.entries);
+  if (h.entries)
+    std::memcpy(r.chunks.data(), bytes.data() + sizeof(h), h.entries * sizeof(MapEntry));
+  for (MapEntry e : r.chunks)
+    if (e == kHole || EntryGid(e) == 0 || EntryUnitOffset(e) >= kStepBytes)
+      return Status::InvalidArgument("free record: entry outside any unit");
+  return r;
+}
+
+namespace {
+// "k=v k=v ...": the fields, or InvalidArgument for a token without '=' or a repeated key.
+Result<std::vector<std::pair<std::string, std::string>>> SplitFields(std::string_view text,
+                                                                     std::string_view what) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!text.empty()) {
+    size_t sp = text.find(' ');
+    std::string_view tok = text.substr(0, sp);
+    size_t eq = tok.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      return Status::InvalidArgument(std::string(what) + ": malformed field");
+    for (const auto& [k, v] : out)
+      if (k == tok.substr(0, eq))
+        return Status::InvalidArgument(std::string(what) + ": repeated field");
+    out.emplace_back(std::string(tok.substr(0, eq)), std::string(tok.substr(eq + 1)));
+    if (sp == std::string_view::npos) break;
+    text.remove_prefix(sp + 1);
+  }
+  return out;
+}
+// A value without spaces or control bytes (what the text records may hold).
+bool PlainValue(std::string_view v) {
+  for (char ch : v)
+    if (static_cast<unsigned char>(ch) <= 0x20 || static_cast<unsigned char>(ch) == 0x7f)
+      return false;
+  return v.size() <= 256;
+}
+Result<int32_t> PidField(std::string_view v, std::string_view what) {
+  if (v.empty() || v.size() > 10) return Status::InvalidArgument(std::string(what) + ": bad pid");
+  int64_t n = 0;
+  for (char ch : v) {
+    if (ch < '0' || ch > '9') return Status::InvalidArgument(std::string(what) + ": bad pid");
+    n = n * 10 + (ch - '0');
+  }
+  if (n > INT32_MAX) return Status::InvalidArgument(std::string(what) + ": bad pid");
+  return static_cast<int32_t>(n);
+}
+}  // namespace
+
+std::string EncodeOwner(const OwnerRecord& r) {
+  return "mount=" + r.mount + " host=" + r.host + " pid=" + std::to_string(r.pid) +
+         " start=" + r.start;
+}
+
+Result<OwnerRecord> DecodeOwner(std::string_view text) {
+  FARMEM_ASSIGN_OR_RETURN(auto fields, SplitFields(text, "owner record"));
+  OwnerRecord r;
+  bool seen[4] = {};
+  for (const auto& [k, v] : fields) {
+    if (!PlainValue(v)) return Status::InvalidArgument("owner record: bad value of " + k);
+    if (k == "mount") {
+      r.mount = v;
+      seen[0] = true;
+    } else if (k == "host") {
+      r.host = v;
+      seen[1] = true;
+    } else if (k == "pid") {
+      FARMEM_ASSIGN_OR_RETURN(r.pid, PidField(v, "owner record"));
+      seen[2] = true;
+    } else if (k == "start") {
+      r.start = v;
+      seen[3] = true;
+    } else {
+      return Status::InvalidArgument("owner record: unknown field " + k);
+    }
+  }
+  if (!seen[0] || !seen[1] || !seen[2] || !seen[3] || r.mount.empty() || r.host.empty())
+    return Status::InvalidArgument("owner record: missing field");
+  return r;
+}
+
+std::string EncodeMount(const MountRecord& r) {
+  return "host=" + r.host + " pid=" + std::to_string(r.pid);
+}
+
+Result<MountRecord> DecodeMount(std::string_view text) {
+  FARMEM_ASSIGN_OR_RETURN(auto fields, SplitFields(text, "mount record"));
+  MountRecord r;
+  bool host = false, pid = false;
+  for (const auto& [k, v] : fields) {
+    if (!PlainValue(v)) return Status::InvalidArgument("mount record: bad value of " + k);
+    if (k == "host") {
+      r.host = v;
+      host = !v.empty();
+    } else if (k == "pid") {
+      FARMEM_ASSIGN_OR_RETURN(r.pid, PidField(v, "mount record"));
+      pid = true;
+    } else {
+      return Status::InvalidArgument("mount record: unknown field " + k);
+    }
+  }
+  if (!host || !pid) return Status::InvalidArgument("mount record: missing field");
+  return r;
+}
+
 Result<std::string> EncodeMapDescriptor(const MapDescriptor& d) {
   std::string addresses;
   for (size_t i = 0; i < d.servers.size(); ++i) addresses += (i ? "," : "") + d.servers[i];
@@ -153,6 +286,12 @@ Result<std::string> EncodeMapDescriptor(const MapDescriptor& d) {
   h.chunks = static_cast<uint32_t>(d.chunks.size());
   h.token_len = static_cast<uint32_t>(d.token.size());
   h.addresses_len = static_cast<uint32_t>(addresses.size());
+  if (d.vaddr != 0) {
+    if (d.vaddr < kFixVaddrBase || (d.vaddr - kFixVaddrBase) % kFixVaddrSlotBytes != 0 ||
+        (d.vaddr - kFixVaddrBase) / kFixVaddrSlotBytes >= kFixVaddrSlots)
+      return Status::InvalidArgument("map descriptor: a fixed address outside the FIXVADDR range");
+    h.vaddr_slot = static_cast<uint32_t>((d.vaddr - kFixVaddrBase) / kFixVaddrSlotBytes) + 1;
+  }
   std::string out(reinterpret_cast<const char*>(&h), sizeof(h));
   out += d.token;
   out += addresses;
@@ -175,9 +314,12 @@ Result<MapDescriptor> DecodeMapDescriptor(std::string_view bytes) {
   const uint64_t want = sizeof(h) + uint64_t{h.token_len} + h.addresses_len +
                         uint64_t{h.units} * sizeof(MapUnit) + uint64_t{h.chunks} * sizeof(uint32_t);
   if (bytes.size() != want) return Status::InvalidArgument("map descriptor: length mismatch");
+  if (h.vaddr_slot > kFixVaddrSlots)
+    return Status::InvalidArgument("map descriptor: FIXVADDR slot out of range");
   MapDescriptor d;
   d.ino = h.ino;
   d.size = h.size;
+  d.vaddr = h.vaddr_slot == 0 ? 0 : FixVaddrOf(h.vaddr_slot - 1);
   size_t at = sizeof(h);
   d.token.assign(bytes.data() + at, h.token_len);
   at += h.token_len;

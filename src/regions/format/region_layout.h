@@ -73,11 +73,30 @@ enum RegionAttr : uint16_t {
   kAttrPersistent = 1 << 0,   // survives its creating process
   kAttrMultihosted = 1 << 1,  // 2 MiB steps round-robin over every server
   kAttrOneWriter = 1 << 2,    // at most one open-for-writing handle at a time (else EBUSY)
+  kAttrFixVaddr = 1 << 3,     // rmmap maps it at the same virtual address in every process
 };
 // HOSTALLOC (not a flag: a list): the servers a region's chunks may come from, as
 // comma-separated farmemd bootstrap addresses ("" = all); at most this many bytes.
 inline constexpr uint32_t kMaxHostallocBytes = 4096;
-inline constexpr uint16_t kAttrKnown = kAttrPersistent | kAttrMultihosted | kAttrOneWriter;
+inline constexpr uint16_t kAttrKnown =
+    kAttrPersistent | kAttrMultihosted | kAttrOneWriter | kAttrFixVaddr;
+
+// FIXVADDR (docs/regions_mmap.md "FIXVADDR"): a region with the attribute holds one slot of a
+// fixed range of virtual addresses, [kFixVaddrBase, + kFixVaddrSlots * kFixVaddrSlotBytes) =
+// [16 TiB, 48 TiB), the same for every process and host; its slot is recorded in the key
+// "<prefix>fixvaddr/<slot>" (value: the inode number, decimal). A slot holds the largest region.
+inline constexpr uint64_t kFixVaddrBase = uint64_t{1} << 44;
+inline constexpr uint64_t kFixVaddrSlotBytes = kMaxRegionBytes;
+inline constexpr uint32_t kFixVaddrSlots = 4096;
+static_assert(kFixVaddrBase + uint64_t{kFixVaddrSlots} * kFixVaddrSlotBytes <= uint64_t{1} << 47,
+              "the FIXVADDR range fits in 47-bit user space");
+constexpr uint64_t FixVaddrOf(uint32_t slot) {
+  return kFixVaddrBase + uint64_t{slot} * kFixVaddrSlotBytes;
+}
+// Inode state, kept with the attribute flags but never inherited: the region's owner process
+// exited (not PERSISTENT), so reads, writes and opens through any mount's handles fail with EIO.
+inline constexpr uint16_t kStateRevoked = 1 << 15;
+inline constexpr uint16_t kInodeFlagsKnown = kAttrKnown | kStateRevoked;
 
 // ---- Metadata records (values in the cluster store; little-endian hosts only) ----
 
@@ -124,6 +143,22 @@ struct UnitRecordHeader {
 static_assert(sizeof(UnitRecordHeader) == 32, "unit record header is 32 bytes");
 inline constexpr uint32_t kUnitMagic = 0x4e555247;  // "GRUN"
 
+// Value of key "<prefix>free/<ino>/<tag>" (docs/regions.md "Several mounts"): chunks cut from
+// inode `ino` (by a truncate or a punched hole, or all of them when the record of an unlinked file
+// went) that go back to their units only once no mount has the inode open; `entries` MapEntry
+// words follow.
+struct FreeRecordHeader {
+  uint32_t magic;  // kFreeMagic
+  uint16_t version;
+  uint16_t reserved;  // 0
+  uint64_t ino;
+  uint32_t entries;
+  uint32_t reserved2;  // 0
+};
+static_assert(sizeof(FreeRecordHeader) == 24, "free record header is 24 bytes");
+inline constexpr uint32_t kFreeMagic = 0x52464752;  // "RGFR"
+inline constexpr uint16_t kFreeVersion = 1;
+
 // The decoded forms.
 struct InodeRecord {
   InodeRecordHeader h{};
@@ -149,6 +184,37 @@ std::string EncodeInode(const InodeRecord& r);
 Result<InodeRecord> DecodeInode(std::string_view bytes);
 std::string EncodeUnit(const UnitRecord& r);
 Result<UnitRecord> DecodeUnit(std::string_view bytes);
+struct FreeRecord {
+  uint64_t ino = 0;
+  std::vector<MapEntry> chunks;  // no holes
+};
+std::string EncodeFree(const FreeRecord& r);
+// InvalidArgument for anything malformed (a hole or an entry outside a unit, lengths that do not
+// add up, more entries than the largest region has).
+Result<FreeRecord> DecodeFree(std::string_view bytes);
+
+// Text records of the multi-mount protocol: space-separated key=value fields, values without
+// spaces (docs/regions.md "Several mounts", key table).
+//   "<prefix>mount/<mount>" (bound to that mount's lease): host=<host id> pid=<pid>
+//   "<prefix>owner/<ino>": mount=<mount> host=<host id> pid=<tgid> start=<start time>
+// A host id names a kernel and pid namespace ("<boot id>/<pid namespace>"): a process id means
+// the same process to every mount with the same host id. start: field 22 of /proc/<pid>/stat
+// ("" when unknown), so a reused pid is not taken for the owner.
+struct OwnerRecord {
+  std::string mount;
+  std::string host;
+  int32_t pid = 0;
+  std::string start;
+};
+std::string EncodeOwner(const OwnerRecord& r);
+// InvalidArgument for a missing or malformed field.
+Result<OwnerRecord> DecodeOwner(std::string_view text);
+struct MountRecord {
+  std::string host;
+  int32_t pid = 0;
+};
+std::string EncodeMount(const MountRecord& r);
+Result<MountRecord> DecodeMount(std::string_view text);
 
 // ---- Map descriptor: the xattr "user.region.map" of a file in a mount (docs/regions_mmap.md) ----
 // What a process needs to rmmap a mounted file without the mount's RegionStore: the file's size,
@@ -171,7 +237,9 @@ struct MapDescriptorHeader {
   uint32_t chunks;
   uint32_t token_len;
   uint32_t addresses_len;
-  uint32_t reserved;  // 0
+  // FIXVADDR: 0 for none, else the region's slot + 1 (its address is FixVaddrOf(slot)); was a
+  // reserved 0, so an older descriptor reads as "not FIXVADDR".
+  uint32_t vaddr_slot;
 };
 static_assert(sizeof(MapDescriptorHeader) == 48, "map descriptor header is 48 bytes");
 // A 2 MiB allocation unit: pool `key` of server `server`, starting at `offset`.
@@ -187,6 +255,7 @@ static_assert(kChunksPerStep <= 16, "a chunk word keeps the slot in its low 4 bi
 struct MapDescriptor {
   uint64_t ino = 0;
   uint64_t size = 0;
+  uint64_t vaddr = 0;  // FIXVADDR: the address every process maps it at (0: anywhere)
   std::string token;
   std::vector<std::string> servers;
   std::vector<MapUnit> units;

@@ -143,5 +143,37 @@ TEST(RegionLayout, UnitRecordRoundTripAndRejects) {
   EXPECT_FALSE(DecodeUnit(EncodeUnit(u)).ok());
 }
 
+TEST(RegionLayout, FreeOwnerAndMountRecordsRoundTripAndHostileOnesAreRefused) {
+  FreeRecord f{42, {MakeMapEntry(1, 0), MakeMapEntry(7, 3 * kChunkBytes)}};
+  auto back = DecodeFree(EncodeFree(f));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ino, 42u);
+  EXPECT_EQ(back->chunks, f.chunks);
+  EXPECT_TRUE(DecodeFree(EncodeFree({42, {}})).ok()) << "an emptied free record";
+  EXPECT_FALSE(DecodeFree(EncodeFree({42, {kHole}})).ok()) << "a hole in a free record";
+  EXPECT_FALSE(DecodeFree(EncodeFree({0, {MakeMapEntry(1, 0)}})).ok()) << "inode 0";
+  std::string cut = EncodeFree(f);
+  cut.pop_back();
+  EXPECT_FALSE(DecodeFree(cut).ok()) << "a cut record";
+  OwnerRecord o{"m-1", "boot/4026531836", 1234, "5678"};
+  auto ob = DecodeOwner(EncodeOwner(o));
+  ASSERT_TRUE(ob.ok()) << ob.status().ToString();
+  EXPECT_EQ(ob->mount, "m-1");
+  EXPECT_EQ(ob->host, "boot/4026531836");
+  EXPECT_EQ(ob->pid, 1234);
+  EXPECT_EQ(ob->start, "5678");
+  EXPECT_TRUE(DecodeOwner("mount=m host=h pid=1 start=").ok()) << "an unknown start time";
+  for (const char* bad :
+       {"mount=m host=h pid=x start=1", "mount=m host=h start=1",
+        "mount=m host=h pid=1 start=1 extra=2", "mount=m mount=m host=h pid=1 start=1",
+        "mount=m host=h pid=99999999999 start=1", "garbage"})
+    EXPECT_FALSE(DecodeOwner(bad).ok()) << bad;
+  auto mb = DecodeMount(EncodeMount({"boot/1", 77}));
+  ASSERT_TRUE(mb.ok());
+  EXPECT_EQ(mb->pid, 77);
+  EXPECT_FALSE(DecodeMount("pid=1").ok());
+  EXPECT_FALSE(DecodeMount("host=h pid=-1").ok());
+}
+
 }  // namespace
 }  // namespace farmem::regions

@@ -1,6 +1,8 @@
 // The FUSE 3 low-level daemon of remote regions (docs/regions.md "FUSE daemon"): translates
 // requests into RegionStore calls. libfuse's worker threads (fuse_session_loop_mt) call every op;
-// the store is thread-safe and gives each thread its own scheduler.
+// the store is thread-safe and gives each thread its own scheduler. A shared mount (several
+// mounts of one namespace) also runs a notifier thread that drops what the kernel cached of other
+// mounts' changes (fuse_lowlevel_notify_inval_inode / _entry).
 #define FUSE_USE_VERSION 312
 #include <fuse3/fuse_lowlevel.h>
 #include <pthread.h>
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -43,11 +46,12 @@ constexpr double kTimeout = 1.0;          // attr/entry cache, seconds (close-to
 constexpr unsigned kMaxWrite = 1u << 20;  // max_write / max_readahead
 
 // TEST ONLY (docs/regions.md "Tests"): FARMEM_REGIONS_FAULT=no_claim lets a second mount of a
-// namespace in; no_perms mounts without default_permissions (the kernel then checks nothing);
-// open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid check); no_inval keeps
-// the kernel's cached pages of a region deleted with its owner (readers then see no EIO);
-// no_takeover leaves the claim of a killed mount on this host alone (a remount then waits for
-// its lease to expire).
+// namespace mounted exclusively in; no_perms mounts without default_permissions (the kernel then
+// checks nothing); open_intro makes .regions/ readable by everyone (modes 0555/0444, no uid
+// check); no_inval keeps the kernel's cached pages of a region deleted with its owner (readers
+// then see no EIO); no_remote_inval keeps what the kernel cached of other mounts' changes (a file
+// open here then shows its old pages after another mount rewrote it); exclusive_caching gives a
+// shared mount an exclusive one's kernel caching (FsState::coherent).
 bool FsFault(std::string_view name) {
   const char* f = std::getenv("FARMEM_REGIONS_FAULT");
   return f != nullptr && name == f;
@@ -74,7 +78,14 @@ struct FsState {
   uint32_t threads = 0;
   size_t servers = 0;
   std::string token;  // the servers' cluster token, handed out in user.region.map
-  std::mutex mu;      // guards intro and next_intro (any worker thread)
+  // Other mounts may share the namespace (RegionFsOptions::Sharing).
+  bool shared = false;
+  // The kernel's caches are kept coherent with other mounts' changes: no writeback cache, no
+  // keep_cache, no negative entries, file attributes not cached. Set for shared mounts
+  // (FARMEM_REGIONS_FAULT=exclusive_caching, test only: a shared mount with an exclusive one's
+  // caching; another mount's growth or shrink is then not seen).
+  bool coherent = false;
+  std::mutex mu;  // guards intro and next_intro (any worker thread)
   // Open .regions/ files: handle -> the report's text, taken at open (a consistent snapshot).
   std::unordered_map<uint64_t, std::string> intro;
   uint64_t next_intro = 1;
@@ -156,7 +167,9 @@ Result<std::string> IntroText(FsState& fs, std::string_view name) {
   return "pid=" + std::to_string(getpid()) + " uid=" + std::to_string(geteuid()) +
          " mountpoint=" + regions::EscapeField(fs.mountpoint) +
          " threads=" + std::to_string(fs.threads) + " servers=" + std::to_string(fs.servers) +
-         OpCounts(fs) + "\n";
+         " mount=" + regions::EscapeField(fs.store.mount_id()) +
+         " shared=" + (fs.shared ? "1" : "0") + " lease=" + fs.store.lease_state() + OpCounts(fs) +
+         "\n";
 }
 
 Caller Who(fuse_req_t req) {
@@ -272,6 +285,13 @@ struct stat ToStat(const InodeAttr& a) {
   return st;
 }
 
+// How long the kernel may keep an inode's attributes. Shared: a file's size and times can change
+// in another mount at any time, so the kernel asks each time it needs them (served from the
+// store's mirror, which its watch keeps current; no round trip to etcd).
+double AttrTimeout(fuse_req_t req, const InodeAttr& a) {
+  return State(req).coherent && S_ISREG(a.mode) ? 0.0 : kTimeout;
+}
+
 void ReplyEntry(fuse_req_t req, const Result<InodeAttr>& a) {
   if (!a.ok()) {
     fuse_reply_err(req, ErrnoOf(a.status()));
@@ -280,7 +300,7 @@ void ReplyEntry(fuse_req_t req, const Result<InodeAttr>& a) {
   fuse_entry_param e{};
   e.ino = a->ino;
   e.attr = ToStat(*a);
-  e.attr_timeout = kTimeout;
+  e.attr_timeout = AttrTimeout(req, *a);
   e.entry_timeout = kTimeout;
   fuse_reply_entry(req, &e);
 }
@@ -293,8 +313,13 @@ bool IsWrite(int flags) {
   return (flags & O_ACCMODE) != O_RDONLY;
 }
 
-void Init(void*, fuse_conn_info* conn) {
-  if (conn->capable & FUSE_CAP_WRITEBACK_CACHE) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+void Init(void* userdata, fuse_conn_info* conn) {
+  const bool shared = static_cast<FsState*>(userdata)->coherent;
+  // The writeback cache makes the kernel the owner of a file's size and mtime (it ignores the
+  // daemon's): only one mount can see every change then. Shared mounts write through, and drop
+  // pages by invalidation, not by the kernel's own mtime checks (auto_inval_data).
+  if (!shared && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  if (shared) conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   conn->max_write = kMaxWrite;
@@ -311,10 +336,11 @@ void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   }
   if (IsIntro(parent)) return (void)fuse_reply_err(req, ENOTDIR);
   auto a = Store(req).lookup(parent, name);
-  if (!a.ok() && ErrnoOf(a.status()) == ENOENT) {
-    // A negative entry the kernel keeps for kTimeout: one mount per namespace (the claim in
+  if (!a.ok() && ErrnoOf(a.status()) == ENOENT && !State(req).coherent) {
+    // A negative entry the kernel keeps for kTimeout: an exclusive mount (the claim in
     // RunRegionFs), so every new name comes through this kernel, which replaces the entry. Saves
-    // the second LOOKUP of `stat` then `open(O_CREAT)` of a new name (cp, tar).
+    // the second LOOKUP of `stat` then `open(O_CREAT)` of a new name (cp, tar). A shared mount
+    // answers ENOENT, which the kernel does not keep: another mount may make the name next.
     fuse_entry_param e{};
     e.ino = 0;
     e.entry_timeout = kTimeout;
@@ -331,7 +357,7 @@ void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   auto a = Store(req).getattr(ino);
   if (!a.ok()) return ReplyStatus(req, a.status());
   struct stat st = ToStat(*a);
-  fuse_reply_attr(req, &st, kTimeout);
+  fuse_reply_attr(req, &st, AttrTimeout(req, *a));
 }
 
 void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*) {
@@ -350,7 +376,7 @@ void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse
   auto a = Store(req).setattr(ino, r);
   if (!a.ok()) return ReplyStatus(req, a.status());
   struct stat st = ToStat(*a);
-  fuse_reply_attr(req, &st, kTimeout);
+  fuse_reply_attr(req, &st, AttrTimeout(req, *a));
 }
 
 void Readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -430,10 +456,22 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (IsIntro(ino)) return OpenIntro(req, ino, fi);
   auto h = Store(req).open(ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
+  // libfuse asks for FUSE_CAP_ATOMIC_O_TRUNC by default: the kernel then passes O_TRUNC here and
+  // sets its size to 0 itself, trusting the file system to truncate (no SETATTR follows).
+  if ((fi->flags & O_TRUNC) && IsWrite(fi->flags)) {
+    regions::SetAttrRequest trunc;
+    trunc.size = 0;
+    auto t = Store(req).setattr(ino, trunc);
+    if (!t.ok()) {
+      (void)Store(req).release(*h);
+      return ReplyStatus(req, t.status());
+    }
+  }
   fi->fh = *h;
-  // One mount per namespace (the claim in RunRegionFs): every change to a file went through this
-  // kernel's page cache, so what it cached is current and an open need not drop it.
-  fi->keep_cache = 1;
+  // Exclusive (the claim in RunRegionFs): every change to a file went through this kernel's page
+  // cache, so what it cached is current and an open need not drop it. Shared: another mount may
+  // have written the file since, so the kernel drops its pages at each open (close-to-open).
+  fi->keep_cache = State(req).coherent ? 0 : 1;
   fuse_reply_open(req, fi);
 }
 
@@ -444,15 +482,17 @@ void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fu
   Caller who = Who(req);
   if (d) who.defaults = &*d;
   auto a = s.create(parent, name, mode, who);
+  if (!a.ok() && ErrnoOf(a.status()) == EEXIST && !(fi->flags & O_EXCL))
+    a = s.lookup(parent, name);  // another mount made it first: open(O_CREAT) opens it
   if (!a.ok()) return ReplyStatus(req, a.status());
   auto h = s.open(a->ino, IsWrite(fi->flags));
   if (!h.ok()) return ReplyStatus(req, h.status());
   fi->fh = *h;
-  fi->keep_cache = 1;
+  fi->keep_cache = State(req).coherent ? 0 : 1;
   fuse_entry_param e{};
   e.ino = a->ino;
   e.attr = ToStat(*a);
-  e.attr_timeout = kTimeout;
+  e.attr_timeout = AttrTimeout(req, *a);
   e.entry_timeout = kTimeout;
   fuse_reply_create(req, &e, fi);
 }
@@ -656,69 +696,11 @@ fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
-// ---- the namespace's claim (one mount per namespace) ----
-// The claim's value: the mount's member name, then who it is on its host — boot id, pid
-// namespace, pid and the pid's start time — so that a later mount on the same host can tell a
-// claim whose process is gone (SIGKILLed: its membership lease, which the claim is bound to,
-// lives on until it expires) and take it over at once instead of waiting for the lease.
-std::string FirstLine(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return "";
-  char line[256] = {};
-  if (std::fgets(line, sizeof(line), f) == nullptr) line[0] = 0;
-  std::fclose(f);
-  std::string s(line);
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-std::string PidNamespace() {
-  char buf[64] = {};
-  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
-// Field 22 of /proc/<pid>/stat (clock ticks after boot); "" when there is no such process or it
-// has exited (a zombie not yet reaped: its /dev/fuse descriptor is closed, its mount dead).
-std::string StartTime(int64_t pid) {
-  std::string stat = FirstLine("/proc/" + std::to_string(pid) + "/stat");
-  size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return "";
-  std::vector<std::string> fields;
-  size_t at = paren + 2;
-  while (at < stat.size()) {
-    size_t sp = stat.find(' ', at);
-    fields.push_back(stat.substr(at, sp == std::string::npos ? std::string::npos : sp - at));
-    if (sp == std::string::npos) break;
-    at = sp + 1;
-  }
-  // fields[0] is field 3 (the state).
-  if (fields.size() <= 19 || fields[0] == "Z" || fields[0] == "X") return "";
-  return fields[19];
-}
+// ---- the exclusive claim ----
+// The value of the key "regions-mount" an exclusive mount holds (bound to its membership lease):
+// the mount's member name and process, for the message a refused mount prints.
 std::string ClaimValue(const std::string& member) {
-  return member + " host=" + FirstLine("/proc/sys/kernel/random/boot_id") +
-         " pidns=" + PidNamespace() + " pid=" + std::to_string(getpid()) +
-         " start=" + StartTime(getpid());
-}
-// True when `value` is the claim of a mount on this host, in this pid namespace, whose process is
-// gone (no such pid, or the pid now belongs to a process started at another time). Claims of
-// older versions (no host fields) and of other hosts or containers are never taken as gone.
-bool ClaimOfDeadLocalMount(std::string_view value) {
-  std::map<std::string, std::string, std::less<>> f;
-  size_t at = 0;
-  while (at < value.size()) {
-    size_t sp = value.find(' ', at);
-    std::string_view tok = value.substr(at, sp == std::string_view::npos ? value.npos : sp - at);
-    size_t eq = tok.find('=');
-    if (eq != tok.npos) f[std::string(tok.substr(0, eq))] = std::string(tok.substr(eq + 1));
-    if (sp == std::string_view::npos) break;
-    at = sp + 1;
-  }
-  std::string host = FirstLine("/proc/sys/kernel/random/boot_id"), ns = PidNamespace();
-  if (host.empty() || ns.empty() || f["host"] != host || f["pidns"] != ns) return false;
-  char* end = nullptr;
-  long long pid = std::strtoll(f["pid"].c_str(), &end, 10);
-  if (f["pid"].empty() || *end != 0 || pid <= 0 || f["start"].empty()) return false;
-  return StartTime(pid) != f["start"];
+  return member + " pid=" + std::to_string(getpid());
 }
 
 std::string RandomToken() {
@@ -730,8 +712,14 @@ std::string RandomToken() {
 // with: RunRegionFs blocks SIGINT/SIGTERM/SIGHUP before it starts any thread, so only this thread
 // (libfuse's workers block every signal) receives them and its wait in the loop is interrupted.
 Status Serve(RegionStore& store, const RegionFsOptions& o, const std::string& token,
-             const sigset_t& unblocked) {
-  FsState state{store, o.mountpoint, o.threads, o.servers.empty() ? 1 : o.servers.size(), token};
+             const sigset_t& unblocked, bool shared) {
+  FsState state{store,
+                o.mountpoint,
+                o.threads,
+                o.servers.empty() ? 1 : o.servers.size(),
+                token,
+                shared,
+                shared && !FsFault("exclusive_caching")};
   std::vector<std::string> argv_s = {"farmem-mount", "-o", "fsname=farmem-regions,subtype=regions"};
   if (!FsFault("no_perms")) argv_s.back() += ",default_permissions";
   if (getuid() == 0) argv_s.back() += ",allow_other";
@@ -777,6 +765,31 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const std::string& to
           }
         }
       });
+      // Shared: what other mounts changed is dropped from the kernel's caches (attributes and
+      // pages of an inode, a name in a directory), so a stat, a lookup or a read of a file open
+      // here sees it. From a thread of its own, never from a request handler (a notification can
+      // wait for the kernel to finish a request that waits for the store).
+      std::thread notifier;
+      if (shared)
+        notifier = std::thread([&] {
+          while (!stop.load()) {
+            std::vector<regions::RemoteChange> changes =
+                store.WaitChanges(std::chrono::milliseconds(100));
+            if (FsFault("no_remote_inval")) continue;
+            std::set<uint64_t> inodes;
+            std::set<std::pair<uint64_t, std::string>> entries;
+            for (auto& c : changes) {
+              if (c.kind == regions::RemoteChange::Kind::kInode)
+                inodes.insert(c.ino);
+              else
+                entries.emplace(c.parent, c.name);
+            }
+            // Not cached (ENOENT) is fine: there is nothing to drop.
+            for (const auto& [parent, name] : entries)
+              (void)fuse_lowlevel_notify_inval_entry(se, parent, name.data(), name.size());
+            for (uint64_t ino : inodes) (void)fuse_lowlevel_notify_inval_inode(se, ino, 0, 0);
+          }
+        });
       sigset_t blocked;
       pthread_sigmask(SIG_SETMASK, &unblocked, &blocked);
       fuse_loop_config* cfg = fuse_loop_cfg_create();
@@ -787,6 +800,7 @@ Status Serve(RegionStore& store, const RegionFsOptions& o, const std::string& to
       pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
       stop = true;
       reaper.join();
+      if (notifier.joinable()) notifier.join();
       fuse_session_unmount(se);
       // A signal (SIGINT/SIGTERM) ends the loop with its number: a clean unmount.
       if (rc < 0) result = Status::IoError("regions: FUSE loop: " + std::string(strerror(-rc)));
@@ -864,7 +878,6 @@ Status RunRegionFs(const RegionFsOptions& o) {
   co.create_if_missing = true;
   co.call_timeout = std::chrono::milliseconds(o.meta_timeout_ms);
   FARMEM_ASSIGN_OR_RETURN(auto cluster, Cluster::Open(co));
-  auto meta = regions::NewClusterMetaStore(*cluster);
   NodeConfig nc;
   nc.name = "regions-mount";
   nc.transport.backend = "tcp";
@@ -881,41 +894,47 @@ Status RunRegionFs(const RegionFsOptions& o) {
   // Running farmemds outlive this mount, so its units must too (the metadata in a shared store
   // names them); the embedded server's memory dies with the process anyway.
   so.persistent_units = !o.servers.empty();
-  // One mount per namespace until the multi-mount protocol exists (docs/regions.md "Not built"):
-  // claim it with a key bound to this process's membership lease.
-  std::string member = "regions-mount-" + std::to_string(getpid());
+  // Shared (docs/regions.md "Several mounts") or exclusive (a claim bound to the membership
+  // lease keeps every other mount out).
+  const bool shared =
+      o.sharing == RegionFsOptions::Sharing::kShared ||
+      (o.sharing == RegionFsOptions::Sharing::kAuto && !co.url.starts_with("memory://"));
+  std::string member = "regions-mount-" + std::to_string(getpid()) + "-" +
+                       std::to_string(std::random_device{}() % 100000000);
   ClusterMember self;
   self.name = member;
   self.roles = {"regions-mount"};
   FARMEM_RETURN_IF_ERROR(cluster->join(self));
-  ClusterPutOptions bound;
-  bound.bind_to_lease = true;
-  const std::string claim = ClaimValue(member);
-  auto claimed = cluster->put_if("regions-mount", claim, 0, bound);
-  if (FsFault("no_claim")) claimed = int64_t{0};
-  if (!claimed.ok() && !FsFault("no_takeover")) {
-    // A mount on this host that was killed holds it until its lease expires: take it over.
-    auto holder = cluster->get("regions-mount");
-    if (holder.ok() && ClaimOfDeadLocalMount(holder->value)) {
-      claimed = cluster->put_if("regions-mount", claim, holder->mod_revision, bound);
-      if (claimed.ok())
-        FARMEM_LOG_INFO("regions: took over the namespace from a mount whose process is gone ({})",
-                        holder->value);
+  auto meta = regions::NewClusterMetaStore(*cluster, "regions/", member);
+  if (!shared) {
+    ClusterPutOptions bound;
+    bound.bind_to_lease = true;
+    auto claimed = cluster->put_if("regions-mount", ClaimValue(member), 0, bound);
+    if (FsFault("no_claim")) claimed = int64_t{0};
+    if (!claimed.ok()) {
+      auto holder = cluster->get("regions-mount");
+      return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
+                                        (holder.ok() ? holder->value : std::string("?")) +
+                                        ", exclusively)");
     }
-  }
-  if (!claimed.ok()) {
-    auto holder = cluster->get("regions-mount");
-    return Status::FailedPrecondition("regions: the namespace is mounted already (by " +
-                                      (holder.ok() ? holder->value : std::string("?")) +
-                                      "); several mounts of one namespace are not supported yet");
+    // Shared mounts register under regions/mount/ before they look for this claim: one of the
+    // two sees the other.
+    auto others = cluster->list("regions/mount/");
+    if (others.ok() && !others->empty() && !FsFault("no_claim"))
+      return Status::FailedPrecondition("regions: the namespace is mounted already (shared, by " +
+                                        (*others)[0].key.substr(14) +
+                                        "); it cannot be mounted exclusively");
   }
   Status result;
   {
     auto store = RegionStore::Open(*node, *meta, so);
     if (!store.ok()) {
       result = store.status();
+    } else if (auto holder = cluster->get("regions-mount"); shared && holder.ok()) {
+      result = Status::FailedPrecondition("regions: the namespace is mounted already (by " +
+                                          holder->value + ", exclusively)");
     } else {
-      result = Serve(**store, o, token, signals.old());
+      result = Serve(**store, o, token, signals.old(), shared);
     }
   }
   node->stop();

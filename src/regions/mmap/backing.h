@@ -24,10 +24,13 @@ class Backing {
   virtual Status write(uint64_t offset, std::span<const std::byte> data) = 0;
   // rclearcache: picks up layout changes made by others (a mount's file grown or truncated).
   virtual Status refresh() { return Status::OK(); }
+  // FIXVADDR: the address every process maps the region at (0: anywhere).
+  virtual uint64_t fixed_address() const { return 0; }
 };
 
 // Maps `length` (> 0) bytes of `backing` (userfaultfd registration, handler thread) and records
-// the mapping for rmunmap and the other calls.
+// the mapping for rmunmap and the other calls; at backing->fixed_address() when it has one
+// (FailedPrecondition when that range is taken).
 Result<void*> MapBacking(std::unique_ptr<Backing> backing, size_t length);
 
 }  // namespace farmem::rmmap_internal

@@ -149,6 +149,8 @@ class MountBacking : public Backing {
     close(fd_);
   }
   uint64_t size() const { return Current()->d.size; }
+  // The address the descriptor read at rmmap named (a FIXVADDR region keeps it while mapped).
+  uint64_t fixed_address() const override { return Current()->d.vaddr; }
 
   Result<size_t> read(uint64_t offset, std::span<std::byte> out) override {
     auto l = Current();

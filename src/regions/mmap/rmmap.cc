@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -29,6 +30,7 @@
 
 #include "farmem/regions.h"
 #include "regions/engine/region_store.h"
+#include "regions/format/region_layout.h"
 #include "regions/mmap/backing.h"
 
 namespace farmem {
@@ -39,7 +41,7 @@ using rmmap_internal::Backing;
 constexpr size_t kPage = 4096;
 
 // Test-only switch (docs/regions_mmap.md, "Tests"): removes one protection so a test fails.
-enum class MmapFault { kNone, kNoFetch, kNoDirty, kNoWp, kNoPrefetch };
+enum class MmapFault { kNone, kNoFetch, kNoDirty, kNoWp, kNoPrefetch, kNoFixVaddr };
 MmapFault FaultFromEnv() {
   const char* e = std::getenv("FARMEM_REGIONS_MMAP_FAULT");
   if (e == nullptr) return MmapFault::kNone;
@@ -48,6 +50,7 @@ MmapFault FaultFromEnv() {
   if (v == "no_dirty") return MmapFault::kNoDirty;  // rmarkdirty records nothing
   if (v == "no_wp") return MmapFault::kNoWp;        // write-protect faults mark nothing dirty
   if (v == "no_prefetch") return MmapFault::kNoPrefetch;  // rprefetch installs nothing
+  if (v == "no_fixvaddr") return MmapFault::kNoFixVaddr;  // FIXVADDR regions mapped anywhere
   return MmapFault::kNone;
 }
 
@@ -55,7 +58,12 @@ MmapFault FaultFromEnv() {
 class StoreBacking : public Backing {
  public:
   StoreBacking(regions::RegionStore& store, uint64_t ino, uint64_t handle)
-      : store_(store), ino_(ino), handle_(handle) {}
+      : store_(store), ino_(ino), handle_(handle) {
+    // FIXVADDR: "0x..." (ENODATA for other regions).
+    if (auto v = store_.getxattr(ino_, "user.region.vaddr"); v.ok())
+      vaddr_ = std::strtoull(v->c_str(), nullptr, 16);
+  }
+  uint64_t fixed_address() const override { return vaddr_; }
   ~StoreBacking() override { (void)store_.release(handle_); }
   Result<size_t> read(uint64_t offset, std::span<std::byte> out) override {
     return store_.read(ino_, offset, out);
@@ -68,6 +76,7 @@ class StoreBacking : public Backing {
   regions::RegionStore& store_;
   const uint64_t ino_;
   const uint64_t handle_;
+  uint64_t vaddr_ = 0;
 };
 
 // One mapping. Invariants: `dirty[i]` is set by rmarkdirty or by the handler on a write fault
@@ -270,8 +279,32 @@ Result<void*> MapBacking(std::unique_ptr<Backing> backing, size_t length) {
     return fail(Status::FromErrno("rmmap: UFFDIO_API", errno));
   m->stop_fd = eventfd(0, EFD_CLOEXEC);
   if (m->stop_fd < 0) return fail(Status::FromErrno("rmmap: eventfd", errno));
-  void* p = mmap(nullptr, m->vma_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return fail(Status::FromErrno("rmmap: mmap", errno));
+  // FIXVADDR: at the region's address or not at all (MAP_FIXED_NOREPLACE never replaces what is
+  // mapped there; a kernel without it would take the address as a hint only).
+  const uint64_t fixed = m->fault == MmapFault::kNoFixVaddr ? 0 : m->backing->fixed_address();
+  if (fixed != 0 && m->vma_len > regions::kFixVaddrSlotBytes)
+    return fail(Status::InvalidArgument(
+        "rmmap: a FIXVADDR region maps at most 8 GiB (its fixed address range)"));
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | (fixed != 0 ? MAP_FIXED_NOREPLACE : 0);
+  void* p = mmap(reinterpret_cast<void*>(fixed), m->vma_len, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) {
+    if (fixed != 0 && errno == EEXIST) {
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "[0x%llx, 0x%llx)", static_cast<unsigned long long>(fixed),
+                    static_cast<unsigned long long>(fixed + m->vma_len));
+      return fail(Status::FailedPrecondition(
+          std::string("rmmap: the FIXVADDR region's address range ") + buf +
+          " is taken in this process (something else is mapped there, or the region is mapped "
+          "already)"));
+    }
+    return fail(Status::FromErrno("rmmap: mmap", errno));
+  }
+  if (fixed != 0 && reinterpret_cast<uint64_t>(p) != fixed) {
+    munmap(p, m->vma_len);
+    return fail(Status::FailedPrecondition(
+        "rmmap: the kernel did not map the FIXVADDR region at its address (no "
+        "MAP_FIXED_NOREPLACE)"));
+  }
   m->base = static_cast<std::byte*>(p);
   uffdio_register reg{};
   reg.range = {reinterpret_cast<uintptr_t>(p), m->vma_len};

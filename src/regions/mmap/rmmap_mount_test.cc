@@ -1,10 +1,12 @@
 // rmmap of a file in a farmem mount (RunRegionFs on a thread of this process, embedded farmemd)
 // from another process: a forked child maps a file written through the mount, checks every byte,
 // writes pages over a chunk and over a hole and rsyncs them; this process reads them back through
-// the mount. Also: rmmap by fd, the uid check of user.region.map, and bad input.
+// the mount. Also: rmmap by fd, the uid check of user.region.map, bad input, and FIXVADDR (two
+// children map a region at its fixed address and follow a pointer stored in it).
 // Skips without /dev/fuse (FUSE needs it, and root to mount).
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
@@ -277,6 +279,67 @@ TEST_F(RmmapMountServerTest, UnreachableServersAreAnErrorNotAHang) {
 
 // The descriptor comes from a file system: a reader must refuse one whose indexes point outside
 // it (faults would otherwise index past the unit table).
+// FIXVADDR: two processes map the region at its fixed address, the same in both; the first
+// stores a pointer (an absolute address inside the region) and the bytes it points to, the
+// second follows it. A process where that range is taken gets a clear error, not another place.
+// FARMEM_REGIONS_MMAP_FAULT=no_fixvaddr (mapped anywhere) makes it fail.
+TEST_F(RmmapMountTest, FixvaddrRegionsMapAtTheirAddressInEveryProcess) {
+  const std::string f = dir_ + "/fixed.bin";
+  int fd = open(f.c_str(), O_CREAT | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(fsetxattr(fd, "user.region.fixvaddr", "1", 1, 0), 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 3 * regions::kChunkBytes), 0);
+  ASSERT_EQ(close(fd), 0);
+  char v[32] = {};
+  ASSERT_GT(getxattr(f.c_str(), "user.region.vaddr", v, sizeof(v) - 1), 0) << std::strerror(errno);
+  const uint64_t vaddr = std::strtoull(v, nullptr, 16);
+  ASSERT_GE(vaddr, regions::kFixVaddrBase) << v;
+  constexpr size_t kTarget = regions::kChunkBytes + 100;  // in another chunk than the pointer
+  const char kText[] = "followed through a FIXVADDR pointer";
+  std::string err = InChild([&]() -> std::string {
+    auto p = rmmap(f);
+    if (!p.ok()) return "rmmap: " + p.status().ToString();
+    if (reinterpret_cast<uint64_t>(*p) != vaddr)
+      return "mapped at " + std::to_string(reinterpret_cast<uint64_t>(*p)) + ", not at the " +
+             "region's " + v;
+    auto* b = static_cast<char*>(*p);
+    std::memcpy(b + kTarget, kText, sizeof(kText));
+    char* target = b + kTarget;
+    std::memcpy(b, &target, sizeof(target));  // a pointer stored inside the region
+    if (Status st = rmarkdirty(b, 4096, false); !st.ok()) return st.ToString();
+    if (Status st = rmarkdirty(b + kTarget, 4096, false); !st.ok()) return st.ToString();
+    if (Status st = rsync(b, 3 * regions::kChunkBytes); !st.ok()) return "rsync: " + st.ToString();
+    return rmunmap(b).ok() ? "" : "rmunmap failed";
+  });
+  ASSERT_EQ(err, "") << "in the writing child";
+  err = InChild([&]() -> std::string {
+    auto p = rmmap(f);
+    if (!p.ok()) return "rmmap: " + p.status().ToString();
+    if (reinterpret_cast<uint64_t>(*p) != vaddr)
+      return "mapped at " + std::to_string(reinterpret_cast<uint64_t>(*p)) + ", not at the " +
+             "region's " + v;
+    char* target = nullptr;
+    std::memcpy(&target, *p, sizeof(target));
+    const auto* base = static_cast<const char*>(*p);
+    if (target < base || target >= base + 3 * regions::kChunkBytes)
+      return "the stored pointer does not point into this process's mapping";
+    if (std::strcmp(target, kText) != 0) return std::string("followed the pointer to: ") + target;
+    return rmunmap(*p).ok() ? "" : "rmunmap failed";
+  });
+  ASSERT_EQ(err, "") << "in the reading child";
+  err = InChild([&]() -> std::string {
+    void* mine = mmap(reinterpret_cast<void*>(vaddr + 4096), 4096, PROT_READ,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (mine == MAP_FAILED) return "could not take the range first";
+    auto p = rmmap(f);
+    if (p.ok()) return "rmmap succeeded with its fixed range taken";
+    if (p.status().message().find("is taken") == std::string::npos)
+      return "unclear error: " + p.status().ToString();
+    return "";
+  });
+  EXPECT_EQ(err, "") << "in the child that took the range first";
+}
+
 TEST(MapDescriptorTest, RoundTripsAndRefusesHostileBytes) {
   regions::MapDescriptor d;
   d.ino = 7;
@@ -308,6 +371,23 @@ TEST(MapDescriptorTest, RoundTripsAndRefusesHostileBytes) {
       << "a unit naming a server past the list was accepted";
   EXPECT_EQ(regions::DecodeMapDescriptor(bytes->substr(0, bytes->size() - 1)).status().code(),
             Code::kInvalidArgument);
+  // FIXVADDR: the address comes back; a slot past the range is refused, and so is an address
+  // outside it at encoding.
+  auto fixed = d;
+  fixed.vaddr = regions::FixVaddrOf(5);
+  auto fb = regions::EncodeMapDescriptor(fixed);
+  ASSERT_TRUE(fb.ok());
+  EXPECT_EQ(regions::DecodeMapDescriptor(*fb)->vaddr, regions::FixVaddrOf(5));
+  EXPECT_EQ(back->vaddr, 0u);
+  std::string hostile = *fb;
+  regions::MapDescriptorHeader h;
+  std::memcpy(&h, hostile.data(), sizeof(h));
+  h.vaddr_slot = regions::kFixVaddrSlots + 1;
+  std::memcpy(hostile.data(), &h, sizeof(h));
+  EXPECT_EQ(regions::DecodeMapDescriptor(hostile).status().code(), Code::kInvalidArgument)
+      << "a FIXVADDR slot past the range was accepted";
+  fixed.vaddr = regions::FixVaddrOf(5) + 4096;
+  EXPECT_EQ(regions::EncodeMapDescriptor(fixed).status().code(), Code::kInvalidArgument);
   // Larger than an xattr value can be: refused at encoding.
   bad = d;
   bad.chunks.assign(regions::kMaxMapDescriptorBytes / 4, 0);
