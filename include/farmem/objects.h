@@ -110,6 +110,7 @@ struct ObjectServerInfo {
     // Bytes of each block of the class: block_bytes / slot_size slots; a power of two aligned to
     // itself when it holds several slots, else the slot rounded up to base blocks.
     uint32_t block_bytes = 0;
+    uint32_t slots_per_block = 0;  // block_bytes / slot_size (>= 1)
   };
   std::vector<SizeClass> classes;
   uint32_t max_object_size() const { return classes.empty() ? 0 : classes.back().payload_capacity; }

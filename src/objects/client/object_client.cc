@@ -226,7 +226,7 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply,
                               "-byte base blocks holding a slot (a power of two when it holds "
                               "several)");
     }
-    info.classes.push_back({wc.slot_size, wc.payload_capacity, wc.id_mask, wc.block_bytes});
+    info.classes.push_back({wc.slot_size, wc.payload_capacity, wc.id_mask, wc.block_bytes, slots});
   }
   return info;
 }
@@ -249,10 +249,15 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
                                    " is not an 8-aligned slot inside the " +
                                    std::to_string(info.region_length) + "-byte object region");
   }
-  const corm::SizeClass geometry{c.slot_size, c.payload_capacity, c.block_bytes / c.slot_size,
-                                 c.block_bytes};
-  if (!corm::IsSlotStart(p.offset, geometry, info.block_size) ||
-      info.region_length - corm::BlockStartOf(p.offset, geometry) < c.block_bytes) {
+  // (Masks, not divisions where the sizes are powers of two: this runs on every read.)
+  const uint64_t start = BlockStart(info, p.size_class, p.offset);
+  const uint64_t in_block = p.offset - start;
+  const bool slot_start =
+      c.slots_per_block == 1
+          ? (p.offset & (uint64_t{info.block_size} - 1)) == 0
+          : in_block % c.slot_size == 0 &&
+                in_block + c.slot_size <= uint64_t{c.slots_per_block} * c.slot_size;
+  if (!slot_start || info.region_length - start < c.block_bytes) {
     return Status::InvalidArgument(
         who() + "offset " + Hex(p.offset) + " is not on a slot boundary of class " +
         std::to_string(p.size_class) + " (slot size " + std::to_string(c.slot_size) + ")");
@@ -263,12 +268,6 @@ Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_vie
                                    ")");
   }
   return Status::OK();
-}
-
-uint64_t BlockStart(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset) {
-  const auto& c = info.classes[size_class];
-  return corm::BlockStartOf(offset, corm::SizeClass{c.slot_size, c.payload_capacity,
-                                                    c.block_bytes / c.slot_size, c.block_bytes});
 }
 
 bool UsesHeaderRecheck(ReadValidation mode, std::string_view transport_name) {

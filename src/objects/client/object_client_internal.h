@@ -3,6 +3,7 @@
 // malformed input directly (a lying or buggy server must produce Protocol errors, not UB).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -26,11 +27,17 @@ Result<ObjectServerInfo> DecodeInfoReply(std::span<const std::byte> reply, std::
 // within the class's mask. `op` prefixes the message. Does not check p.server.
 Status CheckPtrShape(const ObjectServerInfo& info, const Ptr& p, std::string_view op);
 
-// Offset of the block holding the slot at `offset` of class `size_class` (valid class and slot:
-// CheckPtrShape), and the virtual block index slot headers name as its home.
-uint64_t BlockStart(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset);
+// Offset of the block holding the slot at `offset` of class `size_class` (valid class: the slot
+// is checked by CheckPtrShape), and the virtual block index slot headers name as its home
+// (corm::BlockStartOf; multi-slot blocks and the base block are powers of two, so masks and
+// shifts instead of divisions: these run on every one-sided read).
+inline uint64_t BlockStart(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset) {
+  const auto& c = info.classes[size_class];
+  return c.slots_per_block == 1 ? offset : offset & ~(uint64_t{c.block_bytes} - 1);
+}
 inline uint32_t HomeBlockOf(const ObjectServerInfo& info, uint32_t size_class, uint64_t offset) {
-  return static_cast<uint32_t>(BlockStart(info, size_class, offset) / info.block_size);
+  return static_cast<uint32_t>(BlockStart(info, size_class, offset) >>
+                               std::countr_zero(info.block_size));
 }
 
 // Whether direct_read/scan_read re-read the header around each copy (ReadValidation) for a server

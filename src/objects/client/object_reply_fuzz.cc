@@ -70,6 +70,7 @@ void CheckInfo(const ObjectServerInfo& info, std::span<const std::byte> reply) {
                c.slot_size <= c.block_bytes && c.block_bytes % bs == 0 &&
                c.block_bytes <= info.region_length);
     const uint32_t slots = c.block_bytes / c.slot_size;
+    FUZZ_CHECK(c.slots_per_block == slots);
     FUZZ_CHECK(slots == 1 || (c.block_bytes & (c.block_bytes - 1)) == 0);
     FUZZ_CHECK(c.slot_size > prev);
     prev = c.slot_size;
