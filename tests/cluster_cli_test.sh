@@ -2,7 +2,8 @@
 # The control plane end to end on 127.0.0.1: `farmem cluster up` (a real etcd plus 2 farmemds),
 # members, the demo through --cluster, metadata put/get/list/remove and their errors, a killed
 # farmemd seen as an expiry within TTL + 1 s, a SIGTERMed one as a leave, a farmemd whose etcd is
-# dead exiting 2, and `farmem cluster down` leaving no process behind. SKIP without etcd.
+# dead exiting 2, transactions whose servers are found through the membership (role "tx"), and
+# `farmem cluster down` leaving no process behind. SKIP without etcd.
 # Usage: cluster_cli_test.sh FARMEM FARMEMD (from ctest).
 set -euo pipefail
 
@@ -16,6 +17,7 @@ TTL=2 # short lease: the expiry part waits at most TTL + 1 s
 WORK="$(mktemp -d -t farmem-cluster.XXXXXX)"
 DIR="$WORK/cluster"
 EXTRA_PID=""
+TX_PIDS=() # the tx farmemds of the discovery part
 PIDS=() # every process of the cluster, for the final check and the cleanup
 
 TEST_NAME=cluster_cli
@@ -33,6 +35,7 @@ alive() {
 cleanup() {
   local rc=$? pid
   [[ -z "$EXTRA_PID" ]] || kill -KILL "$EXTRA_PID" 2>/dev/null || true
+  for pid in "${TX_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   if [[ -f "$DIR/cluster.json" ]]; then
     timeout 30 "$FARMEM" cluster down --dir "$DIR" --wait 5 >/dev/null 2>&1 || true
   fi
@@ -214,6 +217,41 @@ changes = [e for e in events if e["event"] != "member"]
 assert [(e["event"], e["name"]) for e in changes] == [("leave", "extra")], changes
 PY
 grep -q 'cluster: left' "$WORK/extra.err" || fail "farmemd 'extra' did not log its leave"
+
+# --- tx servers found through the membership ---------------------------------------------------------
+log "two farmemds with a tx table join with role tx; tx-bank finds them with --cluster"
+for p in 0 1; do
+  "$FARMEMD" --listen 127.0.0.1:0 --memory-mib 32 --name "tx-$p" --cluster "$URL" \
+    --cluster-ttl "$TTL" --tx-table bank:8:8:64:2 --tx-partition "$p" --tx-partitions 2 \
+    >"$WORK/tx$p.out" 2>"$WORK/tx$p.err" </dev/null &
+  TX_PIDS+=($!)
+  wait_ready "$WORK/tx$p.out" 20 "$!" >/dev/null || fail "farmemd 'tx-$p' not ready"
+done
+run tx_members 0 "$FARMEM" cluster members --cluster "$URL" --json
+python3 - "$WORK/tx_members.out" <<'PY' || fail "the tx farmemds do not announce role tx"
+import json, sys
+roles = {x["name"]: x["roles"] for x in json.load(open(sys.argv[1]))}
+assert roles["tx-0"] == ["memory", "tx"] and roles["tx-1"] == ["memory", "tx"], roles
+assert roles["node-2"] == ["memory"], roles  # no tx table: not a tx server
+PY
+run tx_init 0 "$FARMEM" bench tx-bank init --cluster "$URL" --accounts 40
+run tx_run 0 "$FARMEM" bench tx-bank run --cluster "$URL" --accounts 40 --seconds 1 --min-audits 3
+grep -q '^tx-bank run: transfers' "$WORK/tx_run.out" || fail "tx-bank run printed no summary"
+run tx_check 0 "$FARMEM" bench tx-bank check --cluster "$URL" --accounts 40
+run tx_both 2 "$FARMEM" bench tx-bank check --cluster "$URL" --connect 127.0.0.1:1
+run tx_neither 2 "$FARMEM" bench tx-bank check
+grep -q 'either --connect or --cluster' "$WORK/tx_neither.err" || fail "no usage message"
+kill -TERM "${TX_PIDS[1]}"
+wait "${TX_PIDS[1]}" || fail "farmemd 'tx-1' exited $? after SIGTERM"
+run tx_left 1 "$FARMEM" bench tx-bank check --cluster "$URL" --accounts 40
+grep -q 'no server holds partition 1 of table bank' "$WORK/tx_left.err" ||
+  fail "a partition whose member left is not named: $(cat "$WORK/tx_left.err")"
+kill -TERM "${TX_PIDS[0]}"
+wait "${TX_PIDS[0]}" || fail "farmemd 'tx-0' exited $? after SIGTERM"
+TX_PIDS=()
+run tx_none 1 "$FARMEM" bench tx-bank check --cluster "$URL"
+grep -q "no member of cluster 'default' serves tx" "$WORK/tx_none.err" ||
+  fail "no tx member is not a clear error: $(cat "$WORK/tx_none.err")"
 
 # --- a farmemd whose etcd is dead ----------------------------------------------------------------------
 log "farmemd --cluster at a dead port must exit 2 within a few seconds"

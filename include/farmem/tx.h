@@ -19,6 +19,12 @@
 
 namespace farmem {
 
+class Cluster;  // farmem/cluster.h
+
+// The cluster role a farmemd running the tx service joins with (beside "memory"): how
+// TxClient::Connect(node, cluster) finds the servers holding the table partitions.
+inline constexpr std::string_view kTxMemberRole = "tx";
+
 // Why a transaction aborted (TxClientStats::aborts is indexed by it).
 enum class TxAbortReason : uint8_t {
   kNone = 0,
@@ -91,6 +97,11 @@ class TxClient {
   // 0..n-1 are each held by exactly one of them.
   static Result<std::unique_ptr<TxClient>> Connect(Node& node,
                                                    const std::vector<std::string>& servers,
+                                                   TxClientOptions options = {});
+  // The same, with the servers found in the cluster's membership: every live member with role
+  // kTxMemberRole (farmemd --cluster with the tx service), by name. NotFound, naming the
+  // members there are, when none serves tx; a partition no member holds fails as above.
+  static Result<std::unique_ptr<TxClient>> Connect(Node& node, Cluster& cluster,
                                                    TxClientOptions options = {});
   ~TxClient();
   TxClient(const TxClient&) = delete;

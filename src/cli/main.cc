@@ -286,6 +286,8 @@ int main(int argc, char** argv) {
   farmem::cli::TxBankOptions tx_bank_opts;
   CLI::App* tx_bank = farmem::cli::AddTxBankCommand(*bench, tx_bank_opts);
   AddClientFlags(*tx_bank, tx_bank_opts.client);
+  AddClusterFlags(*tx_bank, tx_bank_opts.cluster,
+                  "control plane: find the tx servers among its members (instead of --connect)");
   farmem::ChannelsBenchOptions channels_opts;
   CLI::App* channels_bench = farmem::AddChannelsBenchCommand(*bench, channels_opts);
   farmem::ChannelsNodeOptions channels_node_opts;
@@ -398,6 +400,13 @@ int main(int argc, char** argv) {
   if (tx_bench->parsed()) return farmem::RunTxBench(tx_bench_opts);
   if (tx_bank->parsed()) {
     ApplyTokenEnv(*tx_bank, tx_bank_opts.client);
+    ApplyClusterEnv(*tx_bank, tx_bank_opts.cluster, /*env_url=*/false);
+    if (tx_bank_opts.connect.empty() == tx_bank_opts.cluster.url.empty()) {
+      return Usage("bench tx-bank: give either --connect or --cluster");
+    }
+    if (ClusterFlagsWithoutUrl(*tx_bank, tx_bank_opts.cluster)) {
+      return Usage("bench tx-bank: --cluster-* flags need --cluster");
+    }
     return farmem::cli::RunTxBank(tx_bank_opts);
   }
   if (channels_bench->parsed()) return farmem::RunChannelsBench(channels_opts);

@@ -260,7 +260,18 @@ int RunTxBank(const TxBankOptions& o) {
   }
   int rc = 1;
   {
-    auto client = TxClient::Connect(**node, o.connect, to);
+    std::unique_ptr<Cluster> cluster;
+    if (!o.cluster.url.empty()) {
+      int code = 1;
+      auto opened = OpenClusterForCli(o.cluster, "farmem bench tx-bank", &code);
+      if (!opened.ok()) {
+        (*node)->stop();
+        return code;
+      }
+      cluster = std::move(*opened);
+    }
+    auto client = cluster ? TxClient::Connect(**node, *cluster, to)
+                          : TxClient::Connect(**node, o.connect, to);
     if (!client.ok()) {
       std::fprintf(stderr, "farmem bench tx-bank: error: %s\n", client.status().ToString().c_str());
     } else if (auto table = (*client)->table(o.table); !table.ok()) {

@@ -1,6 +1,7 @@
-// `farmem bench tx-bank` (hidden; tests/tx_netns_test.sh): a bank workload on running farmemds'
-// tx tables, one client process of many. Header-only flag registration (main.cc, which links
-// CLI11, includes it); the command itself is tx_bank_cmd.cc. Main thread only.
+// `farmem bench tx-bank` (hidden; tests/tx_netns_test.sh, tests/cluster_cli_test.sh): a bank
+// workload on running farmemds' tx tables, one client process of many. Header-only flag
+// registration (main.cc, which links CLI11, includes it); the command itself is tx_bank_cmd.cc.
+// Main thread only.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,8 @@ namespace farmem::cli {
 
 struct TxBankOptions {
   ClientOptions client;
-  std::vector<std::string> connect;  // every farmemd holding a partition of the table
+  std::vector<std::string> connect;  // every farmemd holding a partition of the table, or
+  ClusterClientOptions cluster;      // url set: the members with role "tx" (TxClient::Connect)
   std::string mode;                  // init | run | check
   std::string table = "bank";        // key and value 8 bytes
   uint64_t accounts = 60;
@@ -37,7 +39,7 @@ inline CLI::App* AddTxBankCommand(CLI::App& bench, TxBankOptions& o) {
   CLI::App* cmd = bench.add_subcommand("tx-bank", "");
   cmd->group("");  // hidden: a test client (tests/tx_netns_test.sh, docs/testing.md)
   cmd->add_option("mode", o.mode)->required()->check(CLI::IsMember({"init", "run", "check"}));
-  cmd->add_option("--connect", o.connect)->required()->delimiter(',');
+  cmd->add_option("--connect", o.connect)->delimiter(',');  // or --cluster (main.cc)
   cmd->add_option("--table", o.table);
   cmd->add_option("--accounts", o.accounts)->check(CLI::Range(2ull, 1000000ull));
   cmd->add_option("--initial", o.initial)->check(CLI::Range(1ull, 1000000000ull));

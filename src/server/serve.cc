@@ -95,7 +95,7 @@ int RunServe(ServeFlags& flags, std::string_view prog) {
     ClusterMember self;
     self.name = config->node.name;
     self.address = ClusterAdvertiseAddress(flags.options, srv.node().bootstrap_address());
-    self.roles = {"memory"};
+    self.roles = ClusterMemberRoles(srv.services());
     self.capacity_bytes = config->memory_bytes;
     if (Status st = cluster->join(self); !st.ok()) {
       return fail(st.WithContext("joining cluster '" + copts.cluster_name + "' at " + copts.url),

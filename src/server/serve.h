@@ -78,6 +78,10 @@ ClusterOptions ServeClusterOptions(const ServeOptions& options);
 // alone takes the port of `bound`) or, without it, `bound` (its bound bootstrap address).
 std::string ClusterAdvertiseAddress(const ServeOptions& options, const std::string& bound);
 
+// The roles a farmemd running `services` joins the cluster with: "memory", and kTxMemberRole
+// when the tx service runs (TxClient finds the table partitions by it).
+std::vector<std::string> ClusterMemberRoles(const std::vector<std::string>& services);
+
 // Watches the cluster's members and ends, on each membership expiry, the client sessions opened
 // as that member (MemoryServer::end_member_sessions; docs/sessions.md): a client that joined the
 // cluster loses its session allocations as soon as the control plane declares it dead. The watch

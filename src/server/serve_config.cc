@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/net/host_port.h"
+#include "farmem/tx.h"
 #include "server/built_services.h"
 #include "server/limit_flags.h"
 #include "server/serve.h"
@@ -192,6 +193,14 @@ ClusterOptions ServeClusterOptions(const ServeOptions& o) {
   c.user = o.cluster_user;
   c.password = o.cluster_password;
   return c;
+}
+
+std::vector<std::string> ClusterMemberRoles(const std::vector<std::string>& services) {
+  std::vector<std::string> roles = {"memory"};
+  if (std::find(services.begin(), services.end(), "tx") != services.end()) {
+    roles.emplace_back(kTxMemberRole);
+  }
+  return roles;
 }
 
 }  // namespace farmem

@@ -255,6 +255,15 @@ TEST(ServeConfigTest, ServicesAreChosenByName) {
   EXPECT_EQ(both->services, (std::vector<std::string>{"pools", "objects", "tier", "tx"}));
 }
 
+// The roles a farmemd joins the cluster with: "tx" exactly when it runs the tx service.
+TEST(ServeConfigTest, ClusterMemberRolesNameTheTxService) {
+  using Roles = std::vector<std::string>;
+  EXPECT_EQ(ClusterMemberRoles({"pools", "objects"}), (Roles{"memory"}));
+  EXPECT_EQ(ClusterMemberRoles({"pools", "objects", "tier"}), (Roles{"memory"}));
+  EXPECT_EQ(ClusterMemberRoles({"pools", "objects", "tx"}), (Roles{"memory", "tx"}));
+  EXPECT_EQ(ClusterMemberRoles({"tx"}), (Roles{"memory", "tx"}));
+}
+
 TEST(ServeConfigTest, ParseHostPort) {
   auto a = net::ParseHostPort("[::1]:80");
   ASSERT_TRUE(a.ok());

@@ -13,6 +13,7 @@
 #include <random>
 #include <unordered_map>
 
+#include "farmem/cluster.h"
 #include "node/rpc_call.h"
 #include "tx/client/tx_lookup.h"
 #include "tx/format/tx_data_structure.h"
@@ -215,6 +216,32 @@ Result<std::unique_ptr<TxClient>> TxClient::Connect(Node& node,
       }
     }
   }
+  return c;
+}
+
+Result<std::unique_ptr<TxClient>> TxClient::Connect(Node& node, Cluster& cluster,
+                                                    TxClientOptions options) {
+  const std::string where = "cluster '" + cluster.options().cluster_name + "'";
+  Result<std::vector<ClusterMember>> members = cluster.members();
+  if (!members.ok()) return members.status().WithContext("TxClient: members of " + where);
+  std::sort(members->begin(), members->end(),
+            [](const ClusterMember& a, const ClusterMember& b) { return a.name < b.name; });
+  std::vector<std::string> addresses;
+  std::string tx_names, others;
+  for (const ClusterMember& m : *members) {
+    const bool serves_tx =
+        std::find(m.roles.begin(), m.roles.end(), kTxMemberRole) != m.roles.end();
+    std::string& list = serves_tx && !m.address.empty() ? tx_names : others;
+    list += (list.empty() ? "" : ", ") + m.name;
+    if (serves_tx && !m.address.empty()) addresses.push_back(m.address);
+  }
+  if (addresses.empty()) {
+    return Status::NotFound("TxClient: no member of " + where + " serves tx (role '" +
+                            std::string(kTxMemberRole) +
+                            "'; members: " + (others.empty() ? "none" : others) + ")");
+  }
+  auto c = Connect(node, addresses, options);
+  if (!c.ok()) return c.status().WithContext("TxClient: tx members of " + where + ": " + tx_names);
   return c;
 }
 
