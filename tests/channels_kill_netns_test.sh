@@ -37,7 +37,9 @@ if [[ "${1:-}" == __inside ]]; then
   done
   victim=""
   for _ in $(seq 600); do
-    victim="$(sed -n 's/^kill victim: busy, pid \([0-9]*\)$/\1/p' "$NETNS_DIR/node3.err")"
+    # (The background job may not have created node3.err yet: under set -e a failing sed here
+    # ended the test at once.)
+    victim="$(sed -n 's/^kill victim: busy, pid \([0-9]*\)$/\1/p' "$NETNS_DIR/node3.err" 2>/dev/null || true)"
     ready=$(cat "$NETNS_DIR"/node[12].err | grep -c '^kill survivor: ready' || true)
     [[ -n "$victim" && "$ready" == 2 ]] && break
     kill -0 "${pids[0]}" 2>/dev/null && kill -0 "${pids[1]}" 2>/dev/null ||
