@@ -12,6 +12,22 @@
 
 namespace farmem {
 
+// Polls `done` until it holds (true) or `deadline` passes (false): yields for the first 64 polls
+// of a wait, then sleeps 50 us at a time (what is waited for is short, but on a busy machine its
+// thread may be preempted in the middle). `spins` counts the polls of one wait across calls.
+template <typename Done>
+bool PollUntil(Done&& done, std::chrono::steady_clock::time_point deadline, int& spins) {
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (++spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return true;
+}
+
 // One per copying thread (its only writer). Even value: idle; odd: inside a copy.
 //
 // Protocol (store buffering; every access named below is seq_cst, no fences, so GCC's TSan, which
@@ -67,13 +83,8 @@ inline bool WaitForCopies(std::span<const CopyEpoch* const> epochs,
   for (const CopyEpoch* e : epochs) snapshots.push_back(e->Snapshot());
   int spins = 0;
   for (size_t i = 0; i < epochs.size(); ++i) {
-    while (!epochs[i]->PassedSince(snapshots[i])) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      if (++spins < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+    if (!PollUntil([&] { return epochs[i]->PassedSince(snapshots[i]); }, deadline, spins)) {
+      return false;
     }
   }
   return true;

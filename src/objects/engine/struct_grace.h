@@ -20,7 +20,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
+
+#include "common/copy_epoch.h"  // PollUntil
 
 namespace farmem::corm {
 
@@ -52,15 +53,8 @@ class StructGrace {
  private:
   bool Drain(int e, std::chrono::steady_clock::time_point deadline) {
     int spins = 0;
-    while (active_[e].load(std::memory_order_seq_cst) != 0) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      if (++spins < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-    return true;
+    return PollUntil([&] { return active_[e].load(std::memory_order_seq_cst) == 0; }, deadline,
+                     spins);
   }
   int Enter() {
     for (;;) {

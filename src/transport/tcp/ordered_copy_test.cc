@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -28,25 +29,30 @@ std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-TEST(OrderedCopy, CopiesEveryAlignmentAndSize) {
+// Copies Pattern bytes of every size between every pair of offsets with `copy` (CopyForRead or
+// CopyForWrite) and checks the bytes, that nothing outside the copy was written, and which path
+// was taken: the word path exactly when `word_side(src_off, dst_off)` is 8-aligned and so is the
+// size.
+template <typename Copy, typename WordSide>
+void CheckEveryAlignmentAndSize(Copy copy, WordSide word_side, std::initializer_list<size_t> srcs,
+                                std::initializer_list<size_t> dsts, uint32_t seed) {
   // 8-aligned backing store; src/dst offsets move the pointers off alignment.
   std::vector<uint64_t> src_words(1024 + 16);
   std::vector<uint64_t> dst_words(1024 + 16);
   auto* src_base = reinterpret_cast<uint8_t*>(src_words.data());
   auto* dst_base = reinterpret_cast<uint8_t*>(dst_words.data());
   const size_t sizes[] = {0, 1, 7, 8, 9, 15, 16, 24, 31, 32, 40, 56, 64, 72, 100, 4096, 4104, 8000};
-  uint32_t seed = 1;
   for (size_t size : sizes) {
-    for (size_t src_off : {0, 1, 4, 7, 8, 16}) {
-      for (size_t dst_off : {0, 1, 3, 8}) {
+    for (size_t src_off : srcs) {
+      for (size_t dst_off : dsts) {
         SCOPED_TRACE("size " + std::to_string(size) + " src+" + std::to_string(src_off) + " dst+" +
                      std::to_string(dst_off));
         const auto data = Pattern(size, seed++);
         const size_t dst_bytes = dst_words.size() * 8;
         std::memset(dst_base, 0xcd, dst_bytes);
         if (size != 0) std::memcpy(src_base + src_off, data.data(), size);
-        const bool words = CopyForRead(dst_base + dst_off, src_base + src_off, size);
-        EXPECT_EQ(words, src_off % 8 == 0 && size % 8 == 0);
+        const bool words = copy(dst_base + dst_off, src_base + src_off, size);
+        EXPECT_EQ(words, word_side(src_off, dst_off) % 8 == 0 && size % 8 == 0);
         if (size != 0) {
           ASSERT_EQ(std::memcmp(dst_base + dst_off, data.data(), size), 0);
         }
@@ -57,6 +63,13 @@ TEST(OrderedCopy, CopiesEveryAlignmentAndSize) {
       }
     }
   }
+}
+
+TEST(OrderedCopy, CopiesEveryAlignmentAndSize) {
+  // A READ takes the word path when its source (the registered memory) is aligned.
+  CheckEveryAlignmentAndSize([](void* d, const void* s, size_t n) { return CopyForRead(d, s, n); },
+                             [](size_t src, size_t) { return src; }, {0, 1, 4, 7, 8, 16},
+                             {0, 1, 3, 8}, 1);
 }
 
 // A writer publishes round k by storing k into every word from the LAST to the first, each with
@@ -116,33 +129,10 @@ TEST(OrderedCopy, WordPathLoadsInAscendingOrder) {
 }
 
 TEST(OrderedCopy, WriteCopiesEveryAlignmentAndSize) {
-  std::vector<uint64_t> src_words(1024 + 16);
-  std::vector<uint64_t> dst_words(1024 + 16);
-  auto* src_base = reinterpret_cast<uint8_t*>(src_words.data());
-  auto* dst_base = reinterpret_cast<uint8_t*>(dst_words.data());
-  const size_t sizes[] = {0, 1, 7, 8, 9, 15, 16, 24, 31, 32, 40, 56, 64, 72, 100, 4096, 4104, 8000};
-  uint32_t seed = 7;
-  for (size_t size : sizes) {
-    for (size_t src_off : {0, 1, 4, 8}) {
-      for (size_t dst_off : {0, 1, 3, 8, 16}) {
-        SCOPED_TRACE("size " + std::to_string(size) + " src+" + std::to_string(src_off) + " dst+" +
-                     std::to_string(dst_off));
-        const auto data = Pattern(size, seed++);
-        const size_t dst_bytes = dst_words.size() * 8;
-        std::memset(dst_base, 0xcd, dst_bytes);
-        if (size != 0) std::memcpy(src_base + src_off, data.data(), size);
-        const bool words = CopyForWrite(dst_base + dst_off, src_base + src_off, size);
-        EXPECT_EQ(words, dst_off % 8 == 0 && size % 8 == 0);
-        if (size != 0) {
-          ASSERT_EQ(std::memcmp(dst_base + dst_off, data.data(), size), 0);
-        }
-        for (size_t i = 0; i < dst_bytes; ++i) {
-          if (i >= dst_off && i < dst_off + size) continue;
-          ASSERT_EQ(dst_base[i], 0xcd) << "byte " << i << " outside the copy was written";
-        }
-      }
-    }
-  }
+  // A WRITE takes the word path when its destination (the registered memory) is aligned.
+  CheckEveryAlignmentAndSize([](void* d, const void* s, size_t n) { return CopyForWrite(d, s, n); },
+                             [](size_t, size_t dst) { return dst; }, {0, 1, 4, 8}, {0, 1, 3, 8, 16},
+                             7);
 }
 
 // The mirror of the read test: CopyForWrite places round k (every word k) over and over while a
