@@ -229,11 +229,12 @@ Result<std::unique_ptr<TxClient>> TxClient::Connect(Node& node, Cluster& cluster
   std::vector<std::string> addresses;
   std::string tx_names, others;
   for (const ClusterMember& m : *members) {
-    const bool serves_tx =
-        std::find(m.roles.begin(), m.roles.end(), kTxMemberRole) != m.roles.end();
-    std::string& list = serves_tx && !m.address.empty() ? tx_names : others;
+    // A tx server: role tx and an address to reach it at (a client may hold the role too).
+    const bool server = !m.address.empty() &&
+                        std::find(m.roles.begin(), m.roles.end(), kTxMemberRole) != m.roles.end();
+    std::string& list = server ? tx_names : others;
     list += (list.empty() ? "" : ", ") + m.name;
-    if (serves_tx && !m.address.empty()) addresses.push_back(m.address);
+    if (server) addresses.push_back(m.address);
   }
   if (addresses.empty()) {
     return Status::NotFound("TxClient: no member of " + where + " serves tx (role '" +
