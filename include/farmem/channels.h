@@ -91,6 +91,11 @@ class ChannelThread {
 
   // Drive this thread's completions (every waiting call does it too).
   void poll();
+  // Hands every operation this thread posted to the network without waiting for completions:
+  // after OK each takes effect even if this thread never polls again (docs/channels.md,
+  // "Progress"). kTimedOut if the transport still holds some at the end of `timeout`. Writes held
+  // by testing_hold_next_write() stay held.
+  Status flush(std::chrono::milliseconds timeout);
 
   // Raw one-sided operations on the channel region of node `node`, at `offset` inside it. Writes
   // copy `src` and are delivery-complete: their completion means placed.

@@ -178,6 +178,15 @@ class Context {
   virtual size_t poll(std::span<Completion> out) = 0;
   // Operations posted and not yet returned by poll().
   virtual size_t outstanding() const = 0;
+  // True while an operation posted here may still need this context's poll() (or wait()) to
+  // reach its target at all. Native TCP: frames not yet handed to the kernel (a connection still
+  // being made, a full socket buffer). libfabric: posts the provider refused for now
+  // (-FI_EAGAIN) or that wait for a key lookup, and, over providers where the initiator moves
+  // the bytes itself (tcp;ofi_rxm, shm with CMA off), every operation until it completes. A
+  // caller that returns without waiting for an operation others depend on (the channels
+  // barrier's arrivals) polls until this is false, so the operation lands even if its thread
+  // never polls again.
+  virtual bool needs_progress() const = 0;
 
   // Blocks the calling thread until poll() may have something new for it, or until `deadline`
   // (whichever is first), instead of sleeping a fixed interval. It sends what posts queued first.

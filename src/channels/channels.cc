@@ -286,7 +286,15 @@ Status Barrier::arrive_and_wait(ChannelThread& thread, std::chrono::milliseconds
   for (uint64_t round = 0;; round++) {
     auto done = arrived(nullptr);
     if (!done.ok()) return context(done.status());
-    if (*done) return Status::OK();
+    if (*done) {
+      // Our arrivals are not waited for, but they must leave: a transport may hold a post until
+      // this thread polls again (a connection still being made, a post libfabric refused for
+      // now), and the caller may not touch channels for a while once it has left; the members
+      // waiting for its arrival would time out meanwhile.
+      Status fs = thread.flush(left());
+      if (!fs.ok()) return context(fs);
+      return Status::OK();
+    }
     // A member that is gone: our arrival write to it fails (reported now, not at the deadline).
     if (round % 8 == 0 && !arrivals_.empty() && thread.query(arrivals_)) {
       Status ws = thread.wait(arrivals_, std::chrono::milliseconds(0));

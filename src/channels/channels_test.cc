@@ -400,6 +400,41 @@ TEST_P(ChannelsTest, BarrierEpisodesStress) {
   EXPECT_EQ(stale.load(), 0) << "data written before the barrier not visible after it";
 }
 
+// A member that leaves an episode and then does not touch channels for a while (no polls) must
+// not hold the others back: its arrival writes are not waited for, but they must leave before
+// it returns. Each round uses fresh ChannelThreads whose contexts have not talked to the other
+// node yet (so the arrival needs polls to go out: a connection to make on native TCP, a key
+// lookup and a first post the shm provider refuses on fabric), whose own table is already warm
+// (so the leaver sees the other's arrival at its first check), and the leaver stays idle after
+// it returned. Without ChannelThread::flush at the barrier's exit, node 2 times out on fabric shm.
+TEST_P(ChannelsTest, BarrierLeaverThatStopsPollingStillReleasesTheOthers) {
+  START_ALL_OR_SKIP();
+  constexpr int kRounds = 10;
+  for (int r = 0; r < kRounds; r++) {
+    const std::string name = "leaver/" + std::to_string(r);
+    auto b1 = Barrier::Open(*M(1).thr, name, {1, 2});
+    auto b2 = Barrier::Open(*M(2).thr, name, {1, 2});
+    ASSERT_TRUE(b1.ok() && b2.ok());
+    ASSERT_TRUE(b1->wait_ready(5s).ok() && b2->wait_ready(5s).ok());
+    auto f1 = M(1).mgr->make_thread();
+    auto f2 = M(2).mgr->make_thread();
+    ASSERT_TRUE(f1.ok() && f2.ok());
+    // Warm node 1's fresh context towards node 1 only (a read of its own region).
+    uint64_t word = 0;
+    ASSERT_TRUE((*f1)->read_sync(1, 0, &word, 8).ok());
+    Status waiter;
+    std::thread t2([&] { waiter = b2->arrive_and_wait(**f2, 3s); });
+    // Node 2's arrival lands in node 1's table before node 1 arrives (not required: the check
+    // only becomes weaker if it does not).
+    std::this_thread::sleep_for(50ms);
+    Status leaver = b1->arrive_and_wait(**f1, 3s);
+    // Node 1 now stays away from its thread until node 2 is out.
+    t2.join();
+    ASSERT_TRUE(leaver.ok()) << leaver.ToString();
+    ASSERT_TRUE(waiter.ok()) << "round " << r << ": " << waiter.ToString();
+  }
+}
+
 // Mutual exclusion (a non-atomic remote read-increment-write inside the lock ends exact, an
 // occupancy count stays 1) and FIFO (grants come in ticket order), 2 threads on each of 3 nodes.
 TEST_P(ChannelsTest, TicketLockExcludesAndIsFifoConcurrent) {

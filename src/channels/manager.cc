@@ -400,6 +400,20 @@ void ChannelThread::poll() {
   publish_low_water();
 }
 
+Status ChannelThread::flush(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    poll();
+    if (!ctx_->needs_progress()) return Status::OK();
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return Status::TimedOut("channels: the transport did not take this thread's posts within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    ctx_->wait(std::min(deadline, now + std::chrono::milliseconds(1)));
+  }
+}
+
 bool ChannelThread::query(const AckKey& key) {
   poll();
   for (uint64_t id : key.ids_) {

@@ -693,6 +693,45 @@ TEST_P(TransportConformance, WriteWithoutDeliveryCompleteCompletesAndLands) {
                          "with bytes from the reused source buffer)";
 }
 
+// needs_progress() (docs/transport.md, "Contexts, posting and polling"): right after a first
+// post to a peer it is true (native TCP keeps the frame for poll(); libfabric looks the key up
+// first), and once it is false the write lands with no further call on the context. A backend
+// that answers false too early fails the second part (the write never leaves).
+TEST_P(TransportConformance, WriteLandsWithoutPollsOnceNoProgressIsNeeded) {
+  ASSERT_NO_FATAL_FAILURE(StartPair());
+  auto fresh = initiator_->create_context();
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  Context& ctx = **fresh;
+  EXPECT_FALSE(ctx.needs_progress());
+  constexpr uint64_t kOff = 16384;
+  constexpr uint64_t kValue = 0x5eed5eed12345678;
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(mem_.data() + kOff));
+  word.store(0);
+  const uint64_t src = kValue;
+  ASSERT_OK(ctx.post_write(Ref(kOff), &src, 8, 7, /*delivery_complete=*/true));
+  EXPECT_TRUE(ctx.needs_progress()) << "a first post to the peer went out with no poll";
+  Completion out[4];
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (ctx.needs_progress() && std::chrono::steady_clock::now() < deadline) {
+    got += ctx.poll(std::span<Completion>(out + got, 4 - got));
+    ctx.wait(std::chrono::steady_clock::now() + 1ms);
+  }
+  ASSERT_FALSE(ctx.needs_progress()) << "the context never handed the write over";
+  // No call on ctx from here until the write is seen.
+  while (word.load() != kValue && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(word.load(), kValue) << "the write did not land without further polls";
+  while (got == 0 && std::chrono::steady_clock::now() < deadline) {
+    got += ctx.poll(std::span<Completion>(out, 4));
+    if (got == 0) ctx.wait(std::chrono::steady_clock::now() + 1ms);
+  }
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(out[0].wr_id, 7u);
+  EXPECT_TRUE(out[0].status.ok()) << out[0].status.ToString();
+}
+
 // Native TCP only ("Placement of one-sided writes", docs/transport.md): a thread of the memory's
 // owner that polls registered memory with acquire loads sees a remote aligned write's words whole
 // and placed in ascending order. The initiator writes round k (every word k in its low half and

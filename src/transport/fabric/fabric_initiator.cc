@@ -191,6 +191,20 @@ bool NeedsTargetProgress(const Op& op) {
 }
 }  // namespace
 
+bool FabricContext::needs_progress() const {
+  // Ops the provider has not taken yet: refused for now, or waiting for a key lookup's reply.
+  if (!retry_peers_.empty() || !delayed_lookups_.empty()) return true;
+  for (const auto& [pk, e] : cache_) {
+    if (e.waiters != nullptr) return true;
+  }
+  if (outstanding_ == 0) return false;
+  // Taken by shm with CMA on, an op needs nothing more from this thread: CMA reads and writes
+  // ran inside the post, everything else is a command the target's progress thread completes.
+  // Other providers (and shm without CMA, which segments large transfers through bounce buffers
+  // this side fills) move bytes inside our progress calls until the op completes.
+  return core_->config().provider != "shm" || ShmCmaDisabledByEnv();
+}
+
 void FabricContext::AfterPost(const Op* op) {
   if (!NeedsTargetProgress(*op)) return;
   if (op->peer < peers_.size() && peers_[op->peer].doorbell != nullptr) {

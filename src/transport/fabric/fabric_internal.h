@@ -369,6 +369,7 @@ class FabricContext : public Context {
                   std::span<std::byte> reply, uint64_t wr_id) override;
   size_t poll(std::span<Completion> out) override;
   size_t outstanding() const override { return outstanding_; }
+  bool needs_progress() const override;
 
   ContextStats stats() const { return stats_; }
 

@@ -225,6 +225,13 @@ void TcpContext::Queued(Conn* c) {
   if (c->sbuf.size() >= kEagerFlushBytes) Flush(c);
 }
 
+bool TcpContext::needs_progress() const {
+  for (const Conn* c : dirty_) {
+    if (c->dirty) return true;
+  }
+  return false;
+}
+
 void TcpContext::MarkDirty(Conn* c) {
   if (!c->dirty) {
     c->dirty = true;

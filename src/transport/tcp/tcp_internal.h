@@ -222,6 +222,8 @@ class TcpContext final : public Context {
   size_t poll(std::span<Completion> out) override;
 
   size_t outstanding() const override { return active_count_ + (ready_.size() - ready_head_); }
+  // Some connection still holds frames for the kernel (or is being connected).
+  bool needs_progress() const override;
 
   // Sends what is queued, then blocks in ppoll() on the connections that owe this context a
   // response (POLLIN), still have bytes to send or are connecting (POLLOUT), and on the
