@@ -20,6 +20,9 @@
 namespace farmem {
 
 class Cluster;  // farmem/cluster.h
+namespace tx {
+class TxDsClient;  // a data structure's client callbacks (tx/format/tx_data_structure.h)
+}  // namespace tx
 
 // The cluster role a farmemd running the tx service joins with (beside "memory"): how
 // TxClient::Connect(node, cluster) finds the servers holding the table partitions.
@@ -107,7 +110,17 @@ class TxClient {
   TxClient(const TxClient&) = delete;
   TxClient& operator=(const TxClient&) = delete;
 
-  // A table's id by name (kNotFound), its key and value sizes.
+  // Makes a data structure of the user's own usable in transactions (docs/tx.md "User data
+  // structures"): Tx reads it one-two-sidedly through `ds`'s callbacks, and locks, validates,
+  // commits and unlocks through its owner's transaction RPCs. `ds` is shared by every thread's
+  // transactions (so thread-safe) and must answer tx_opcode_base() and value_size(); `owner` is
+  // the bootstrap address of the node that exports region `region` (read one-sidedly) and serves
+  // the RPCs. Returns the id Tx calls take as `table` (after the hash tables' ids; table(name)
+  // finds it too). Call before transactions run on this client (not synchronized with them).
+  Result<uint16_t> add_data_structure(std::string name, std::shared_ptr<tx::TxDsClient> ds,
+                                      const std::string& owner, std::string_view region);
+  // A table's (or data structure's) id by name (kNotFound), its key and value sizes (a data
+  // structure's key size is 0: any multiple of 8 from 8 to 64 bytes).
   Result<uint16_t> table(std::string_view name) const;
   uint32_t key_size(uint16_t table) const;
   uint32_t value_size(uint16_t table) const;

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <unordered_map>
 
 #include "farmem/cluster.h"
@@ -86,12 +87,23 @@ struct TxClient::Impl {
     std::vector<uint32_t> server;
     std::vector<RegionKey> region_key;
   };
+  // A user data structure (add_data_structure): id kFirstUserDs + its index.
+  static constexpr uint16_t kFirstUserDs = 0x4000;
+  struct UserDs {
+    std::string name;
+    std::shared_ptr<tx::TxDsClient> ds;
+    PeerId peer = kInvalidPeer;
+    RegionKey region_key = 0;
+    uint16_t opcode_base = 0;
+    uint32_t value_size = 0;
+  };
   Node* node = nullptr;
   TxClientOptions options;
   bool ordered = true;  // one-sided copies are word-ordered (native TCP)
   uint32_t max_rpc_bytes = 0;
   std::vector<Server> servers;
   std::vector<Table> tables;
+  std::vector<UserDs> user_ds;
   uint64_t txid_base = 0;
   std::atomic<uint64_t> next_tx{1};
 
@@ -125,6 +137,11 @@ struct TxClient::Impl {
   void Uncache(uint16_t table, std::span<const std::byte> key) {
     std::lock_guard lock(cache_mu);
     cache.erase(CacheKey(table, key));
+  }
+  const UserDs* UserDsOf(uint16_t id) const {
+    if (id < kFirstUserDs) return nullptr;
+    const size_t i = size_t{id} - kFirstUserDs;
+    return i < user_ds.size() ? &user_ds[i] : nullptr;
   }
   uint32_t PartitionOf(const Table& t, std::span<const std::byte> key) const {
     return tx::PlaceKey(t.geometry, tx::HashKey(key, t.geometry.hash_seed)).partition;
@@ -246,9 +263,62 @@ Result<std::unique_ptr<TxClient>> TxClient::Connect(Node& node, Cluster& cluster
   return c;
 }
 
+Result<uint16_t> TxClient::add_data_structure(std::string name, std::shared_ptr<tx::TxDsClient> ds,
+                                              const std::string& owner, std::string_view region) {
+  Impl& impl = *impl_;
+  const std::string what = "tx data structure '" + name + "'";
+  if (name.empty()) return Status::InvalidArgument("tx data structure: empty name");
+  if (ds == nullptr) return Status::InvalidArgument(what + ": no callbacks");
+  if (table(name).ok()) return Status::InvalidArgument(what + ": the name is taken");
+  const uint16_t base = ds->tx_opcode_base();
+  if (base == 0) {
+    return Status::InvalidArgument(what +
+                                   ": tx_opcode_base() is 0, so it serves lookups only "
+                                   "(tx/client/tx_lookup.h), not transactions");
+  }
+  if (base > UINT16_MAX - wire::kDsOpcodes) {
+    return Status::InvalidArgument(what + ": tx_opcode_base() " + std::to_string(base) +
+                                   " leaves no room for its " + std::to_string(wire::kDsOpcodes) +
+                                   " opcodes");
+  }
+  const uint32_t value_size = ds->value_size();
+  if (value_size == 0 || value_size > tx::kMaxValueSize) {
+    return Status::InvalidArgument(what + ": value_size() " + std::to_string(value_size) +
+                                   " is not in 1.." + std::to_string(tx::kMaxValueSize));
+  }
+  if (impl.user_ds.size() >= size_t{UINT16_MAX} + 1 - Impl::kFirstUserDs) {
+    return Status::ResourceExhausted(what + ": too many data structures");
+  }
+  Result<PeerInfo> peer = impl.node->connect(owner);
+  if (!peer.ok()) return peer.status().WithContext(what + ": connecting to its owner at " + owner);
+  Impl::UserDs u;
+  std::string exported;
+  for (const RegionInfo& r : peer->regions) {
+    if (r.name == region) {
+      u.region_key = r.key;
+      u.peer = peer->id;
+    }
+    exported += (exported.empty() ? "" : ", ") + r.name;
+  }
+  if (u.peer == kInvalidPeer) {
+    return Status::NotFound(what + ": its owner at " + owner + " exports no region '" +
+                            std::string(region) +
+                            "' (it exports: " + (exported.empty() ? "none" : exported) + ")");
+  }
+  u.name = std::move(name);
+  u.ds = std::move(ds);
+  u.opcode_base = base;
+  u.value_size = value_size;
+  impl.user_ds.push_back(std::move(u));
+  return static_cast<uint16_t>(Impl::kFirstUserDs + impl.user_ds.size() - 1);
+}
+
 Result<uint16_t> TxClient::table(std::string_view name) const {
   for (size_t i = 0; i < impl_->tables.size(); ++i) {
     if (impl_->tables[i].name == name) return static_cast<uint16_t>(i);
+  }
+  for (size_t i = 0; i < impl_->user_ds.size(); ++i) {
+    if (impl_->user_ds[i].name == name) return static_cast<uint16_t>(Impl::kFirstUserDs + i);
   }
   return Status::NotFound("tx table '" + std::string(name) + "' not served");
 }
@@ -256,6 +326,7 @@ uint32_t TxClient::key_size(uint16_t table) const {
   return table < impl_->tables.size() ? impl_->tables[table].geometry.key_size : 0;
 }
 uint32_t TxClient::value_size(uint16_t table) const {
+  if (const auto* u = impl_->UserDsOf(table)) return u->value_size;
   return table < impl_->tables.size() ? impl_->tables[table].geometry.value_size : 0;
 }
 
@@ -301,7 +372,44 @@ struct Tx::State {
   const TxClient::Impl::Table* TableOf(uint16_t table) const {
     return table < c->tables.size() ? &c->tables[table] : nullptr;
   }
+  // Where the locks, validations and commits of (table, partition) go, under which opcodes.
+  struct Owner {
+    PeerId peer = kInvalidPeer;
+    uint16_t lock = 0, lock_insert = 0, validate = 0, commit = 0, unlock = 0;
+    uint32_t value_size = 0;
+    std::string what;  // RPC context
+  };
+  Owner OwnerOf(uint16_t table, uint32_t part) const {
+    if (const auto* u = c->UserDsOf(table)) {
+      const uint16_t b = u->opcode_base;
+      return {u->peer,
+              static_cast<uint16_t>(b + wire::kDsLock),
+              static_cast<uint16_t>(b + wire::kDsLockInsert),
+              static_cast<uint16_t>(b + wire::kDsValidate),
+              static_cast<uint16_t>(b + wire::kDsCommit),
+              static_cast<uint16_t>(b + wire::kDsUnlock),
+              u->value_size,
+              "data structure '" + u->name + "'"};
+    }
+    const auto& t = *TableOf(table);
+    return {PeerOf(t, part), wire::kOpLock,   wire::kOpLockInsert,   wire::kOpValidate,
+            wire::kOpCommit, wire::kOpUnlock, t.geometry.value_size, "table '" + t.name + "'"};
+  }
+  uint32_t PartitionOf(uint16_t table, std::span<const std::byte> key) const {
+    return c->UserDsOf(table) != nullptr ? 0 : c->PartitionOf(*TableOf(table), key);
+  }
   Status CheckKey(uint16_t table, std::span<const std::byte> key, const char* what) const {
+    if (const auto* u = c->UserDsOf(table)) {
+      if (key.size() < tx::kMinKeySize || key.size() > tx::kMaxKeySize || key.size() % 8 != 0) {
+        return Status::InvalidArgument(std::string(what) + ": key of " +
+                                       std::to_string(key.size()) + " bytes; data structure " +
+                                       u->name + " takes multiples of 8 from 8 to 64");
+      }
+      if (!active) {
+        return Status::FailedPrecondition(std::string(what) + ": no transaction; start()");
+      }
+      return Status::OK();
+    }
     const auto* t = TableOf(table);
     if (t == nullptr) return Status::NotFound(std::string(what) + ": unknown tx table id");
     if (key.size() != t->geometry.key_size) {
@@ -493,6 +601,52 @@ Task<Result<tx::ItemCheck>> ReadItem(Scheduler& sched, bool ordered, const tx::T
   co_return tx::CheckItemCopy(g, *buf, key, &recheck, view);
 }
 
+// Validation of one read-set item of a user data structure: a one-sided copy of it where
+// validate_start gives one (re-read while lookup_end says kRetry, up to kCopyRetries), else, or
+// when the copy does not show the item at its address, the owner's kDsValidate. True when the
+// item still has the version read and no other transaction holds its lock.
+Task<Result<bool>> ValidateUserRead(Scheduler& sched, TxClient::Impl& c,
+                                    const TxClient::Impl::UserDs& u, uint16_t table,
+                                    uint64_t address, uint64_t version,
+                                    std::span<const std::byte> key, uint64_t txid,
+                                    std::vector<std::byte>* buf, std::vector<std::byte>* reply) {
+  if (c.options.one_sided_reads) {
+    const tx::DsStep start = u.ds->validate_start(address, key);
+    const tx::DsRead read = start.read;
+    const bool readable = start.kind == tx::DsStep::kRead && read.length >= 8 &&
+                          read.length <= tx::kMaxDsRead && read.length % 8 == 0;
+    for (int attempt = 0; readable && attempt < kCopyRetries; ++attempt) {
+      const RemoteRef ref{u.peer, u.region_key, read.offset};
+      buf->resize(read.length);
+      tx::SeqlockRecheck recheck{};
+      if (read.seqlock) {
+        Status st = co_await sched.read(ref, &recheck.before, 8);
+        if (!st.ok()) co_return st;
+      }
+      Status st = co_await sched.read(ref, buf->data(), buf->size());
+      if (!st.ok()) co_return st;
+      if (read.seqlock) {
+        st = co_await sched.read(ref, &recheck.after, 8);
+        if (!st.ok()) co_return st;
+      }
+      const tx::DsStep got = u.ds->lookup_end(*buf, read, read.seqlock ? &recheck : nullptr, key);
+      if (got.kind == tx::DsStep::kRetry) continue;
+      if (got.kind != tx::DsStep::kFound || got.address != address) break;  // the owner decides
+      c.counters.os_validations.fetch_add(1, std::memory_order_relaxed);
+      co_return tx::ValidatesAgainst(got.view, version, txid);
+    }
+  }
+  c.counters.rpc_validations.fetch_add(1, std::memory_order_relaxed);
+  const std::vector<wire::ValidateItem> items{{version, key}};
+  const auto req = wire::EncodeValidateRequest(table, txid, items);
+  Result<std::span<const std::byte>> r =
+      co_await CallRpc(sched, u.peer, static_cast<uint16_t>(u.opcode_base + wire::kDsValidate), req,
+                       *reply, "TX_VALIDATE of data structure '" + u.name + "'");
+  if (r.ok()) co_return true;
+  if (r.status().code() == Code::kAborted) co_return false;
+  co_return r.status();
+}
+
 }  // namespace
 
 Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<const std::byte> key) {
@@ -505,30 +659,45 @@ Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<cons
     co_return std::span<const std::byte>(it->second.value);
   }
   TxClient::Impl& c = *s.c;
-  const auto& t = *s.TableOf(table);
-  const tx::TxGeometry& g = t.geometry;
   State::Item item;
   item.kind = State::kRead;
   item.table = table;
-  item.partition = c.PartitionOf(t, key);
+  item.partition = s.PartitionOf(table, key);
   item.key.assign(key.begin(), key.end());
-  // One-two-sided, through the hash table's data-structure callbacks (tx_lookup.h).
-  TxHashTableDs ds(c, table, g);
   tx::DsLookupOptions lo;
   lo.one_sided = c.options.one_sided_reads;
   // A copy of the main bucket, then one per overflow bucket of the chain, each retried a few
   // times when busy or torn (an unordered item read is one more).
   lo.max_reads = 2 * kCopyRetries + 16;
   lo.max_retries = kCopyRetries;
-  Result<tx::DsLookup> got = co_await tx::OneTwoSidedLookup(
-      *s.sched, ds, s.Ref(t, item.partition, 0), key, lo, &s.copy_buf, &s.rpc_reply);
+  // One-two-sided, through the data structure's callbacks (tx_lookup.h): the user's, or the hash
+  // table's.
+  Result<tx::DsLookup> got = Status::Internal("tx read: no lookup");
+  bool chain = false;
+  const TxClient::Impl::UserDs* user = c.UserDsOf(table);
+  if (user != nullptr) {
+    got = co_await tx::OneTwoSidedLookup(*s.sched, *user->ds,
+                                         RemoteRef{user->peer, user->region_key, 0}, key, lo,
+                                         &s.copy_buf, &s.rpc_reply);
+    if (got.ok() && got->found.view.value.size() != user->value_size) {
+      got = Status::Protocol("tx read: data structure " + user->name + " gave a value of " +
+                             std::to_string(got->found.view.value.size()) + " bytes, not " +
+                             std::to_string(user->value_size));
+    }
+  } else {
+    const auto& t = *s.TableOf(table);
+    TxHashTableDs ds(c, table, t.geometry);
+    got = co_await tx::OneTwoSidedLookup(*s.sched, ds, s.Ref(t, item.partition, 0), key, lo,
+                                         &s.copy_buf, &s.rpc_reply);
+    chain = ds.followed_chain();
+  }
   // A failed lookup came from the RPC when the owner said "not found" (a transport error of a
   // one-sided copy ends the read before it).
   const bool rpc = got.ok() ? got->tried_rpc : got.status().code() == Code::kNotFound;
   if (lo.one_sided) {
     const bool hit = got.ok() && got->one_sided;
     (hit ? c.counters.hits : c.counters.misses).fetch_add(1, std::memory_order_relaxed);
-    if (hit && ds.followed_chain()) c.counters.chain_hits.fetch_add(1, std::memory_order_relaxed);
+    if (hit && chain) c.counters.chain_hits.fetch_add(1, std::memory_order_relaxed);
   }
   if (rpc) c.counters.rpc_lookups.fetch_add(1, std::memory_order_relaxed);
   if (!got.ok()) {
@@ -562,12 +731,12 @@ Task<Result<std::span<std::byte>>> Tx::write(uint16_t table, std::span<const std
     co_return std::span<std::byte>(it->second.value);
   }
   TxClient::Impl& c = *s.c;
-  const auto& t = *s.TableOf(table);
-  const uint32_t part = c.PartitionOf(t, key);
+  const uint32_t part = s.PartitionOf(table, key);
+  const State::Owner owner = s.OwnerOf(table, part);
   const auto req = wire::EncodeKeyRequest(
       table, key, s.txid, static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count()));
-  Result<std::span<const std::byte>> r =
-      co_await CallRpc(*s.sched, s.PeerOf(t, part), wire::kOpLock, req, s.rpc_reply, "TX_LOCK");
+  Result<std::span<const std::byte>> r = co_await CallRpc(*s.sched, owner.peer, owner.lock, req,
+                                                          s.rpc_reply, "TX_LOCK of " + owner.what);
   if (!r.ok()) {
     Status st = r.status();
     const TxAbortReason reason = TxAbortReasonOf(st);
@@ -579,9 +748,12 @@ Task<Result<std::span<std::byte>>> Tx::write(uint16_t table, std::span<const std
     }
     co_return st;
   }
-  Result<wire::ItemResult> ir = wire::DecodeItemReply(*r, t.geometry.value_size);
+  Result<wire::ItemResult> ir = wire::DecodeItemReply(*r, owner.value_size);
   if (!ir.ok()) co_return ir.status();
-  if (tx::IsItemOffset(t.geometry, ir->item.offset)) c.Cache(table, key, ir->item.offset);
+  if (const auto* t = s.TableOf(table);
+      t != nullptr && tx::IsItemOffset(t->geometry, ir->item.offset)) {
+    c.Cache(table, key, ir->item.offset);
+  }
   if (it != s.items.end() && it->second.version != ir->item.version) {
     // Read earlier at another version: the read is already invalid.
     s.reason = TxAbortReason::kValidation;
@@ -604,21 +776,21 @@ Task<Status> Tx::insert(uint16_t table, std::span<const std::byte> key,
   State& s = *s_;
   FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx insert"));
   TxClient::Impl& c = *s.c;
-  const auto& t = *s.TableOf(table);
-  if (value.size() > t.geometry.value_size) {
+  const uint32_t part = s.PartitionOf(table, key);
+  const State::Owner owner = s.OwnerOf(table, part);
+  if (value.size() > owner.value_size) {
     co_return Status::InvalidArgument("tx insert: value of " + std::to_string(value.size()) +
-                                      " bytes, table " + t.name + " holds " +
-                                      std::to_string(t.geometry.value_size));
+                                      " bytes, " + owner.what + " holds " +
+                                      std::to_string(owner.value_size));
   }
   const std::string ck = TxClient::Impl::CacheKey(table, key);
   if (s.items.count(ck) != 0) {
     co_return Status::InvalidArgument("tx insert: key already used by this transaction");
   }
-  const uint32_t part = c.PartitionOf(t, key);
   const auto req = wire::EncodeKeyRequest(
       table, key, s.txid, static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count()));
   Result<std::span<const std::byte>> r = co_await CallRpc(
-      *s.sched, s.PeerOf(t, part), wire::kOpLockInsert, req, s.rpc_reply, "TX_LOCK_INSERT");
+      *s.sched, owner.peer, owner.lock_insert, req, s.rpc_reply, "TX_LOCK_INSERT of " + owner.what);
   if (!r.ok()) {
     Status st = r.status();
     if (st.code() == Code::kAborted) {
@@ -637,7 +809,7 @@ Task<Status> Tx::insert(uint16_t table, std::span<const std::byte> key,
   item.table = table;
   item.partition = part;
   item.key.assign(key.begin(), key.end());
-  item.value.assign(t.geometry.value_size, std::byte{0});
+  item.value.assign(owner.value_size, std::byte{0});
   std::memcpy(item.value.data(), value.data(), value.size());
   item.offset = ir.offset;
   co_return Status::OK();
@@ -664,13 +836,13 @@ Task<Status> Tx::abort() {
   }
   Status first = Status::OK();
   for (auto& [tp, entries] : groups) {
-    const auto& t = *s.TableOf(tp.first);
+    const State::Owner owner = s.OwnerOf(tp.first, tp.second);
     for (size_t at = 0; at < entries.size(); at += wire::kMaxBatchItems) {
       const size_t n = std::min(wire::kMaxBatchItems, entries.size() - at);
       const auto req =
           wire::EncodeBatchRequest(tp.first, s.txid, std::span(entries).subspan(at, n));
       Result<std::span<const std::byte>> r = co_await CallRpc(
-          *s.sched, s.PeerOf(t, tp.second), wire::kOpUnlock, req, s.rpc_reply, "TX_UNLOCK");
+          *s.sched, owner.peer, owner.unlock, req, s.rpc_reply, "TX_UNLOCK of " + owner.what);
       // A lock already gone (lease ran out, reaped) is fine for an abort.
       if (!r.ok() && r.status().code() != Code::kAborted && first.ok()) first = r.status();
     }
@@ -685,6 +857,24 @@ Task<Status> Tx::commit() {
   TxClient::Impl& c = *s.c;
   size_t reads = 0, writes = 0;
   for (auto& [ck, item] : s.items) (item.kind == State::kRead ? reads : writes)++;
+  // Writes to a user data structure commit by one RPC to its owner, which takes no part in
+  // prepare / decide: they must be the transaction's only participant.
+  std::set<std::pair<uint16_t, uint32_t>> write_groups;
+  const TxClient::Impl::UserDs* user_writes = nullptr;
+  for (auto& [ck, item] : s.items) {
+    if (item.kind == State::kRead) continue;
+    write_groups.insert({item.table, item.partition});
+    if (const auto* u = c.UserDsOf(item.table)) user_writes = u;
+  }
+  if (user_writes != nullptr && write_groups.size() > 1) {
+    s.reason = TxAbortReason::kOther;
+    Status st = Status::FailedPrecondition(
+        "tx commit: writes to data structure '" + user_writes->name +
+        "' and to another table or data structure: that needs a two-phase commit, which user "
+        "data structures do not take part in (docs/tx.md \"User data structures\")");
+    (void)co_await abort();
+    co_return st;
+  }
   // Validation of the read set (writes hold their locks already). A read-only transaction of one
   // item needs none: its one consistent copy is its snapshot.
   const bool validate = !c.options.faults.skip_validation && !(writes == 0 && reads <= 1);
@@ -692,7 +882,7 @@ Task<Status> Tx::commit() {
     if (c.ordered) {
       std::vector<std::byte> buf;
       for (auto& [ck, item] : s.items) {
-        if (item.kind != State::kRead) continue;
+        if (item.kind != State::kRead || c.UserDsOf(item.table) != nullptr) continue;
         const auto& t = *s.TableOf(item.table);
         bool ok = false, decided = false;
         for (int attempt = 0; attempt < kCopyRetries && !decided; ++attempt) {
@@ -720,7 +910,7 @@ Task<Status> Tx::commit() {
     } else {
       std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::ValidateItem>> groups;
       for (auto& [ck, item] : s.items) {
-        if (item.kind == State::kRead) {
+        if (item.kind == State::kRead && c.UserDsOf(item.table) == nullptr) {
           groups[{item.table, item.partition}].push_back({item.version, item.key});
         }
       }
@@ -749,10 +939,61 @@ Task<Status> Tx::commit() {
         }
       }
     }
+    // The user data structures' reads.
+    for (auto& [ck, item] : s.items) {
+      if (item.kind != State::kRead) continue;
+      const auto* u = c.UserDsOf(item.table);
+      if (u == nullptr) continue;
+      Result<bool> valid =
+          co_await ValidateUserRead(*s.sched, c, *u, item.table, item.offset, item.version,
+                                    item.key, s.txid, &s.copy_buf, &s.rpc_reply);
+      if (!valid.ok()) {
+        s.reason = TxAbortReason::kOther;
+        (void)co_await abort();
+        co_return valid.status();
+      }
+      if (!*valid) {
+        s.reason = TxAbortReason::kValidation;
+        Status st = AbortedFor(s.reason, "read set changed (data structure " + u->name + ")");
+        (void)co_await abort();
+        co_return st;
+      }
+    }
   }
   const TxClientFaults& faults = c.options.faults;
   if (s.Died(TxDieAt::kHoldingLocks, writes)) {
     co_return Status::Internal("tx commit: test fault: client stopped holding its locks");
+  }
+  if (user_writes != nullptr) {
+    // The single-participant commit at the data structure's owner: installs every write and
+    // releases the locks at once, or refuses (a lock whose lease ran out: kAborted).
+    const auto [table, part] = *write_groups.begin();
+    const State::Owner owner = s.OwnerOf(table, part);
+    std::vector<wire::BatchEntry> entries;
+    for (auto& [ck, item] : s.items) {
+      if (item.kind == State::kRead) continue;
+      const wire::BatchOp op = item.kind == State::kRemove ? wire::kRemove : wire::kWrite;
+      entries.push_back(
+          {op, item.key, op == wire::kRemove ? std::span<const std::byte>() : item.value});
+    }
+    if (entries.size() > wire::kMaxBatchItems) {
+      s.reason = TxAbortReason::kOther;
+      Status st = AbortedFor(s.reason, "more than 64 writes on one participant");
+      (void)co_await abort();
+      co_return st;
+    }
+    const auto req = wire::EncodeBatchRequest(table, s.txid, entries);
+    Result<std::span<const std::byte>> r = co_await CallRpc(
+        *s.sched, owner.peer, owner.commit, req, s.rpc_reply, "TX_COMMIT of " + owner.what);
+    if (!r.ok()) {
+      s.reason =
+          r.status().code() == Code::kAborted ? TxAbortReasonOf(r.status()) : TxAbortReason::kOther;
+      (void)co_await abort();
+      co_return r.status();
+    }
+    s.active = false;
+    c.counters.commits.fetch_add(1, std::memory_order_relaxed);
+    co_return Status::OK();
   }
   // Writes by participant (server: order[i], part_items[i], ascending server index) and by
   // (table, partition).

@@ -2,7 +2,8 @@
 // gives the transaction layer so that its reads are one-two-sided. TxDsClient's callbacks run on
 // the reading transaction's thread (an object shared by threads must be thread-safe);
 // TxDsOwner::rpc_handler on the owner's RPC threads. The hash table is the first user
-// (tx_client.cc's TxHashTableDs, TxService), tx_lookup.h the driver.
+// (tx_client.cc's TxHashTableDs, TxService), tx_lookup.h the driver; a user's data structure
+// joins transactions through TxClient::add_data_structure (docs/tx.md "User data structures").
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,22 @@ class TxDsClient {
   // an error (kNotFound: no such key; kProtocol: a malformed reply).
   virtual Result<DsStep> rpc_lookup_end(std::span<const std::byte> reply,
                                         std::span<const std::byte> key) = 0;
+
+  // ---- In transactions (TxClient::add_data_structure; docs/tx.md "User data structures") ----
+  // A data structure that answers 0 here is read-only for Tx (lookups through tx_lookup.h only).
+  // Otherwise its owner serves the transaction RPCs on opcodes tx_opcode_base() + tx_wire::kDs*
+  // in the hash table's formats, and kFound views carry the item's version and lock holder.
+  virtual uint16_t tx_opcode_base() const { return 0; }
+  // Bytes of every item's value (what a lock reply carries and a commit installs).
+  virtual uint32_t value_size() const { return 0; }
+  // Validation's one-sided copy of the item lookup_end found at `address` (kRead; lookup_end
+  // then checks it like any copy, and validation wants kFound at the same address), or kRpc:
+  // validate at the owner (tx_wire::kDsValidate).
+  virtual DsStep validate_start(uint64_t address, std::span<const std::byte> key) {
+    (void)address;
+    (void)key;
+    return {};
+  }
 };
 
 class TxDsOwner {

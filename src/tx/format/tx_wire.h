@@ -35,6 +35,18 @@ inline constexpr uint16_t kOpStatus = kTxOpcodes.first + 9;   // StatusRequest -
 inline constexpr uint16_t kLastTxOpcode = kOpStatus;
 static_assert(kTxOpcodes.contains(kLastTxOpcode));
 
+// A user data structure's transaction RPCs (tx_data_structure.h, TxDsClient::tx_opcode_base()):
+// its owner serves opcode base + kDs*, each in the format of the hash table RPC named, with the
+// data structure's id (TxClient::add_data_structure) as the table id and the item's address in
+// ItemReply::offset. Commits that span a user data structure and any other participant are not
+// built (no prepare / decide on these owners): Tx refuses them.
+inline constexpr uint16_t kDsLock = 0;        // as TX_LOCK: KeyRequest -> ItemReply + value
+inline constexpr uint16_t kDsLockInsert = 1;  // as TX_LOCK_INSERT: KeyRequest -> ItemReply
+inline constexpr uint16_t kDsValidate = 2;    // as TX_VALIDATE: ValidateRequest + items -> empty
+inline constexpr uint16_t kDsCommit = 3;      // as TX_COMMIT: BatchHeader + writes -> empty
+inline constexpr uint16_t kDsUnlock = 4;      // as TX_UNLOCK: BatchHeader + keys -> empty
+inline constexpr uint16_t kDsOpcodes = 5;
+
 // Limits every decoder enforces (a request beyond them is malformed).
 inline constexpr size_t kMaxTables = 64;
 inline constexpr size_t kMaxTableName = 31;      // bytes, [A-Za-z0-9_.-]
