@@ -616,19 +616,10 @@ Task<Result<bool>> ValidateUserRead(Scheduler& sched, TxClient::Impl& c,
     const bool readable = start.kind == tx::DsStep::kRead && read.length >= 8 &&
                           read.length <= tx::kMaxDsRead && read.length % 8 == 0;
     for (int attempt = 0; readable && attempt < kCopyRetries; ++attempt) {
-      const RemoteRef ref{u.peer, u.region_key, read.offset};
-      buf->resize(read.length);
       tx::SeqlockRecheck recheck{};
-      if (read.seqlock) {
-        Status st = co_await sched.read(ref, &recheck.before, 8);
-        if (!st.ok()) co_return st;
-      }
-      Status st = co_await sched.read(ref, buf->data(), buf->size());
+      Status st =
+          co_await tx::CopyDsRead(sched, RemoteRef{u.peer, u.region_key, 0}, read, buf, &recheck);
       if (!st.ok()) co_return st;
-      if (read.seqlock) {
-        st = co_await sched.read(ref, &recheck.after, 8);
-        if (!st.ok()) co_return st;
-      }
       const tx::DsStep got = u.ds->lookup_end(*buf, read, read.seqlock ? &recheck : nullptr, key);
       if (got.kind == tx::DsStep::kRetry) continue;
       if (got.kind != tx::DsStep::kFound || got.address != address) break;  // the owner decides

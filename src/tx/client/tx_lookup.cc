@@ -8,6 +8,21 @@
 
 namespace farmem::tx {
 
+Task<Status> CopyDsRead(Scheduler& sched, RemoteRef region, const DsRead& read,
+                        std::vector<std::byte>* buf, SeqlockRecheck* recheck) {
+  buf->resize(read.length);
+  RemoteRef ref = region;
+  ref.offset = read.offset;
+  if (read.seqlock) {
+    Status st = co_await sched.read(ref, &recheck->before, 8);
+    if (!st.ok()) co_return st;
+  }
+  Status st = co_await sched.read(ref, buf->data(), buf->size());
+  if (!st.ok() || !read.seqlock) co_return st;
+  Status after = co_await sched.read(ref, &recheck->after, 8);
+  co_return after;
+}
+
 Task<Result<DsLookup>> OneTwoSidedLookup(Scheduler& sched, TxDsClient& ds, RemoteRef region,
                                          std::span<const std::byte> key, DsLookupOptions options,
                                          std::vector<std::byte>* copy_buf,
@@ -28,21 +43,10 @@ Task<Result<DsLookup>> OneTwoSidedLookup(Scheduler& sched, TxDsClient& ds, Remot
       // A data structure's bad step (a corrupted cache entry, a racy chain pointer) must not
       // become a huge or unaligned read: it ends the one-sided part.
       if (last.length < 8 || last.length > kMaxDsRead || last.length % 8 != 0) break;
-      copy_buf->resize(last.length);
-      RemoteRef ref = region;
-      ref.offset = last.offset;
       ++out.reads;
       SeqlockRecheck recheck{};
-      if (last.seqlock) {
-        Status st = co_await sched.read(ref, &recheck.before, 8);
-        if (!st.ok()) co_return st;
-      }
-      Status st = co_await sched.read(ref, copy_buf->data(), copy_buf->size());
+      Status st = co_await CopyDsRead(sched, region, last, copy_buf, &recheck);
       if (!st.ok()) co_return st;
-      if (last.seqlock) {
-        st = co_await sched.read(ref, &recheck.after, 8);
-        if (!st.ok()) co_return st;
-      }
       step = ds.lookup_end(*copy_buf, last, last.seqlock ? &recheck : nullptr, key);
       if (step.kind == DsStep::kFound) {
         out.found = step;

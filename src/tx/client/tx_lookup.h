@@ -27,6 +27,12 @@ struct DsLookupOptions {
   uint32_t max_retries = 4;  // kRetry in a row, then the RPC
 };
 
+// One one-sided copy of `read` from the owner's `region` (peer, key; offset ignored) into *buf
+// (resized to read.length); with read.seqlock the 8-byte word at read.offset is read before and
+// after it into *recheck, each read after the previous one completed.
+Task<Status> CopyDsRead(Scheduler& sched, RemoteRef region, const DsRead& read,
+                        std::vector<std::byte>* buf, SeqlockRecheck* recheck);
+
 // `region`: the owner's region (peer, key; offset ignored), `owner`: where the RPC goes.
 // `copy_buf` / `reply_buf` (reply_buf sized to the largest reply) are reused across calls.
 Task<Result<DsLookup>> OneTwoSidedLookup(Scheduler& sched, TxDsClient& ds, RemoteRef region,
