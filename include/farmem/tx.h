@@ -19,10 +19,8 @@
 
 namespace farmem {
 
-class Cluster;  // farmem/cluster.h
-namespace tx {
-class TxDsClient;  // a data structure's client callbacks (tx/format/tx_data_structure.h)
-}  // namespace tx
+class Cluster;     // farmem/cluster.h
+class TxDsClient;  // farmem/tx_ds.h: a data structure's client callbacks
 
 // The cluster role a farmemd running the tx service joins with (beside "memory"): how
 // TxClient::Connect(node, cluster) finds the servers holding the table partitions.
@@ -117,7 +115,7 @@ class TxClient {
   // the bootstrap address of the node that exports region `region` (read one-sidedly) and serves
   // the RPCs. Returns the id Tx calls take as `table` (after the hash tables' ids; table(name)
   // finds it too). Call before transactions run on this client (not synchronized with them).
-  Result<uint16_t> add_data_structure(std::string name, std::shared_ptr<tx::TxDsClient> ds,
+  Result<uint16_t> add_data_structure(std::string name, std::shared_ptr<TxDsClient> ds,
                                       const std::string& owner, std::string_view region);
   // A table's (or data structure's) id by name (kNotFound), its key and value sizes (a data
   // structure's key size is 0: any multiple of 8 from 8 to 64 bytes).

@@ -1,8 +1,9 @@
-// A data structure of the user's own in transactions (docs/tx.md "User data structures"): an
-// array of locked, versioned records served by its own owner node (lookup, lock, lock-insert,
-// validate, commit, unlock RPCs in the tx wire formats), read one-two-sidedly through its client
-// callbacks, registered with TxClient::add_data_structure beside a hash table of farmemd's tx
-// service. Threads: the test's (one Scheduler each), the owner's and the servers' RPC threads.
+// A data structure of the user's own in transactions (docs/tx.md "User data structures"), built
+// on the public farmem/tx_ds.h only: an array of locked, versioned records served by its own
+// owner node (lookup, lock, lock-insert, validate, commit, unlock RPCs), read one-two-sidedly
+// through its client callbacks, registered with TxClient::add_data_structure beside a hash table of
+// farmemd's tx service. Threads: the test's (one Scheduler each), the owner's and the servers' RPC
+// threads.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -19,17 +20,15 @@
 
 #include "farmem/node.h"
 #include "farmem/tx.h"
+#include "farmem/tx_ds.h"
 #include "node/node_test_util.h"
 #include "tx/client/tx_test_env.h"
-#include "tx/format/tx_data_structure.h"
-#include "tx/format/tx_wire.h"
 
 namespace farmem::tx_test {
 // Named, not anonymous: the unity build puts this file in one translation unit with the other
 // tx client tests, whose anonymous namespaces hold names like kRecords and kValue too.
 namespace user_ds {
 
-namespace wire = tx_wire;
 using Clock = std::chrono::steady_clock;
 
 // Record i at offset 64 * i, eight words: seq, key (0 = free slot), version, lock holder, lease
@@ -41,7 +40,7 @@ constexpr uint64_t kRecords = 64;
 constexpr size_t kRecordBytes = 64;
 constexpr uint16_t kLookupOp =
     9100;  // request: the 8 key bytes; reply: address, version, lock, value
-constexpr uint16_t kTxBase = 9101;  // + wire::kDs*
+constexpr uint16_t kTxBase = 9101;  // + kTxDs*
 enum Word : uint32_t { kSeq, kKey, kVersion, kLock, kLease, kValue, kLive, kTail, kWords };
 static_assert(kWords * 8 == kRecordBytes);
 
@@ -51,7 +50,7 @@ uint64_t KeyOf(std::span<const std::byte> key) {
   return k;
 }
 
-class RecordOwner final : public tx::TxDsOwner {
+class RecordOwner final : public TxDsOwner {
  public:
   RecordOwner() {
     void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -69,15 +68,15 @@ class RecordOwner final : public tx::TxDsOwner {
     switch (opcode) {
       case kLookupOp:
         return Lookup(request, reply);
-      case kTxBase + wire::kDsLock:
+      case kTxBase + kTxDsLock:
         return Lock(request, reply, false);
-      case kTxBase + wire::kDsLockInsert:
+      case kTxBase + kTxDsLockInsert:
         return Lock(request, reply, true);
-      case kTxBase + wire::kDsValidate:
+      case kTxBase + kTxDsValidate:
         return Validate(request);
-      case kTxBase + wire::kDsCommit:
+      case kTxBase + kTxDsCommit:
         return Commit(request);
-      case kTxBase + wire::kDsUnlock:
+      case kTxBase + kTxDsUnlock:
         return Unlock(request);
     }
     return Status::Protocol("records: unknown opcode " + std::to_string(opcode));
@@ -116,13 +115,10 @@ class RecordOwner final : public tx::TxDsOwner {
     return holder != 0 && holder != txid && Get(r, kLease) > Now();
   }
   void ItemReply(uint64_t r, std::vector<std::byte>& reply, bool with_value) const {
-    wire::ItemReply ir{r * kRecordBytes, Get(r, kVersion), Get(r, kLock)};
-    reply.resize(sizeof(ir) + (with_value ? 8 : 0));
-    std::memcpy(reply.data(), &ir, sizeof(ir));
-    if (with_value) {
-      const uint64_t v = Get(r, kValue);
-      std::memcpy(reply.data() + sizeof(ir), &v, 8);
-    }
+    const uint64_t v = Get(r, kValue);
+    reply = EncodeTxDsItemReply(
+        r * kRecordBytes, Get(r, kVersion), Get(r, kLock),
+        with_value ? std::as_bytes(std::span(&v, 1)) : std::span<const std::byte>());
   }
 
   Status Lookup(std::span<const std::byte> request, std::vector<std::byte>& reply) {
@@ -139,7 +135,7 @@ class RecordOwner final : public tx::TxDsOwner {
   }
 
   Status Lock(std::span<const std::byte> request, std::vector<std::byte>& reply, bool insert) {
-    FARMEM_ASSIGN_OR_RETURN(wire::KeyOp op, wire::DecodeKeyRequest(request, true));
+    FARMEM_ASSIGN_OR_RETURN(TxDsKeyRequest op, DecodeTxDsKeyRequest(request));
     if (op.key.size() != 8 || KeyOf(op.key) == 0) {
       return Status::InvalidArgument("records: keys are u64 >= 1");
     }
@@ -182,8 +178,8 @@ class RecordOwner final : public tx::TxDsOwner {
   }
 
   Status Validate(std::span<const std::byte> request) {
-    FARMEM_ASSIGN_OR_RETURN(wire::ValidateOp op, wire::DecodeValidateRequest(request));
-    for (const wire::ValidateItem& item : op.items) {
+    FARMEM_ASSIGN_OR_RETURN(TxDsValidateRequest op, DecodeTxDsValidateRequest(request));
+    for (const TxDsVersionedKey& item : op.items) {
       const uint64_t r = Find(KeyOf(item.key));
       if (r == kRecords || Get(r, kLive) == 0 || Get(r, kVersion) != item.version ||
           LockedByOther(r, op.txid)) {
@@ -194,9 +190,9 @@ class RecordOwner final : public tx::TxDsOwner {
   }
 
   Status Commit(std::span<const std::byte> request) {
-    FARMEM_ASSIGN_OR_RETURN(wire::BatchOpRequest op, wire::DecodeBatchRequest(request, true));
+    FARMEM_ASSIGN_OR_RETURN(TxDsBatchRequest op, DecodeTxDsBatchRequest(request, true));
     std::vector<uint64_t> records;
-    for (const wire::BatchEntry& e : op.items) {
+    for (const TxDsBatchItem& e : op.items) {
       const uint64_t r = Find(KeyOf(e.key));
       const bool held = r != kRecords && Get(r, kLock) == op.txid && Get(r, kLease) > Now();
       if (!held && !skip_lock_check) {
@@ -204,17 +200,17 @@ class RecordOwner final : public tx::TxDsOwner {
                                " does not hold key " + std::to_string(KeyOf(e.key)));
       }
       if (r == kRecords) return Status::Aborted("stale commit: no key");
-      if (e.op == wire::kWrite && e.value.size() != 8) {
+      if (e.op == TxDsOp::kWrite && e.value.size() != 8) {
         return Status::InvalidArgument("records: values are 8 bytes");
       }
       records.push_back(r);
     }
     for (size_t i = 0; i < op.items.size(); ++i) {
-      const wire::BatchEntry& e = op.items[i];
+      const TxDsBatchItem& e = op.items[i];
       const uint64_t r = records[i];
       const uint64_t version = Get(r, kVersion) + 1;
       Change(r, [&](auto set) {
-        if (e.op == wire::kRemove) {
+        if (e.op == TxDsOp::kRemove) {
           set(kKey, 0);
           set(kLive, 0);
           set(kValue, 0);
@@ -233,8 +229,8 @@ class RecordOwner final : public tx::TxDsOwner {
   }
 
   Status Unlock(std::span<const std::byte> request) {
-    FARMEM_ASSIGN_OR_RETURN(wire::BatchOpRequest op, wire::DecodeBatchRequest(request, false));
-    for (const wire::BatchEntry& e : op.items) {
+    FARMEM_ASSIGN_OR_RETURN(TxDsBatchRequest op, DecodeTxDsBatchRequest(request, false));
+    for (const TxDsBatchItem& e : op.items) {
       const uint64_t r = Find(KeyOf(e.key));
       if (r == kRecords || Get(r, kLock) != op.txid) continue;  // already released or taken over
       const bool reserved = Get(r, kLive) == 0;
@@ -254,11 +250,11 @@ class RecordOwner final : public tx::TxDsOwner {
 // Client callbacks: key k is guessed at record (k - 1) % N, or at the address an RPC lookup
 // returned (cached, shared by every thread: a mutex). Copies are checked like the hash table's:
 // ordered (native TCP) seq even and equal to tail; else the seqlock words around the copy too.
-class RecordDs final : public tx::TxDsClient {
+class RecordDs final : public TxDsClient {
  public:
   explicit RecordDs(bool ordered) : ordered_(ordered) {}
 
-  tx::DsStep lookup_start(std::span<const std::byte> key) override {
+  TxDsStep lookup_start(std::span<const std::byte> key) override {
     const uint64_t k = KeyOf(key);
     if (k == 0) return {};
     {
@@ -267,21 +263,20 @@ class RecordDs final : public tx::TxDsClient {
     }
     return ReadAt(((k - 1) % kRecords) * kRecordBytes);
   }
-  tx::DsStep lookup_end(std::span<const std::byte> copy, const tx::DsRead& read,
-                        const tx::SeqlockRecheck* recheck,
-                        std::span<const std::byte> key) override {
+  TxDsStep lookup_end(std::span<const std::byte> copy, const TxDsRead& read,
+                      const TxSeqlockRecheck* recheck, std::span<const std::byte> key) override {
     uint64_t w[kWords];
     std::memcpy(w, copy.data(), sizeof(w));
-    tx::DsStep next;
+    TxDsStep next;
     const bool consistent =
         w[kSeq] % 2 == 0 && w[kSeq] == w[kTail] &&
         (recheck == nullptr || (recheck->before == w[kSeq] && recheck->after == w[kSeq]));
     if (!consistent) {
-      next.kind = tx::DsStep::kRetry;
+      next.kind = TxDsStep::kRetry;
       return next;
     }
     if (w[kKey] != KeyOf(key) || w[kLive] == 0) return next;  // elsewhere, or absent: the owner
-    next.kind = tx::DsStep::kFound;
+    next.kind = TxDsStep::kFound;
     next.address = read.offset;
     next.view.seq = w[kSeq];
     next.view.version = w[kVersion];
@@ -293,11 +288,11 @@ class RecordDs final : public tx::TxDsClient {
   std::vector<std::byte> rpc_request(std::span<const std::byte> key) override {
     return std::vector<std::byte>(key.begin(), key.end());
   }
-  Result<tx::DsStep> rpc_lookup_end(std::span<const std::byte> reply,
-                                    std::span<const std::byte> key) override {
+  Result<TxDsStep> rpc_lookup_end(std::span<const std::byte> reply,
+                                  std::span<const std::byte> key) override {
     if (reply.size() != 32) return Status::Protocol("records lookup reply: length");
-    tx::DsStep found;
-    found.kind = tx::DsStep::kFound;
+    TxDsStep found;
+    found.kind = TxDsStep::kFound;
     std::memcpy(&found.address, reply.data(), 8);
     std::memcpy(&found.view.version, reply.data() + 8, 8);
     std::memcpy(&found.view.lock_txid, reply.data() + 16, 8);
@@ -308,15 +303,15 @@ class RecordDs final : public tx::TxDsClient {
   }
   uint16_t tx_opcode_base() const override { return kTxBase; }
   uint32_t value_size() const override { return 8; }
-  tx::DsStep validate_start(uint64_t address, std::span<const std::byte> key) override {
+  TxDsStep validate_start(uint64_t address, std::span<const std::byte> key) override {
     (void)key;
     return ReadAt(address);
   }
 
  private:
-  tx::DsStep ReadAt(uint64_t offset) const {
-    tx::DsStep s;
-    s.kind = tx::DsStep::kRead;
+  TxDsStep ReadAt(uint64_t offset) const {
+    TxDsStep s;
+    s.kind = TxDsStep::kRead;
     s.read = {offset, static_cast<uint32_t>(kRecordBytes), !ordered_};
     return s;
   }
@@ -338,11 +333,11 @@ class TxUserDs : public ::testing::TestWithParam<std::string> {
     auto region = owner_node_->export_region("records", owner_.memory(), RecordOwner::kBytes,
                                              Access::kReadOnly);
     ASSERT_TRUE(region.ok()) << region.status().ToString();
-    for (uint16_t op : {kLookupOp, static_cast<uint16_t>(kTxBase + wire::kDsLock),
-                        static_cast<uint16_t>(kTxBase + wire::kDsLockInsert),
-                        static_cast<uint16_t>(kTxBase + wire::kDsValidate),
-                        static_cast<uint16_t>(kTxBase + wire::kDsCommit),
-                        static_cast<uint16_t>(kTxBase + wire::kDsUnlock)}) {
+    for (uint16_t op : {kLookupOp, static_cast<uint16_t>(kTxBase + kTxDsLock),
+                        static_cast<uint16_t>(kTxBase + kTxDsLockInsert),
+                        static_cast<uint16_t>(kTxBase + kTxDsValidate),
+                        static_cast<uint16_t>(kTxBase + kTxDsCommit),
+                        static_cast<uint16_t>(kTxBase + kTxDsUnlock)}) {
       ASSERT_TRUE(owner_node_
                       ->register_rpc(op,
                                      [this](const RpcCall& call, std::vector<std::byte>& reply) {

@@ -36,6 +36,7 @@
 #include <span>
 
 #include "farmem/status.h"
+#include "farmem/tx_ds.h"
 
 namespace farmem::tx {
 
@@ -204,20 +205,11 @@ enum class ItemCheck : uint8_t {
 };
 const char* ItemCheckName(ItemCheck c);
 
-// A consistent item, pointing into the copy.
-struct ItemView {
-  uint64_t seq = 0;
-  uint64_t version = 0;
-  uint64_t lock_txid = 0;  // 0 = unlocked
-  std::span<const std::byte> key;
-  std::span<const std::byte> value;
-};
+// A consistent item, pointing into the copy (the public type a user data structure fills too).
+using ItemView = ::farmem::TxItemView;
 
 // The seq word read alone before and after the copy (unordered transports).
-struct SeqlockRecheck {
-  uint64_t before;
-  uint64_t after;
-};
+using SeqlockRecheck = ::farmem::TxSeqlockRecheck;
 
 // Checks a copy of one item (ItemBytes(g) bytes). `key` empty: any live key is accepted (scans);
 // else it must be key_size bytes and equal the item's key. `recheck` null: the copy was ordered.

@@ -15,6 +15,7 @@
 #include "common/wire_struct.h"
 #include "farmem/opcodes.h"
 #include "farmem/status.h"
+#include "farmem/tx_ds.h"
 #include "tx/format/tx_layout.h"
 
 namespace farmem::tx_wire {
@@ -40,12 +41,15 @@ static_assert(kTxOpcodes.contains(kLastTxOpcode));
 // data structure's id (TxClient::add_data_structure) as the table id and the item's address in
 // ItemReply::offset. Commits that span a user data structure and any other participant are not
 // built (no prepare / decide on these owners): Tx refuses them.
-inline constexpr uint16_t kDsLock = 0;        // as TX_LOCK: KeyRequest -> ItemReply + value
-inline constexpr uint16_t kDsLockInsert = 1;  // as TX_LOCK_INSERT: KeyRequest -> ItemReply
-inline constexpr uint16_t kDsValidate = 2;    // as TX_VALIDATE: ValidateRequest + items -> empty
-inline constexpr uint16_t kDsCommit = 3;      // as TX_COMMIT: BatchHeader + writes -> empty
-inline constexpr uint16_t kDsUnlock = 4;      // as TX_UNLOCK: BatchHeader + keys -> empty
-inline constexpr uint16_t kDsOpcodes = 5;
+// (Public spelling and owner-side decoders: farmem/tx_ds.h, implemented in tx_ds.cc.)
+inline constexpr uint16_t kDsLock = kTxDsLock;  // as TX_LOCK: KeyRequest -> ItemReply + value
+inline constexpr uint16_t kDsLockInsert =
+    kTxDsLockInsert;  // as TX_LOCK_INSERT: KeyRequest -> ItemReply
+inline constexpr uint16_t kDsValidate =
+    kTxDsValidate;  // as TX_VALIDATE: ValidateRequest + items -> empty
+inline constexpr uint16_t kDsCommit = kTxDsCommit;  // as TX_COMMIT: BatchHeader + writes -> empty
+inline constexpr uint16_t kDsUnlock = kTxDsUnlock;  // as TX_UNLOCK: BatchHeader + keys -> empty
+inline constexpr uint16_t kDsOpcodes = kTxDsOpcodes;
 
 // Limits every decoder enforces (a request beyond them is malformed).
 inline constexpr size_t kMaxTables = 64;
@@ -137,6 +141,9 @@ struct BatchHeader {
 static_assert(sizeof(BatchHeader) == 16 && std::is_trivially_copyable_v<BatchHeader>);
 
 enum BatchOp : uint8_t { kWrite = 1, kRemove = 2, kUnlockOnly = 3 };
+static_assert(kWrite == static_cast<uint8_t>(TxDsOp::kWrite) &&
+              kRemove == static_cast<uint8_t>(TxDsOp::kRemove) &&
+              kUnlockOnly == static_cast<uint8_t>(TxDsOp::kUnlockOnly));
 struct BatchItem {
   uint8_t op;        // BatchOp
   uint8_t reserved;  // 0
