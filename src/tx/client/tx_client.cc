@@ -276,7 +276,7 @@ Result<uint16_t> TxClient::add_data_structure(std::string name, std::shared_ptr<
                                    ": tx_opcode_base() is 0, so it serves lookups only "
                                    "(tx/client/tx_lookup.h), not transactions");
   }
-  if (base > UINT16_MAX - wire::kDsOpcodes) {
+  if (base > UINT16_MAX - (wire::kDsOpcodes - 1)) {  // base + 4 must be an opcode
     return Status::InvalidArgument(what + ": tx_opcode_base() " + std::to_string(base) +
                                    " leaves no room for its " + std::to_string(wire::kDsOpcodes) +
                                    " opcodes");

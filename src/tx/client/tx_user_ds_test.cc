@@ -252,7 +252,7 @@ class RecordOwner final : public TxDsOwner {
 // ordered (native TCP) seq even and equal to tail; else the seqlock words around the copy too.
 class RecordDs final : public TxDsClient {
  public:
-  explicit RecordDs(bool ordered) : ordered_(ordered) {}
+  explicit RecordDs(bool ordered, uint16_t base = kTxBase) : ordered_(ordered), base_(base) {}
 
   TxDsStep lookup_start(std::span<const std::byte> key) override {
     const uint64_t k = KeyOf(key);
@@ -301,7 +301,7 @@ class RecordDs final : public TxDsClient {
     cache_[KeyOf(key)] = found.address;
     return found;
   }
-  uint16_t tx_opcode_base() const override { return kTxBase; }
+  uint16_t tx_opcode_base() const override { return base_; }
   uint32_t value_size() const override { return 8; }
   TxDsStep validate_start(uint64_t address, std::span<const std::byte> key) override {
     (void)key;
@@ -316,6 +316,7 @@ class RecordDs final : public TxDsClient {
     return s;
   }
   const bool ordered_;
+  const uint16_t base_;
   std::mutex mu_;
   std::map<uint64_t, uint64_t> cache_;
 };
@@ -398,6 +399,20 @@ TEST_P(TxUserDs, RegistrationChecksTheDataStructureAndItsOwner) {
             Code::kInvalidArgument);  // the hash table's name
   EXPECT_EQ((*c)->add_data_structure("x", nullptr, owner, "records").status().code(),
             Code::kInvalidArgument);
+  // Its five opcodes must fit under 65536: base 65531 does (65531..65535), 65532 does not; 0
+  // means lookups only.
+  EXPECT_EQ(
+      (*c)->add_data_structure("top", std::make_shared<RecordDs>(true, 65532), owner, "records")
+          .status()
+          .code(),
+      Code::kInvalidArgument);
+  EXPECT_EQ((*c)->add_data_structure("zero", std::make_shared<RecordDs>(true, 0), owner, "records")
+                .status()
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_TRUE(
+      (*c)->add_data_structure("high", std::make_shared<RecordDs>(true, 65531), owner, "records")
+          .ok());
   r = (*c)->add_data_structure("records", ds, "127.0.0.1:1", "records");
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().ToString().find("connecting to its owner at 127.0.0.1:1"), std::string::npos)
