@@ -401,11 +401,11 @@ void ChannelThread::poll() {
 }
 
 Status ChannelThread::flush(std::chrono::milliseconds timeout) {
+  // Asked before polling: right after a poll (the barrier's case) there is usually nothing left,
+  // and a poll costs more than the question.
+  if (!ctx_->needs_progress()) return Status::OK();
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    // Checked before polling: right after a poll (the barrier's case) there is usually nothing
-    // left, and a poll costs more than the question.
-    if (!ctx_->needs_progress()) return Status::OK();
     poll();
     if (!ctx_->needs_progress()) return Status::OK();
     const auto now = Clock::now();
