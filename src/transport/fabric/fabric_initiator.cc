@@ -10,6 +10,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,8 +53,20 @@ FabricContext::~FabricContext() {
   DropLiveUser();
 }
 
+namespace {
+bool ShmCmaDisabledByEnv();
+// Off by default: with it, channels' shm tests fail (see TryDirectCopy).
+bool DirectCopyEnabledByEnv() {
+  const char* v = getenv("FARMEM_FABRIC_DIRECT_COPY");
+  return v != nullptr && std::string_view(v) == "1";
+}
+}  // namespace
+
 Status FabricContext::Open() {
   local_desc_ = core_->need_local_desc();
+  // FI_MR_VIRT_ADDR: op->raddr is the peer's virtual address, which process_vm_readv takes.
+  direct_copy_ = core_->config().provider == "shm" && core_->plan().virt_addr &&
+                 !ShmCmaDisabledByEnv() && DirectCopyEnabledByEnv();
   info_ = fi_dupinfo(core_->info());
   if (info_ == nullptr) return Status::ResourceExhausted("fi_dupinfo failed");
   // Contexts get their own ephemeral address; only the main endpoint uses listen_port.
@@ -388,7 +401,71 @@ void FabricContext::Issue(Op* op, KeyEntry* e) {
     Finish(op, Status::OK());
     return;
   }
+  if (TryDirectCopy(op, *e)) return;
   Submit(op);
+}
+
+// EXPERIMENT, off unless FARMEM_FABRIC_DIRECT_COPY=1. shm reads copied here with the
+// process_vm_readv that libfabric 1.17's shm "fast RMA" path makes, but without its two costs. The
+// provider holds the target's command-queue spinlock (in shared memory, also taken by every other
+// sender and by the target's progress thread) across the system call, so concurrent readers spin;
+// and it posts a completion command into the target's queue per op, a credit only the target's
+// progress thread returns, so a target that sleeps makes readers fail with -FI_EAGAIN until it
+// wakes. Measured on the tx KV benchmark (bench/README.md, "shm reads bypass the provider's
+// queue"). Bounds, key validity and read-only regions were checked by Issue() from the peer's key
+// table, as for the provider path (whose CMA copy checks no key either). Why it is off: with it,
+// the channels' shm tests (kv store, ring buffer) fail, so they rely on an ordering the provider
+// path gives (a read executing after this context's earlier atomics / writes in the target's
+// queue?) that this copy does not; not yet understood. Writes are left to the provider for the same
+// reason.
+bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
+  if (!direct_copy_ || e.owner_pid <= 0 || e.valid == nullptr) return false;
+  if (op->type != OpType::kRead) return false;
+  PeerSlot& slot = peers_[op->peer];
+  // Behind refused ops to this peer (they keep post order through the provider), and off for
+  // good once the kernel refused us (ptrace policy): the provider then uses its own fallback.
+  if (slot.cma_refused || !slot.retry.empty()) return false;
+  // A dead peer's pid may be reused by another process: the pidfd check (as on the provider path,
+  // at most every kPeerLivenessInterval) catches the death before that can matter in practice.
+  if (PeerExited(op->peer, false)) {
+    FailUnposted(op, PeerExitedStatus(op->type));
+    return true;
+  }
+  size_t done = 0;
+  while (done < op->len) {
+    iovec local{static_cast<char*>(op->local) + done, op->len - done};
+    iovec remote{reinterpret_cast<void*>(op->raddr + done), op->len - done};
+    const ssize_t n = process_vm_readv(e.owner_pid, &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    const int err = n == 0 ? EFAULT : errno;
+    if (err == EINTR) continue;
+    if (done == 0 && (err == EPERM || err == ENOSYS)) {
+      slot.cma_refused = true;
+      FARMEM_LOG_DEBUG("fabric: process_vm_readv on peer {} refused ({}); using the provider",
+                       op->peer, strerror(err));
+      return false;
+    }
+    if (err == ESRCH) {
+      slot.exited = true;
+      FailUnposted(op, PeerExitedStatus(op->type));
+      return true;
+    }
+    // EFAULT: the range is no longer mapped at the peer, which a live key never allows.
+    const bool deregistered =
+        e.valid != nullptr && e.valid->load(std::memory_order_acquire) != op->key;
+    if (deregistered) EraseEntry(PeerKey{op->peer, op->key});
+    Finish(op, deregistered
+                   ? Status::NotFound("region key was deregistered at the peer")
+                   : Status(CodeForFiError(err), std::string(OpTypeName(op->type)) +
+                                                     " at the peer failed: " + strerror(err)));
+    return true;
+  }
+  stats_.direct_copies++;
+  Finish(op, Status::OK());
+  return true;
 }
 
 ssize_t FabricContext::CallProvider(Op* op) {
@@ -658,6 +735,7 @@ void FabricContext::HandleMessage(std::span<const std::byte> bytes) {
     e.prov_key = r.prov_key;
     e.read_only = (r.flags & kLookupReadOnly) != 0;
     if (r.table_pid != 0) {
+      e.owner_pid = r.table_pid;
       const Core::Mapping* table = core_->RemoteTable(r.table_pid, r.table_fd, r.table_id);
       e.valid = table ? static_cast<std::atomic<uint64_t>*>(table->base) : nullptr;
       e.table_head = e.valid;

@@ -346,6 +346,7 @@ struct KeyEntry {
   const std::atomic<uint64_t>* table_head = nullptr;  // slot 0: the table id while serving
   uint64_t table_id = 0;
   bool read_only = false;  // registered Access::kReadOnly at the peer
+  int32_t owner_pid = 0;   // shm: the process whose memory this is (0: unknown, no direct copy)
   Op* waiters = nullptr;
   Op* waiters_tail = nullptr;
   Op* lookup = nullptr;
@@ -383,6 +384,9 @@ class FabricContext : public Context {
   Status PostOneSided(Op* op);
   void EnqueueForKey(Op* op);
   void Issue(Op* op, KeyEntry* e);
+  // Copies a read from a same-host peer in this thread (process_vm_readv)
+  // and finishes it; false when the op must go to the provider instead.
+  bool TryDirectCopy(Op* op, const KeyEntry& e);
   void Submit(Op* op);
   ssize_t CallProvider(Op* op);
   // Whether a same-host peer's process has exited; checks at most every kPeerLivenessInterval
@@ -416,12 +420,15 @@ class FabricContext : public Context {
   fi_info* info_ = nullptr;
   std::vector<std::byte> name_;
   bool local_desc_ = false;
+  bool direct_copy_ =
+      false;  // shm with CMA and FARMEM_FABRIC_DIRECT_COPY=1: reads bypass the provider
 
   struct PeerSlot {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     std::atomic<uint32_t>* doorbell = nullptr;
-    int pidfd = -1;       // same-host peers: the peer process (owned by Core)
-    bool exited = false;  // its process has exited (sticky: a new process is a new peer)
+    int pidfd = -1;            // same-host peers: the peer process (owned by Core)
+    bool exited = false;       // its process has exited (sticky: a new process is a new peer)
+    bool cma_refused = false;  // the kernel refused us process_vm_readv on it (EPERM): use fi_*
     Clock::time_point liveness_checked;
     // Ops the provider refused with -FI_EAGAIN, in post order. Per peer, so ops to a dead peer
     // (rxm: -FI_EAGAIN forever) never hold up ops to other peers.
