@@ -464,6 +464,7 @@ bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
     return true;
   }
   stats_.direct_copies++;
+  progress_due_ = true;
   Finish(op, Status::OK());
   return true;
 }
@@ -935,7 +936,8 @@ void FabricContext::AbortAll() {
 }
 
 size_t FabricContext::poll(std::span<Completion> out) {
-  if (ready_head_ == ready_.size()) {
+  if (ready_head_ == ready_.size() || progress_due_) {
+    progress_due_ = false;
     if (!aborted_ && core_->stopped()) AbortAll();
     if (!aborted_) {
       ProgressCq();

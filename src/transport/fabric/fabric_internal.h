@@ -450,6 +450,9 @@ class FabricContext : public Context {
   size_t ready_head_ = 0;
   size_t outstanding_ = 0;
   bool aborted_ = false;
+  // A direct copy finished inside a post: the next poll() progresses the provider even though
+  // ready_ is not empty, or a thread whose reads keep completing at once starves its own CQ.
+  bool progress_due_ = false;
   std::vector<std::unique_ptr<RecvBuf>> recv_bufs_;
   std::vector<RecvBuf*> repost_;
   std::vector<std::pair<PeerKey, Clock::time_point>> delayed_lookups_;
