@@ -393,6 +393,7 @@ void FabricContext::Issue(Op* op, KeyEntry* e) {
   op->dest = *dest;
   op->raddr = e->base + op->offset;
   op->rkey = e->prov_key;
+  op->valid = op->type == OpType::kRead ? e->valid : nullptr;
   if ((op->type == OpType::kCompareSwap || op->type == OpType::kFetchAdd) && op->raddr % 8 != 0) {
     Finish(op, Status::InvalidArgument("atomic target address is not 8-byte aligned"));
     return;
@@ -463,8 +464,25 @@ bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
   }
   stats_.direct_copies++;
   progress_due_ = true;
-  Finish(op, Status::OK());
+  Finish(op, ReadStillValid(op));
   return true;
+}
+
+// shm reads are copies out of the peer's memory by a system call (process_vm_readv, the
+// provider's or ours) that no deregistration waits for, and a deregistered region's memory stays
+// mapped once it is freed and reused, so no EFAULT says so: a read that overlapped a
+// deregistration may hold someone else's data. Deregistration clears the key's slot before it
+// returns (Core::Deregister), i.e. before the memory can be reused, so a slot still holding the
+// key after the copy means the copy read the region. (RDMA needs no such check: after
+// deregistration returns the NIC no longer reads the memory.)
+Status FabricContext::ReadStillValid(Op* op) {
+  if (op->valid == nullptr) return Status::OK();
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (op->valid->load(std::memory_order_acquire) == op->key) return Status::OK();
+  const PeerKey pk{op->peer, op->key};
+  auto it = cache_.find(pk);
+  if (it != cache_.end() && it->second.ready) EraseEntry(pk);
+  return Status::NotFound("region key was deregistered at the peer during the read");
 }
 
 ssize_t FabricContext::CallProvider(Op* op) {
@@ -843,6 +861,8 @@ void FabricContext::HandleCompletion(FiCtx* ctx, size_t len, int err, const Stat
   }
   switch (op->type) {
     case OpType::kRead:
+      Finish(op, ReadStillValid(op));
+      break;
     case OpType::kWrite:
       Finish(op, Status::OK());
       break;

@@ -321,6 +321,9 @@ struct Op : FiCtx {
   uint64_t offset = 0;
   uint64_t raddr = 0;
   uint64_t rkey = 0;
+  // Reads on shm: the peer's key-table slot of op->key (set by Issue), checked again when the
+  // read completes, so that a region deregistered during the copy fails the read.
+  const std::atomic<uint64_t>* valid = nullptr;
   fi_addr_t dest = FI_ADDR_UNSPEC;
   void* local = nullptr;
   size_t len = 0;
@@ -387,6 +390,7 @@ class FabricContext : public Context {
   // Copies a read from a same-host peer in this thread (process_vm_readv)
   // and finishes it; false when the op must go to the provider instead.
   bool TryDirectCopy(Op* op, const KeyEntry& e);
+  Status ReadStillValid(Op* op);
   void Submit(Op* op);
   ssize_t CallProvider(Op* op);
   // Whether a same-host peer's process has exited; checks at most every kPeerLivenessInterval

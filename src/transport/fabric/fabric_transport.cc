@@ -373,7 +373,8 @@ Status Core::Deregister(RegionKey key) {
   if (it == regions_.end()) return Status::NotFound("region key not registered");
   if (table_ != nullptr) {
     // Peers check the slot before every op on a cached key; clearing it first makes any later
-    // access fail with kNotFound even though shm reads never reach this process.
+    // access fail with kNotFound even though shm reads never reach this process, and reads
+    // that overlapped this call fail when they complete (FabricContext::ReadStillValid).
     table_[it->second.slot].store(0, std::memory_order_release);
     table_free_.push_back(it->second.slot);
   }

@@ -5,6 +5,7 @@
 #include <rdma/fabric.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -779,6 +780,136 @@ TEST_P(FabricLive, ReadOnlyRegionProviderEnforcement) {
   EXPECT_TRUE(WaitOne().status.ok());
   EXPECT_TRUE(target_->deregister_memory(mr->key).ok());
 }
+
+// The experimental direct shm read path (FARMEM_FABRIC_DIRECT_COPY=1: the context copies reads
+// with process_vm_readv itself instead of going through the provider's queue; fabric_initiator.cc,
+// TryDirectCopy). The variable is read when a context opens, so each test opens its own.
+class FabricShmReads : public FabricLive {
+ protected:
+  // A context with direct copies on, or null with the reason in skip_reason_.
+  std::unique_ptr<Context> DirectContext() {
+    if (std::string_view(GetParam().provider) != "shm") {
+      skip_reason_ = "direct copies are an shm path";
+      return nullptr;
+    }
+    if (MrPlanOf(*initiator_).find("VIRT_ADDR") == std::string::npos) {
+      skip_reason_ = "shm without FI_MR_VIRT_ADDR here (" + MrPlanOf(*initiator_) + ")";
+      return nullptr;
+    }
+    setenv("FARMEM_FABRIC_DIRECT_COPY", "1", 1);
+    auto ctx = initiator_->create_context();
+    unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? std::move(ctx).value() : nullptr;
+  }
+};
+
+TEST_P(FabricShmReads, ReadsAreCopiedHereAndKeepEveryCheck) {
+  auto direct = DirectContext();
+  if (!direct) GTEST_SKIP() << skip_reason_;
+  ctx_ = std::move(direct);  // Read() and WaitOne() use ctx_
+  for (size_t i = 0; i < buf_.size(); ++i) buf_[i] = i * 7 + 1;
+  const uint64_t len = buf_.size() * 8;
+  std::vector<uint64_t> all(buf_.size(), 0);
+  ASSERT_TRUE(Read(0, all.data(), len).ok());
+  EXPECT_EQ(all, buf_);
+  uint32_t odd = 0;
+  ASSERT_TRUE(Read(8 * 5 + 3, &odd, 3).ok());
+  uint32_t want = 0;
+  std::memcpy(&want, reinterpret_cast<const char*>(buf_.data()) + 43, 3);
+  EXPECT_EQ(odd, want);
+  EXPECT_EQ(GetContextStats(*ctx_).direct_copies, 2u);  // 0: the provider copied them
+
+  // The same refusals as on the provider path, before any copy.
+  uint64_t got = 0;
+  EXPECT_EQ(Read(len - 4, &got, 8).code(), Code::kOutOfRange);
+  EXPECT_EQ(Read(0, &got, 8, region_.key ^ 0x5555).code(), Code::kNotFound);
+  // Writes still go through the provider, and the next direct read sees them.
+  uint64_t val = 0xfeed;
+  ASSERT_TRUE(ctx_->post_write(RemoteRef{peer_, region_.key, 16}, &val, 8, 2, true).ok());
+  ASSERT_TRUE(WaitOne().status.ok());
+  ASSERT_TRUE(Read(16, &got, 8).ok());
+  EXPECT_EQ(got, 0xfeedu);
+  EXPECT_EQ(GetContextStats(*ctx_).direct_copies, 3u);
+  // A deregistered key: NotFound, from the key table, not a read of whatever is there now.
+  ASSERT_TRUE(target_->deregister_memory(region_.key).ok());
+  EXPECT_EQ(Read(0, &got, 8).code(), Code::kNotFound);
+  EXPECT_EQ(GetContextStats(*ctx_).direct_copies, 3u);
+}
+
+// A region deregistered while a read of it runs, its memory then reused (as freed memory is, still
+// mapped): the read must fail, never return the new contents as the old region's. shm reads are
+// process_vm_readv copies that no deregistration waits for, so the context checks the key's slot
+// again when a read completes (ReadStillValid); without that check this fails within a few of the
+// 200 rounds, on the provider's path and on the direct one (a 1 MiB copy is long enough for the
+// deregistering thread to land inside it).
+void ExpectRacingReadsNeverReturnReusedMemory(Transport& target, Context& ctx, PeerId peer) {
+  constexpr size_t kWords = (1 << 20) / 8;
+  std::vector<uint64_t> mem(kWords), dst(kWords);
+  std::mt19937 rng(7);
+  int ok_reads = 0, refused = 0;
+  auto read = [&](RegionKey key, void* to, size_t len) {
+    Status st = ctx.post_read(RemoteRef{peer, key, 0}, to, len, 1);
+    if (!st.ok()) return st;
+    Completion c;
+    const auto give_up = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < give_up) {
+      if (ctx.poll(std::span(&c, 1)) == 1) return c.status;
+    }
+    return Status::Internal("no completion within 30 s");
+  };
+  for (int round = 0; round < 200; ++round) {
+    const uint64_t old_pattern = 2 * round + 1, new_pattern = 2 * round + 2;
+    std::fill(mem.begin(), mem.end(), old_pattern);
+    auto mr = target.register_memory(mem.data(), mem.size() * 8);
+    ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+    uint64_t probe = 0;  // the key lookup first, so the racing read is a copy only
+    ASSERT_TRUE(read(mr->key, &probe, 8).ok());
+    std::atomic<bool> go{false};
+    const auto delay = std::chrono::microseconds(rng() % 200);
+    std::thread reuser([&] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      const auto until = std::chrono::steady_clock::now() + delay;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      EXPECT_TRUE(target.deregister_memory(mr->key).ok());
+      std::fill(mem.begin(), mem.end(), new_pattern);
+    });
+    go.store(true, std::memory_order_release);
+    Status st = read(mr->key, dst.data(), dst.size() * 8);
+    reuser.join();
+    if (st.ok()) {
+      ++ok_reads;
+      const auto bad =
+          std::find_if(dst.begin(), dst.end(), [&](uint64_t w) { return w != old_pattern; });
+      ASSERT_EQ(bad, dst.end()) << "round " << round << ": an accepted read holds word "
+                                << (bad - dst.begin()) << " = " << *bad << ", not " << old_pattern;
+    } else {
+      ++refused;
+      EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+    }
+  }
+  std::cout << "accepted " << ok_reads << ", refused " << refused << " of 200 racing reads\n";
+}
+
+TEST_P(FabricShmReads, ProviderReadRacingADeregistrationNeverReturnsReusedMemory) {
+  if (std::string_view(GetParam().provider) != "shm") GTEST_SKIP() << "an shm question";
+  ExpectRacingReadsNeverReturnReusedMemory(*target_, *ctx_, peer_);
+  EXPECT_EQ(GetContextStats(*ctx_).direct_copies, 0u);
+}
+
+TEST_P(FabricShmReads, DirectReadRacingADeregistrationNeverReturnsReusedMemory) {
+  auto direct = DirectContext();
+  if (!direct) GTEST_SKIP() << skip_reason_;
+  ExpectRacingReadsNeverReturnReusedMemory(*target_, *direct, peer_);
+  EXPECT_GT(GetContextStats(*direct).direct_copies, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FabricShmReads,
+                         ::testing::Values(Param{"shm", "shm", false},
+                                           Param{"shm_mr_local", "shm", true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace farmem::fabric
