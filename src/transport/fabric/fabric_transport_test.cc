@@ -895,8 +895,15 @@ void ExpectRacingReadsNeverReturnReusedMemory(Transport& target, Context& ctx, P
 
 TEST_P(FabricShmReads, ProviderReadRacingADeregistrationNeverReturnsReusedMemory) {
   if (std::string_view(GetParam().provider) != "shm") GTEST_SKIP() << "an shm question";
-  ExpectRacingReadsNeverReturnReusedMemory(*target_, *ctx_, peer_);
-  EXPECT_EQ(GetContextStats(*ctx_).direct_copies, 0u);
+  // The provider's path even when the suite runs with FARMEM_FABRIC_DIRECT_COPY=1.
+  const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
+  const std::string saved = env ? env : "";
+  unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+  auto ctx = initiator_->create_context();
+  if (env) setenv("FARMEM_FABRIC_DIRECT_COPY", saved.c_str(), 1);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  ExpectRacingReadsNeverReturnReusedMemory(*target_, **ctx, peer_);
+  EXPECT_EQ(GetContextStats(**ctx).direct_copies, 0u);
 }
 
 TEST_P(FabricShmReads, DirectReadRacingADeregistrationNeverReturnsReusedMemory) {
