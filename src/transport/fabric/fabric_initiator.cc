@@ -476,8 +476,9 @@ bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
 // key after the copy means the copy read the region. (RDMA needs no such check: after
 // deregistration returns the NIC no longer reads the memory.)
 Status FabricContext::ReadStillValid(Op* op) {
+  // No fence before the load: the copy ended in a system call (ours) or was observed through the
+  // CQ (the provider's), either of which orders it before this load.
   if (op->valid == nullptr) return Status::OK();
-  std::atomic_thread_fence(std::memory_order_acquire);
   if (op->valid->load(std::memory_order_acquire) == op->key) return Status::OK();
   const PeerKey pk{op->peer, op->key};
   auto it = cache_.find(pk);
