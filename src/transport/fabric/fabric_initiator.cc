@@ -55,10 +55,11 @@ FabricContext::~FabricContext() {
 
 namespace {
 bool ShmCmaDisabledByEnv();
-// Off by default until the whole suite has run with it on (see TryDirectCopy).
+// On unless FARMEM_FABRIC_DIRECT_COPY=0 (see TryDirectCopy): the provider's own read path is kept
+// as the fallback and for comparison.
 bool DirectCopyEnabledByEnv() {
   const char* v = getenv("FARMEM_FABRIC_DIRECT_COPY");
-  return v != nullptr && std::string_view(v) == "1";
+  return v == nullptr || std::string_view(v) != "0";
 }
 }  // namespace
 
@@ -406,17 +407,17 @@ void FabricContext::Issue(Op* op, KeyEntry* e) {
   Submit(op);
 }
 
-// EXPERIMENT, off unless FARMEM_FABRIC_DIRECT_COPY=1. shm reads copied here with the
-// process_vm_readv that libfabric 1.17's shm "fast RMA" path makes, but without its two costs. The
-// provider holds the target's command-queue spinlock (in shared memory, also taken by every other
-// sender and by the target's progress thread) across the system call, so concurrent readers spin;
-// and it posts a completion command into the target's queue per op, a credit only the target's
-// progress thread returns, so a target that sleeps makes readers fail with -FI_EAGAIN until it
-// wakes. Measured on the tx KV benchmark (bench/README.md, "shm reads bypass the provider's
-// queue"). Bounds, key validity and read-only regions were checked by Issue() from the peer's key
-// table, as for the provider path (whose CMA copy checks no key either).
-// Reads finishing inside the post must not starve the CQ (progress_due_). Off until the whole
-// suite and CI have run with it on; writes stay with the provider.
+// The default shm read path (FARMEM_FABRIC_DIRECT_COPY=0 turns it off). shm reads copied here with
+// the process_vm_readv that libfabric 1.17's shm "fast RMA" path makes, but without its two costs.
+// The provider holds the target's command-queue spinlock (in shared memory, also taken by every
+// other sender and by the target's progress thread) across the system call, so concurrent readers
+// spin; and it posts a completion command into the target's queue per op, a credit only the
+// target's progress thread returns, so a target that sleeps makes readers fail with -FI_EAGAIN
+// until it wakes. Measured on the tx KV benchmark (bench/README.md, "shm reads bypass the
+// provider's queue"). Bounds, key validity and read-only regions were checked by Issue() from the
+// peer's key table, as for the provider path (whose CMA copy checks no key either). Reads finishing
+// inside the post must not starve the CQ (progress_due_). Writes and atomics stay with the
+// provider.
 bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
   if (!direct_copy_ || e.owner_pid <= 0 || e.valid == nullptr) return false;
   if (op->type != OpType::kRead) return false;

@@ -425,7 +425,7 @@ class FabricContext : public Context {
   std::vector<std::byte> name_;
   bool local_desc_ = false;
   bool direct_copy_ =
-      false;  // shm with CMA and FARMEM_FABRIC_DIRECT_COPY=1: reads bypass the provider
+      false;  // shm with CMA, unless FARMEM_FABRIC_DIRECT_COPY=0: reads bypass the provider
 
   struct PeerSlot {
     fi_addr_t addr = FI_ADDR_NOTAVAIL;

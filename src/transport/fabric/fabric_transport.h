@@ -36,7 +36,7 @@ struct ContextStats {
   uint64_t lookups_sent = 0;  // internal key-lookup RPCs sent
   uint64_t cache_hits = 0;    // operations that found their (peer, key) in the lookup cache
   uint64_t eagain_retries = 0;
-  uint64_t direct_copies = 0;  // shm reads copied with process_vm_readv here (experiment)
+  uint64_t direct_copies = 0;  // shm reads copied with process_vm_readv here (TryDirectCopy)
 };
 ContextStats GetContextStats(const Context& context);
 

@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -781,9 +783,23 @@ TEST_P(FabricLive, ReadOnlyRegionProviderEnforcement) {
   EXPECT_TRUE(target_->deregister_memory(mr->key).ok());
 }
 
-// The experimental direct shm read path (FARMEM_FABRIC_DIRECT_COPY=1: the context copies reads
-// with process_vm_readv itself instead of going through the provider's queue; fabric_initiator.cc,
-// TryDirectCopy). The variable is read when a context opens, so each test opens its own.
+// The direct shm read path (the default; FARMEM_FABRIC_DIRECT_COPY=0 turns it off: the context
+// copies reads with process_vm_readv itself instead of going through the provider's queue;
+// fabric_initiator.cc, TryDirectCopy). The variable is read when a context opens, so each test
+// opens its own with the value it needs, whatever the suite runs with.
+Result<std::unique_ptr<Context>> ContextWithDirectCopy(Transport& t, bool on) {
+  const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
+  const std::optional<std::string> saved = env ? std::optional<std::string>(env) : std::nullopt;
+  setenv("FARMEM_FABRIC_DIRECT_COPY", on ? "1" : "0", 1);
+  auto ctx = t.create_context();
+  if (saved) {
+    setenv("FARMEM_FABRIC_DIRECT_COPY", saved->c_str(), 1);
+  } else {
+    unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+  }
+  return ctx;
+}
+
 class FabricShmReads : public FabricLive {
  protected:
   // A context with direct copies on, or null with the reason in skip_reason_.
@@ -796,9 +812,7 @@ class FabricShmReads : public FabricLive {
       skip_reason_ = "shm without FI_MR_VIRT_ADDR here (" + MrPlanOf(*initiator_) + ")";
       return nullptr;
     }
-    setenv("FARMEM_FABRIC_DIRECT_COPY", "1", 1);
-    auto ctx = initiator_->create_context();
-    unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+    auto ctx = ContextWithDirectCopy(*initiator_, true);
     EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
     return ctx.ok() ? std::move(ctx).value() : nullptr;
   }
@@ -893,14 +907,38 @@ void ExpectRacingReadsNeverReturnReusedMemory(Transport& target, Context& ctx, P
   std::cout << "accepted " << ok_reads << ", refused " << refused << " of 200 racing reads\n";
 }
 
+// Direct copies are the default: a context opened with the variable unset copies reads itself;
+// FARMEM_FABRIC_DIRECT_COPY=0 gives the provider's path back.
+TEST_P(FabricShmReads, DirectCopyIsTheDefaultAndZeroTurnsItOff) {
+  if (!DirectContext()) GTEST_SKIP() << skip_reason_;
+  const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
+  const std::optional<std::string> saved = env ? std::optional<std::string>(env) : std::nullopt;
+  unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+  auto by_default = initiator_->create_context();
+  if (saved) setenv("FARMEM_FABRIC_DIRECT_COPY", saved->c_str(), 1);
+  ASSERT_TRUE(by_default.ok()) << by_default.status().ToString();
+  auto off = ContextWithDirectCopy(*initiator_, false);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  for (size_t i = 0; i < buf_.size(); ++i) buf_[i] = i + 11;
+  for (Context* c : {by_default->get(), off->get()}) {
+    std::vector<uint64_t> got(buf_.size(), 0);
+    ASSERT_TRUE(c->post_read(RemoteRef{peer_, region_.key, 0}, got.data(), got.size() * 8, 5).ok());
+    Completion done;
+    const auto give_up = std::chrono::steady_clock::now() + 30s;
+    while (c->poll(std::span(&done, 1)) == 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "no completion within 30 s";
+    }
+    ASSERT_TRUE(done.status.ok()) << done.status.ToString();
+    EXPECT_EQ(got, buf_);
+  }
+  EXPECT_EQ(GetContextStats(**by_default).direct_copies, 1u);
+  EXPECT_EQ(GetContextStats(**off).direct_copies, 0u);
+}
+
 TEST_P(FabricShmReads, ProviderReadRacingADeregistrationNeverReturnsReusedMemory) {
   if (std::string_view(GetParam().provider) != "shm") GTEST_SKIP() << "an shm question";
-  // The provider's path even when the suite runs with FARMEM_FABRIC_DIRECT_COPY=1.
-  const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
-  const std::string saved = env ? env : "";
-  unsetenv("FARMEM_FABRIC_DIRECT_COPY");
-  auto ctx = initiator_->create_context();
-  if (env) setenv("FARMEM_FABRIC_DIRECT_COPY", saved.c_str(), 1);
+  // The provider's path, which FARMEM_FABRIC_DIRECT_COPY=0 selects.
+  auto ctx = ContextWithDirectCopy(*initiator_, false);
   ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
   ExpectRacingReadsNeverReturnReusedMemory(*target_, **ctx, peer_);
   EXPECT_EQ(GetContextStats(**ctx).direct_copies, 0u);
