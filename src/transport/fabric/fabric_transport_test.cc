@@ -787,10 +787,15 @@ TEST_P(FabricLive, ReadOnlyRegionProviderEnforcement) {
 // copies reads with process_vm_readv itself instead of going through the provider's queue;
 // fabric_initiator.cc, TryDirectCopy). The variable is read when a context opens, so each test
 // opens its own with the value it needs, whatever the suite runs with.
-Result<std::unique_ptr<Context>> ContextWithDirectCopy(Transport& t, bool on) {
+// `value` null: the variable unset (the default).
+Result<std::unique_ptr<Context>> ContextWithDirectCopyEnv(Transport& t, const char* value) {
   const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
   const std::optional<std::string> saved = env ? std::optional<std::string>(env) : std::nullopt;
-  setenv("FARMEM_FABRIC_DIRECT_COPY", on ? "1" : "0", 1);
+  if (value) {
+    setenv("FARMEM_FABRIC_DIRECT_COPY", value, 1);
+  } else {
+    unsetenv("FARMEM_FABRIC_DIRECT_COPY");
+  }
   auto ctx = t.create_context();
   if (saved) {
     setenv("FARMEM_FABRIC_DIRECT_COPY", saved->c_str(), 1);
@@ -798,6 +803,9 @@ Result<std::unique_ptr<Context>> ContextWithDirectCopy(Transport& t, bool on) {
     unsetenv("FARMEM_FABRIC_DIRECT_COPY");
   }
   return ctx;
+}
+Result<std::unique_ptr<Context>> ContextWithDirectCopy(Transport& t, bool on) {
+  return ContextWithDirectCopyEnv(t, on ? "1" : "0");
 }
 
 class FabricShmReads : public FabricLive {
@@ -911,11 +919,7 @@ void ExpectRacingReadsNeverReturnReusedMemory(Transport& target, Context& ctx, P
 // FARMEM_FABRIC_DIRECT_COPY=0 gives the provider's path back.
 TEST_P(FabricShmReads, DirectCopyIsTheDefaultAndZeroTurnsItOff) {
   if (!DirectContext()) GTEST_SKIP() << skip_reason_;
-  const char* env = getenv("FARMEM_FABRIC_DIRECT_COPY");
-  const std::optional<std::string> saved = env ? std::optional<std::string>(env) : std::nullopt;
-  unsetenv("FARMEM_FABRIC_DIRECT_COPY");
-  auto by_default = initiator_->create_context();
-  if (saved) setenv("FARMEM_FABRIC_DIRECT_COPY", saved->c_str(), 1);
+  auto by_default = ContextWithDirectCopyEnv(*initiator_, nullptr);
   ASSERT_TRUE(by_default.ok()) << by_default.status().ToString();
   auto off = ContextWithDirectCopy(*initiator_, false);
   ASSERT_TRUE(off.ok()) << off.status().ToString();
