@@ -641,7 +641,10 @@ int RunTieredBench(TieredBenchOptions o) {
   nlohmann::json oracle = nlohmann::json::object();
   for (int pct : {20, 50, 100}) {
     const uint64_t items = capacity / zipf4k.size;
-    const uint64_t target = (dram(pct) / unit) * defaults.fill_percent / 100;
+    // As the server's policy: every unit when the budget holds them all, else budget x fill.
+    const uint64_t budget_units = dram(pct) / unit, all_units = capacity / unit;
+    const uint64_t target =
+        budget_units >= all_units ? all_units : budget_units * defaults.fill_percent / 100;
     const double h = bench::OracleHitRatio(items, zipf4k.size, unit, target, runner.Zipf(items));
     oracle[fmt::format("dram{}", pct)] = h;
     fmt::print("  oracle hit ratio, DRAM {} %, fill {} %: {:.3f}\n", pct, defaults.fill_percent, h);

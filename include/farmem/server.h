@@ -67,7 +67,10 @@ struct TierConfig {
   uint64_t dram_bytes = 0;      // --tier-dram-mib (the exact DRAM budget)
   uint32_t unit_kib = 64;       // --tier-unit-kib: promotion granule, power of two
   uint32_t period_ms = 1000;    // --tier-period-ms: hotspot period, bitmap pulls, counters
-  uint32_t fill_percent = 85;   // --tier-fill-pct: share of the budget a period fills
+  uint32_t fill_percent = 95;   // --tier-fill-pct: share of the budget a period fills
+  // --tier-fill-free on|off: modes hotspot and full also fill that share with units nobody has
+  // counted yet (docs/tier.md "Filling free frames"), in at most half of each period.
+  bool fill_free_frames = true;
   // Hotspot policy (docs/tier.md "Hotspot policy"; the engine's TierOptions defaults):
   uint32_t heat_keep_percent = 50;    // --tier-heat-keep-pct: heat kept per period, 0..99
   uint32_t hysteresis_percent = 100;  // --tier-hysteresis-pct: resident bonus at the cut

@@ -14,6 +14,12 @@ uint64_t TierPolicy::TargetUnits(uint64_t budget_units, uint32_t fill_percent) {
   return std::max<uint64_t>(t, 1);
 }
 
+uint64_t TierPolicy::TargetFor(uint64_t budget_units, uint64_t unit_count, uint32_t fill_percent) {
+  // A budget that holds every unit keeps no room free: all of them may be resident.
+  if (budget_units >= unit_count) return unit_count;
+  return std::min<uint64_t>(TargetUnits(budget_units, fill_percent), unit_count);
+}
+
 Result<TierPolicyDecision> TierPolicy::Decide(const TierPolicyInput& in) {
   if (in.counts.size() != in.resident.size()) {
     return Status::InvalidArgument("policy input: " + std::to_string(in.counts.size()) +
@@ -33,10 +39,7 @@ Result<TierPolicyDecision> TierPolicy::Decide(const TierPolicyInput& in) {
   }
   TierPolicyDecision d;
   const size_t n = in.counts.size();
-  // A budget that holds every unit keeps no room free: all of them may be resident.
-  d.target_units = in.budget_units >= n
-                       ? n
-                       : std::min<uint64_t>(TargetUnits(in.budget_units, in.fill_percent), n);
+  d.target_units = TargetFor(in.budget_units, n, in.fill_percent);
   if (n == 0) return d;
   const uint64_t max = *std::max_element(in.counts.begin(), in.counts.end());
   if (max == 0) return d;  // nothing was accessed: no information, nothing moves
@@ -48,17 +51,18 @@ Result<TierPolicyDecision> TierPolicy::Decide(const TierPolicyInput& in) {
 
   // Score in 128 bits: heat * (100 + hysteresis) for resident units, heat * 100 for cold ones.
   auto score = [&](uint32_t u) {
-    if (!in.resident[u]) return static_cast<unsigned __int128>(in.counts[u]) * 100u;
+    if (in.resident[u] != 1) return static_cast<unsigned __int128>(in.counts[u]) * 100u;
     return static_cast<unsigned __int128>(in.counts[u]) * (100u + in.hysteresis_percent) +
            static_cast<unsigned __int128>(in.hysteresis_heat) * 100u;
   };
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
   auto hotter = [&](uint32_t a, uint32_t b) {
-    if (d.uniform && in.resident[a] != in.resident[b]) return in.resident[a] > in.resident[b];
+    const bool ra = in.resident[a] != 0, rb = in.resident[b] != 0;  // 1 or 2: resident
+    if (d.uniform && ra != rb) return ra;
     const unsigned __int128 sa = score(a), sb = score(b);
     if (sa != sb) return sa > sb;
-    if (in.resident[a] != in.resident[b]) return in.resident[a] > in.resident[b];
+    if (ra != rb) return ra;
     return a < b;
   };
   std::sort(order.begin(), order.end(), hotter);

@@ -14,7 +14,9 @@
 //   uniform  = max <= 10 * average (average over all units): resident units rank first, so the
 //              resident set is kept (no churn) and only free room is filled with the hottest.
 //   skewed   = rank by score, highest first: score = heat for cold units, heat * (100 +
-//              hysteresis_percent) / 100 + hysteresis_heat for resident ones, so a cold unit
+//              hysteresis_percent) / 100 + hysteresis_heat for resident ones (resident 1; a
+//              unit resident only because the free-room fill brought it in and not counted
+//              since, resident 2, has no bonus: any counted cold unit outranks it), so a cold unit
 //              displaces a resident one only when it is that much hotter (the relative bar for
 //              busy units, the absolute one for units whose counts are a few accesses a period,
 //              where Poisson noise is large); ties keep resident units first, then lower index.
@@ -32,12 +34,14 @@
 namespace farmem::tier {
 
 struct TierPolicyInput {
-  std::span<const uint64_t> counts;   // per unit: heat (TierHeat) or one period's counts
-  std::span<const uint8_t> resident;  // per unit, 1 = resident now (same size as counts)
-  uint64_t budget_units = 0;          // frames of the DRAM budget
-  uint32_t fill_percent = 85;         // 1..100
-  uint32_t hysteresis_percent = 0;    // 0..1000: resident units' bonus in the skewed ranking
-  uint64_t hysteresis_heat = 0;       // and an absolute bonus, in heat (access counts)
+  std::span<const uint64_t> counts;  // per unit: heat (TierHeat) or one period's counts
+  // Per unit (same size as counts): 0 cold, 1 resident, 2 resident by the free-room fill and
+  // not counted since (ranked as resident, without the hysteresis bonus).
+  std::span<const uint8_t> resident;
+  uint64_t budget_units = 0;        // frames of the DRAM budget
+  uint32_t fill_percent = 95;       // 1..100
+  uint32_t hysteresis_percent = 0;  // 0..1000: resident units' bonus in the skewed ranking
+  uint64_t hysteresis_heat = 0;     // and an absolute bonus, in heat (access counts)
 };
 
 struct TierPolicyDecision {
@@ -59,6 +63,9 @@ class TierPolicy {
   // hysteresis_percent is above 1000, or there are more than 2^31 units.
   static Result<TierPolicyDecision> Decide(const TierPolicyInput& in);
   static uint64_t TargetUnits(uint64_t budget_units, uint32_t fill_percent);
+  // The target of a region of `unit_count` units: every unit when the budget holds them all,
+  // else TargetUnits (what Decide puts in target_units).
+  static uint64_t TargetFor(uint64_t budget_units, uint64_t unit_count, uint32_t fill_percent);
 };
 
 // Access heat per unit across periods: heat = heat * keep_percent / 100 + count, saturating at

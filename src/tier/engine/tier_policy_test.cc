@@ -171,6 +171,37 @@ TEST(TierPolicy, HysteresisKeepsResidentUnitsUnlessMuchHotter) {
   EXPECT_EQ(d->promote, (U{1}));
 }
 
+// Resident 2 (brought in by the free-room fill, not counted since): ranked as resident, without
+// the bonus, and below resident-1 units of the same heat.
+TEST(TierPolicy, FilledUnitsRankAsResidentWithoutTheBonus) {
+  std::vector<uint64_t> c(40, 0);
+  c[0] = 1000;  // keeps the counts skewed
+  c[5] = 1;     // cold, one access
+  std::vector<uint8_t> r(c.size(), 0);
+  r[0] = 1;
+  r[1] = 1;  // resident, heat 0: has the absolute bonus
+  r[2] = 2;  // filled, heat 0: none
+  auto d = TierPolicy::Decide(TierPolicyInput{c, r, 3, 100, 100, 8});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->uniform);
+  EXPECT_EQ(d->promote, (U{5})) << "a filled unit held its frame against a counted one";
+  EXPECT_EQ(d->demote, (U{2})) << "the policy's own unit went before the filled one";
+  // With room for all four nothing is demoted, and a filled unit is never "promoted" again.
+  d = TierPolicy::Decide(TierPolicyInput{c, r, 4, 100, 100, 8});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->promote, (U{5}));
+  EXPECT_TRUE(d->demote.empty());
+  // Equal scores (no bonus anywhere): resident first, whichever kind, then the lower index (the
+  // value 2 is not "more resident" than 1).
+  c[5] = 0;
+  r[1] = 1;
+  r[2] = 2;
+  d = TierPolicy::Decide(TierPolicyInput{c, r, 2, 100, 0, 0});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->promote.empty());
+  EXPECT_EQ(d->demote, (U{2}));
+}
+
 TEST(TierPolicy, BudgetHoldingEveryUnitIgnoresTheFill) {
   std::vector<uint64_t> c = {5, 4, 3, 2, 1, 9, 9, 9, 9, 90};
   std::vector<uint8_t> r(c.size(), 0);

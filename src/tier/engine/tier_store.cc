@@ -195,6 +195,7 @@ Status TierStore::Init(const TierOptions& o) {
   }
   hysteresis_percent_ = o.hysteresis_percent;
   hysteresis_heat_ = o.hysteresis_heat;
+  fill_free_frames_ = o.fill_free_frames;
   if (o.magic_word != 0 && !IsValidMagic(o.magic_word)) {
     return Status::InvalidArgument("magic word must not be one byte repeated");
   }
@@ -227,6 +228,7 @@ Status TierStore::Init(const TierOptions& o) {
   // After the mapping check: the heat arrays are per unit, so a capacity refused there must not
   // allocate them first (2^40 B of 4 KiB units asked for gigabytes before the check moved).
   FARMEM_ASSIGN_OR_RETURN(heat_, TierHeat::Make(geo_.unit_count, o.heat_keep_percent));
+  filled_.assign(geo_.unit_count, 0);
 
   // Backing file: refuse memory file systems before creating anything.
   {
@@ -533,52 +535,96 @@ Status TierStore::Sync() {
   return first;
 }
 
-Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts) {
+Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts,
+                                              std::chrono::steady_clock::time_point fill_until) {
   if (counts.size() != geo_.unit_count) {
     return Status::InvalidArgument("period: " + std::to_string(counts.size()) + " counts for " +
                                    std::to_string(geo_.unit_count) + " units");
   }
   RetryQuarantine();
   std::lock_guard<std::mutex> period(heat_mu_);
-  const std::vector<uint8_t> resident = Residency();
+  std::vector<uint8_t> resident = Residency();
   FARMEM_ASSIGN_OR_RETURN(const TierHeat::Update up, heat_.Add(counts, resident));
+  // Filled units keep their mark until someone counts them (or they went cold meanwhile).
+  for (size_t u = 0; u < resident.size(); ++u) {
+    if (filled_[u] != 0 && (counts[u] != 0 || resident[u] == 0)) filled_[u] = 0;
+    if (filled_[u] != 0) resident[u] = 2;
+  }
   TierPeriodReport rep;
-  if (!up.accessed) return rep;  // no information this period: the resident set stays
-  rep.shifted = up.shifted;
-  FARMEM_ASSIGN_OR_RETURN(TierPolicyDecision d, TierPolicy::Decide(TierPolicyInput{
-                                                    heat_.heat(), resident, frames_, fill_percent_,
-                                                    up.shifted ? 0 : hysteresis_percent_,
-                                                    up.shifted ? 0 : hysteresis_heat_}));
-  rep.uniform = d.uniform;
-  rep.target_units = d.target_units;
   auto note = [&](const Status& st) {
     if (!st.ok() && rep.error.ok()) rep.error = st;
   };
-  // Demote first (frees frames), with one grace period for all of them.
-  std::vector<int32_t> frames;
-  for (uint32_t u : d.demote) {
-    Unit& s = units_[u];
-    std::unique_lock<std::shared_mutex> lock(s.mu);
-    if (s.frame.load(std::memory_order_relaxed) < 0) continue;
-    Result<int32_t> f = DetachLocked(u, s);
-    if (!f.ok()) {
-      note(f.status());
-      continue;
+  bool out_of_frames = false;
+  if (up.accessed) {  // else no information this period: the policy keeps the resident set
+    rep.shifted = up.shifted;
+    FARMEM_ASSIGN_OR_RETURN(
+        TierPolicyDecision d,
+        TierPolicy::Decide(TierPolicyInput{heat_.heat(), resident, frames_, fill_percent_,
+                                           up.shifted ? 0 : hysteresis_percent_,
+                                           up.shifted ? 0 : hysteresis_heat_}));
+    rep.uniform = d.uniform;
+    rep.target_units = d.target_units;
+    // Demote first (frees frames), with one grace period for all of them.
+    std::vector<int32_t> frames;
+    for (uint32_t u : d.demote) {
+      Unit& s = units_[u];
+      std::unique_lock<std::shared_mutex> lock(s.mu);
+      if (s.frame.load(std::memory_order_relaxed) < 0) continue;
+      Result<int32_t> f = DetachLocked(u, s);
+      if (!f.ok()) {
+        note(f.status());
+        continue;
+      }
+      frames.push_back(*f);
+      rep.demoted.push_back(u);
     }
-    frames.push_back(*f);
-    rep.demoted.push_back(u);
-  }
-  if (!frames.empty()) note(ReleaseFrames(std::move(frames)));
-  for (uint32_t u : d.promote) {
-    Status st = Promote(u);
-    if (st.ok()) {
-      rep.promoted.push_back(u);
-    } else {
-      note(st);
-      if (st.code() == Code::kResourceExhausted) break;
+    if (!frames.empty()) note(ReleaseFrames(std::move(frames)));
+    for (uint32_t u : d.promote) {
+      Status st = Promote(u);
+      if (st.ok()) {
+        rep.promoted.push_back(u);
+      } else {
+        note(st);
+        if (st.code() == Code::kResourceExhausted) {
+          out_of_frames = true;
+          break;
+        }
+      }
     }
+  } else {
+    rep.target_units = TierPolicy::TargetFor(frames_, geo_.unit_count, fill_percent_);
   }
+  // Not after a failure: a device that just failed a promotion or a write-back is not read
+  // ahead of need; the next period tries again.
+  if (fill_free_frames_ && !out_of_frames && rep.error.ok()) FillFreeRoom(rep, fill_until);
   return rep;
+}
+
+void TierStore::FillFreeRoom(TierPeriodReport& rep, std::chrono::steady_clock::time_point until) {
+  // Only units whose heat is 0: every counted cold unit the target had room for was promoted by
+  // the policy just now, so the ones still cold were ranked out (or failed) and must stay cold.
+  const std::span<const uint64_t> heat = heat_.heat();
+  const uint32_t n = static_cast<uint32_t>(geo_.unit_count);
+  uint32_t looked = 0;
+  while (resident_.load(std::memory_order_relaxed) < rep.target_units && looked < n) {
+    if (std::chrono::steady_clock::now() >= until) {
+      rep.fill_cut = true;
+      return;
+    }
+    const uint32_t u = fill_cursor_;
+    fill_cursor_ = fill_cursor_ + 1 == n ? 0 : fill_cursor_ + 1;
+    ++looked;
+    if (heat[u] != 0 || IsResident(u)) continue;
+    Status st = Promote(u);
+    if (!st.ok()) {
+      // A failed fill is an error of this period like any other; the next period tries again.
+      if (rep.error.ok()) rep.error = st.WithContext("filling free frames");
+      return;
+    }
+    rep.filled.push_back(u);
+    filled_[u] = 1;
+    fills_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // ---- reads and writes ------------------------------------------------------------------------
@@ -732,6 +778,7 @@ TierStats TierStore::Stats() const {
     s.free_frames = free_frames_.size();
   }
   s.promotions = promotions_.load(std::memory_order_relaxed);
+  s.fills = fills_.load(std::memory_order_relaxed);
   s.demotions = demotions_.load(std::memory_order_relaxed);
   s.writebacks = writebacks_.load(std::memory_order_relaxed);
   s.grace_failures = grace_failures_.load(std::memory_order_relaxed);

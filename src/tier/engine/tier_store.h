@@ -49,6 +49,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -115,7 +116,7 @@ struct TierOptions {
   // page of it is in the page cache; otherwise (EAGAIN, short) the O_DIRECT read. Writes stay
   // O_DIRECT (they invalidate cached pages). Only with direct_io. Off by default: see the docs.
   bool cached_reads = false;
-  uint32_t fill_percent = 85;  // RunPeriod keeps at most this share of the budget resident
+  uint32_t fill_percent = 95;  // RunPeriod keeps at most this share of the budget resident
   // Hotspot policy (tier_policy.h): share of a unit's heat kept from one period to the next
   // (0..99; 0 = the last period's counts only) and the resident units' bonus at the cut, relative
   // (0..1000 %) and absolute (heat, i.e. accesses). All 0 is the artifact's memoryless rule,
@@ -123,6 +124,13 @@ struct TierOptions {
   uint32_t heat_keep_percent = 50;
   uint32_t hysteresis_percent = 100;
   uint64_t hysteresis_heat = 8;
+  // Free-room fill (docs/tier.md "Filling free frames"): after the policy's moves, RunPeriod also
+  // promotes cold units nobody has counted yet (heat 0, in index order from where the last fill
+  // stopped) while fewer than the policy's target are resident, so that a budget which holds the
+  // whole region ends up holding all of it, and an idle server fills its frames before the first
+  // access. Filled units rank last at the next cut (heat 0 gets no hysteresis bonus), so any
+  // counted unit displaces them. false: only counted units are promoted (the paper's rule).
+  bool fill_free_frames = true;
   uint64_t magic_word = 0;  // 0: drawn at Open (DrawMagicWord); else IsValidMagic
   // Called after a demoted unit's magic mapping is in place and before its frame is punched and
   // reused: waits until every one-sided copy that was in progress has finished (the service passes
@@ -142,7 +150,8 @@ struct TierStats {
   uint64_t resident_units = 0;
   uint64_t quarantined_frames = 0;  // demoted, grace period not passed yet
   uint64_t free_frames = 0;
-  uint64_t promotions = 0;
+  uint64_t promotions = 0;  // every promotion, fills included
+  uint64_t fills = 0;       // promotions of uncounted units into free room (fill_free_frames)
   uint64_t demotions = 0;
   uint64_t writebacks = 0;  // dirty units written back (demotion or Sync)
   uint64_t grace_failures = 0;
@@ -163,7 +172,9 @@ struct TierStats {
 // What RunPeriod did.
 struct TierPeriodReport {
   std::vector<uint32_t> demoted;
-  std::vector<uint32_t> promoted;
+  std::vector<uint32_t> promoted;  // by the policy, hottest first
+  std::vector<uint32_t> filled;    // uncounted units promoted into free room, in index order
+  bool fill_cut = false;           // the fill stopped at its deadline with room left
   bool uniform = false;
   bool shifted = false;  // the hot set moved: no hysteresis this period (TierHeat)
   uint64_t target_units = 0;
@@ -207,9 +218,13 @@ class TierStore {
   // returned after the unit is cold (its frame then waits in quarantine).
   Status Demote(uint32_t unit);
   // One hotspot period: `counts` (one per unit) folded into the decayed heat, TierPolicy on the
-  // heat, demotions first, then promotions. All counts 0: nothing moves. InvalidArgument when
-  // counts has the wrong size. Concurrent calls are serialised.
-  Result<TierPeriodReport> RunPeriod(std::span<const uint64_t> counts);
+  // heat, demotions first, then promotions, then (fill_free_frames) uncounted units into the
+  // room left below the policy's target, until `fill_until` passes (the fill continues in the
+  // next period). All counts 0: the policy moves nothing; only the fill runs. InvalidArgument
+  // when counts has the wrong size. Concurrent calls are serialised.
+  Result<TierPeriodReport> RunPeriod(std::span<const uint64_t> counts,
+                                     std::chrono::steady_clock::time_point fill_until =
+                                         std::chrono::steady_clock::time_point::max());
   // Writes back every dirty resident unit (they stay resident).
   Status Sync();
 
@@ -237,6 +252,8 @@ class TierStore {
   Status ReleaseFrames(std::vector<int32_t> frames);
   // ReleaseFrames({}) when no frame is free but some wait in quarantine. Called with no lock held.
   void RetryQuarantine();
+  // The free-room fill of RunPeriod (TierOptions::fill_free_frames); caller holds heat_mu_.
+  void FillFreeRoom(TierPeriodReport& rep, std::chrono::steady_clock::time_point until);
   Status ReadRange(uint64_t offset, uint8_t* out, size_t n);
   Status ColdRead(uint64_t offset, uint8_t* out, size_t n);
   Status ColdWrite(uint64_t offset, const uint8_t* data, size_t n);
@@ -244,11 +261,16 @@ class TierStore {
   TierGeometry geo_;
   uint64_t magic_ = 0;
   uint64_t frames_ = 0;
-  uint32_t fill_percent_ = 85;
+  uint32_t fill_percent_ = 95;
   uint32_t hysteresis_percent_ = 100;
   uint64_t hysteresis_heat_ = 8;
+  bool fill_free_frames_ = true;
   std::mutex heat_mu_;  // one RunPeriod at a time: heat_ is its state between periods
   TierHeat heat_;
+  uint32_t fill_cursor_ = 0;  // under heat_mu_: the unit the next fill looks at first
+  // Under heat_mu_: 1 = brought in by the fill and not counted since (ranked without the
+  // hysteresis bonus: TierPolicyInput::resident 2). Cleared when counted or found cold.
+  std::vector<uint8_t> filled_;
   std::function<Status()> grace_;
   TierStoreFaults faults_;
   int file_fd_ = -1;
@@ -269,7 +291,8 @@ class TierStore {
   std::vector<int32_t> quarantine_;
 
   std::atomic<uint64_t> resident_{0};
-  std::atomic<uint64_t> promotions_{0}, demotions_{0}, writebacks_{0}, grace_failures_{0};
+  std::atomic<uint64_t> promotions_{0}, fills_{0}, demotions_{0}, writebacks_{0},
+      grace_failures_{0};
   std::atomic<uint64_t> io_read_bytes_{0}, io_write_bytes_{0};
   std::atomic<uint64_t> reads_dram_{0}, reads_file_{0}, read_bytes_dram_{0}, read_bytes_file_{0};
   std::atomic<uint64_t> writes_dram_{0}, writes_file_{0};

@@ -130,6 +130,7 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
   o.fill_percent = c.fill_percent;
   o.heat_keep_percent = c.heat_keep_percent;
   o.hysteresis_percent = c.hysteresis_percent;
+  o.fill_free_frames = c.fill_free_frames;
   o.faults = faults;
   o.io_rings = kMissIoThreads + 2;
   s->sync_miss_io_ = faults.sync_miss_io;
@@ -164,9 +165,7 @@ Result<std::unique_ptr<TierService>> TierService::Create(const ServerConfig& con
     // The one fill of this mode: the first units, in index order, up to the fill target.
     // (Every unit when the budget holds them all, as the policy's target.)
     const uint64_t target =
-        s->store_->budget_units() >= geo.unit_count
-            ? geo.unit_count
-            : tw::TierPolicy::TargetUnits(s->store_->budget_units(), c.fill_percent);
+        tw::TierPolicy::TargetFor(s->store_->budget_units(), geo.unit_count, c.fill_percent);
     for (uint64_t u = 0; u < std::min(target, geo.unit_count); ++u) {
       FARMEM_RETURN_IF_ERROR(
           s->store_->Promote(static_cast<uint32_t>(u)).WithContext("first fill"));
@@ -270,7 +269,8 @@ void TierService::PeriodLoop() {
   while (!stopping_) {
     if (thread_cv_.wait_until(lock, next, [this] { return stopping_; })) break;
     lock.unlock();
-    if (Status st = RunPeriodNow(); !st.ok()) {
+    // The fill gets half a period: the other half (and the disk) stays for misses and writes.
+    if (Status st = RunPeriodNow(std::chrono::steady_clock::now() + period / 2); !st.ok()) {
       FARMEM_LOG_WARN("tier period: {}", st.ToString());
     }
     lock.lock();
@@ -278,7 +278,7 @@ void TierService::PeriodLoop() {
   }
 }
 
-Status TierService::RunPeriodNow() {
+Status TierService::RunPeriodNow(std::chrono::steady_clock::time_point fill_until) {
   std::lock_guard lock(period_mu_);
   const uint64_t units = store_->geometry().unit_count;
   std::vector<uint64_t> counts(units);
@@ -287,7 +287,7 @@ Status TierService::RunPeriodNow() {
   }
   periods_.fetch_add(1, std::memory_order_relaxed);
   if (!Promotes(config_.mode)) return Status::OK();
-  auto report = store_->RunPeriod(counts);
+  auto report = store_->RunPeriod(counts, fill_until);
   if (!report.ok()) {
     period_errors_.fetch_add(1, std::memory_order_relaxed);
     return report.status();
@@ -484,6 +484,7 @@ nlohmann::json TierService::Stats() const {
                  {"unit_bytes", s.unit_size},
                  {"period_ms", config_.period_ms},
                  {"fill_percent", config_.fill_percent},
+                 {"fill_free_frames", config_.fill_free_frames},
                  {"heat_keep_percent", config_.heat_keep_percent},
                  {"hysteresis_percent", config_.hysteresis_percent},
                  {"direct_io", config_.direct_io},
@@ -500,6 +501,7 @@ nlohmann::json TierService::Stats() const {
   j["quarantined_frames"] = s.quarantined_frames;
   j["free_frames"] = s.free_frames;
   j["promotions"] = s.promotions;
+  j["fills"] = s.fills;
   j["demotions"] = s.demotions;
   j["writebacks"] = s.writebacks;
   j["grace_failures"] = s.grace_failures;
@@ -544,6 +546,8 @@ void TierService::metrics(MetricsWriter& w) const {
   w.gauge("farmem_tier_quarantined_frames", "Frames of demoted units waiting for a grace period.",
           num("quarantined_frames"));
   w.counter("farmem_tier_promotions_total", "Units promoted.", num("promotions"));
+  w.counter("farmem_tier_fills_total",
+            "Units promoted into free frames before anyone counted them.", num("fills"));
   w.counter("farmem_tier_demotions_total", "Units demoted.", num("demotions"));
   w.counter("farmem_tier_writebacks_total", "Dirty units written back.", num("writebacks"));
   w.counter("farmem_tier_io_read_bytes_total", "Backing file bytes read.", num("io_read_bytes"));
@@ -578,6 +582,9 @@ const ServiceDescriptor& TierServiceDescriptor() {
         flags.add("tier-period-ms", &t.period_ms,
                   "hotspot period: counter sums, promotions, clients' bitmap pulls");
         flags.add("tier-fill-pct", &t.fill_percent, "share of the DRAM budget a period fills");
+        flags.add_choice("tier-fill-free", &t.fill_free_frames, {{"on", true}, {"off", false}},
+                         "hotspot and full modes also fill that share with units not counted yet "
+                         "(docs/tier.md \"Filling free frames\")");
         flags.add("tier-heat-keep-pct", &t.heat_keep_percent,
                   "share of a unit's access heat kept into the next period, 0..99 (0: the last "
                   "period's counts only)");

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -74,8 +75,10 @@ class TierService final : public Service {
   nlohmann::json Stats() const;
 
   // One period now (what the period thread does): sums and clears the pushed counters, runs
-  // the policy. Tests call it to force churn at their own pace.
-  Status RunPeriodNow();
+  // the policy, fills free frames until `fill_until` (the period thread: half a period). Tests
+  // call it to force churn at their own pace.
+  Status RunPeriodNow(std::chrono::steady_clock::time_point fill_until =
+                          std::chrono::steady_clock::time_point::max());
   tier::TierStore& store() { return *store_; }
   const TierConfig& config() const { return config_; }
 

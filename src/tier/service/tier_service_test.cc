@@ -193,6 +193,29 @@ TEST_P(TierServiceTest, ColdPagesAreFetchedByRpcInEveryMode) {
   }
 }
 
+// --tier-fill-free reaches the store: an idle period of a server whose budget holds the region
+// brings every unit in (and the client then reads all of it one-sidedly); off, nothing moves
+// until somebody counts a unit.
+TEST_P(TierServiceTest, IdlePeriodFillsFreeFramesUnlessTurnedOff) {
+  for (bool fill : {true, false}) {
+    SCOPED_TRACE(fill ? "fill on" : "fill off");
+    auto env = TierEnv::Start(GetParam(), 8, 8, TierMode::kFull, 60000, 16,
+                              [fill](ServerConfig& c) { c.tier.fill_free_frames = fill; });
+    ASSERT_TRUE(env->service);
+    ASSERT_TRUE(env->service->RunPeriodNow().ok());
+    const nlohmann::json st = env->service->Stats();
+    EXPECT_EQ(st["config"]["fill_free_frames"].get<bool>(), fill);
+    EXPECT_EQ(st["resident_units"].get<uint64_t>(), fill ? 8u : 0u) << st.dump();
+    EXPECT_EQ(st["fills"].get<uint64_t>(), fill ? 8u : 0u);
+    auto client = env->Connect();
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_TRUE((*client)->refresh().ok());
+    std::vector<std::byte> out(8 * kUnit);
+    ASSERT_TRUE((*client)->read(0, out).ok());
+    EXPECT_EQ((*client)->stats().rpc_reads, fill ? 0u : 1u) << "filled units were fetched by RPC";
+  }
+}
+
 TEST_P(TierServiceTest, BadRangesAndMalformedRequestsAreClearErrors) {
   auto env = TierEnv::Start(GetParam(), 16, 2);
   ASSERT_TRUE(env->service);
@@ -302,14 +325,15 @@ TEST(TierServer, RunsOnlyWithATierFileAndReportsStat) {
   ASSERT_TRUE(doc.contains("tier")) << doc.dump();
   const auto& t = doc["tier"];
   for (const char* key :
-       {"resident_units", "budget_units", "residency", "promotions", "demotions", "writebacks",
-        "io_read_bytes", "io_write_bytes", "reads_dram", "reads_file"}) {
+       {"resident_units", "budget_units", "residency", "promotions", "fills", "demotions",
+        "writebacks", "io_read_bytes", "io_write_bytes", "reads_dram", "reads_file"}) {
     EXPECT_TRUE(t.contains(key)) << key;
   }
   EXPECT_EQ(t["budget_units"].get<uint64_t>(), 2u);
   EXPECT_EQ(t["config"]["mode"].get<std::string>(), "full");
   const std::string metrics = (*s)->metrics_text();
   EXPECT_NE(metrics.find("farmem_tier_promotions_total"), std::string::npos);
+  EXPECT_NE(metrics.find("farmem_tier_fills_total"), std::string::npos);
   (*s)->stop();
 }
 
