@@ -31,8 +31,9 @@ struct TierRegionInfo {
 struct TieredClientOptions {
   // Read only by RPC even where the mode and the transport allow one-sided reads.
   bool rpc_only = false;
-  // Bitmap pulls and counter pushes; 0 = the server's period.
+  // Bitmap pulls and counter pushes; 0 = the server's period / kRefreshesPerPeriod.
   std::chrono::milliseconds period{0};
+  static constexpr uint32_t kRefreshesPerPeriod = 4;
 };
 
 // Relaxed counters of one client.
@@ -69,7 +70,8 @@ class TieredClient {
   static constexpr size_t kMaxIoBytes = size_t{1} << 20;
 
   // Bootstrap handshake with farmemd at "host:port", TIER_INFO, first bitmap pull; starts a
-  // background thread that pulls the bitmap and pushes access counters every period. `node` must
+  // background thread that pulls the bitmap and pushes access counters (by default four times a
+  // server period). `node` must
   // be started and outlive the client.
   static Result<std::unique_ptr<TieredClient>> Connect(Node& node, const std::string& server,
                                                        TieredClientOptions options = {});

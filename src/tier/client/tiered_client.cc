@@ -353,8 +353,13 @@ void TieredClient::Impl::Loop() {
   auto made = node->make_scheduler();
   if (!made.ok()) return;
   std::unique_ptr<Scheduler> sched = std::move(*made);
-  const auto period =
-      options.period.count() > 0 ? options.period : std::chrono::milliseconds(info.period_ms);
+  // By default several refreshes per server period: a unit the period promoted is read
+  // one-sidedly a quarter period later at most, not a whole one, and the counts of the
+  // period's last quarter still reach it (docs/tier.md "Client").
+  const auto period = options.period.count() > 0
+                          ? options.period
+                          : std::chrono::milliseconds(std::max<uint32_t>(
+                                1, info.period_ms / TieredClientOptions::kRefreshesPerPeriod));
   std::unique_lock lock(thread_mu);
   while (!thread_cv.wait_for(lock, period, [this] { return stopping; })) {
     lock.unlock();
