@@ -588,7 +588,9 @@ int RunTieredBench(TieredBenchOptions o) {
       subjects[os->name] = std::move(os);
       continue;
     }
-    auto c = TieredClient::Connect(**node, servers[i].address);
+    TieredClientOptions copts;
+    copts.period = std::chrono::milliseconds(o.client_refresh_ms);
+    auto c = TieredClient::Connect(**node, servers[i].address, copts);
     if (!c.ok()) {
       fmt::print(stderr, "{}: {}: {}\n", kTieredProg, servers[i].name, c.status().ToString());
       return 1;
@@ -831,31 +833,36 @@ int RunTieredBench(TieredBenchOptions o) {
     if (!t.detail.empty()) fmt::print("  {}: {}\n", t.name, t.detail);
   nlohmann::json servers_json = nlohmann::json::object();
   for (const auto& p : plan) servers_json[p.name] = p.desc;
-  nlohmann::json doc = {{"benchmark", "tiered"},
-                        {"machine", machine},
-                        {"config",
-                         {{"quick", o.quick},
-                          {"capacity_bytes", capacity},
-                          {"unit_bytes", unit},
-                          {"period_ms", period_ms},
-                          {"fill_percent", defaults.fill_percent},
-                          {"rounds", o.rounds},
-                          {"slice_seconds", o.slice_seconds},
-                          {"inflight", o.inflight},
-                          {"warmup_periods", o.warmup_periods},
-                          {"zipf_theta", kZipfTheta},
-                          {"matrix", matrix},
-                          {"transport", "tcp"},
-                          {"client_threads", 1}}},
-                        {"disk", disk},
-                        {"cgroup", cgroup_json},
-                        {"servers", servers_json},
-                        {"cases", cases},
-                        {"server_stats", server_stats},
-                        {"ladder", ladder_json},
-                        {"oracle_hit_ratio_4k_zipf", oracle},
-                        {"hot_set_move", timeline},
-                        {"targets", bench::TargetsJson(targets)}};
+  nlohmann::json doc = {
+      {"benchmark", "tiered"},
+      {"machine", machine},
+      {"config",
+       {{"quick", o.quick},
+        {"capacity_bytes", capacity},
+        {"unit_bytes", unit},
+        {"period_ms", period_ms},
+        {"client_refresh_ms",
+         o.client_refresh_ms != 0
+             ? o.client_refresh_ms
+             : std::max<uint32_t>(1, period_ms / TieredClientOptions::kRefreshesPerPeriod)},
+        {"fill_percent", defaults.fill_percent},
+        {"rounds", o.rounds},
+        {"slice_seconds", o.slice_seconds},
+        {"inflight", o.inflight},
+        {"warmup_periods", o.warmup_periods},
+        {"zipf_theta", kZipfTheta},
+        {"matrix", matrix},
+        {"transport", "tcp"},
+        {"client_threads", 1}}},
+      {"disk", disk},
+      {"cgroup", cgroup_json},
+      {"servers", servers_json},
+      {"cases", cases},
+      {"server_stats", server_stats},
+      {"ladder", ladder_json},
+      {"oracle_hit_ratio_4k_zipf", oracle},
+      {"hot_set_move", timeline},
+      {"targets", bench::TargetsJson(targets)}};
   if (!o.json_path.empty()) {
     if (Status st = bench::WriteJsonFile(o.json_path, doc); !st.ok()) return fail(st);
     fmt::print("wrote {}\n", o.json_path);

@@ -16,6 +16,9 @@ struct TieredBenchOptions {
   int inflight = 16;            // operations in flight (coroutines on the one client thread)
   int warmup_periods = 3;       // steady state: periods of the workload before a case is measured
   uint32_t tier_period_ms = 0;  // the tier servers' --tier-period-ms; 0 = farmemd's default
+  // The clients' bitmap pulls and counter pushes (TieredClientOptions::period); 0 = the
+  // client's default (a quarter of the server's period). An experiment, as tier_period_ms.
+  uint32_t client_refresh_ms = 0;
   // The full workload matrix (uniform/Zipf x 64 B/4 KiB/16 KiB x read-only/50 % writes x DRAM
   // 20/50/100 %) besides the targets' cases: 1 on, 0 off, -1 = on unless --quick.
   int matrix = -1;

@@ -35,6 +35,10 @@ inline CLI::App* AddTieredBenchCommand(CLI::App& bench, TieredBenchOptions& o) {
                   "the tier servers' hotspot period (default: farmemd's, 1000 ms); an experiment: "
                   "the targets assume the default")
       ->check(CLI::Range(10, 600000));
+  cmd->add_option("--client-refresh-ms", o.client_refresh_ms,
+                  "the clients' bitmap pulls and counter pushes (default: the client's, a quarter "
+                  "of the server's period); an experiment")
+      ->check(CLI::Range(1, 600000));
   cmd->add_option("--matrix", o.matrix,
                   "1: also run the whole workload matrix, 0: only the targets' cases "
                   "(default 1, --quick 0)")
