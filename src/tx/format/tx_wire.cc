@@ -316,13 +316,24 @@ Result<TwoPhaseRequest> DecodeTwoPhaseRequest(std::span<const std::byte> bytes, 
       }
       req.participants.emplace_back(p, len);
     }
+    if (IsDsParticipant(req.participants[0])) {
+      return bad("participant 0 (the keeper of the decision) is a data structure's owner");
+    }
   } else {
     if (h.decision != kDecideCommit && h.decision != kDecideAbort) {
       return bad("decision " + std::to_string(h.decision) + " is neither commit nor abort");
     }
     if (h.lease_ns != 0) return bad("lease_ns not 0");
     if (h.count == 0) {
-      if (h.num_participants != 0) return bad("num_participants not 0 without items");
+      // A prepared participant's outcome (num_participants 0), or the first participant's commit
+      // when it holds none of the writes, only the decision (2..16 participants).
+      if (h.num_participants == 1 || h.num_participants > kMaxParticipants) {
+        return bad("num_participants " + std::to_string(h.num_participants) +
+                   " without items: 0, or 2.." + std::to_string(kMaxParticipants));
+      }
+      if (h.num_participants != 0 && h.decision != kDecideCommit) {
+        return bad("a first participant's abort decision");
+      }
     } else {
       if (Status st = CheckCount(h.count, what); !st.ok()) return st;
       if (h.decision != kDecideCommit) return bad("items with an abort decision");

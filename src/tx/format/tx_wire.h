@@ -39,8 +39,10 @@ static_assert(kTxOpcodes.contains(kLastTxOpcode));
 // A user data structure's transaction RPCs (tx_data_structure.h, TxDsClient::tx_opcode_base()):
 // its owner serves opcode base + kDs*, each in the format of the hash table RPC named, with the
 // data structure's id (TxClient::add_data_structure) as the table id and the item's address in
-// ItemReply::offset. Commits that span a user data structure and any other participant are not
-// built (no prepare / decide on these owners): Tx refuses them.
+// ItemReply::offset. With TxDsClient::two_phase() the owner also serves base + kTxDsPrepare /
+// kTxDsDecide as TX_PREPARE / TX_DECIDE (a prepared participant only, its list entry "ds@..."
+// below); without it, commits that span the data structure and any other participant are
+// refused by Tx.
 // (Public spelling and owner-side decoders: farmem/tx_ds.h, implemented in tx_ds.cc.)
 inline constexpr uint16_t kDsLock = kTxDsLock;  // as TX_LOCK: KeyRequest -> ItemReply + value
 inline constexpr uint16_t kDsLockInsert =
@@ -209,7 +211,9 @@ std::vector<std::byte> EncodeBatchRequest(uint16_t table, uint64_t txid,
 //   - count 1..64, kCommit, num_participants = the transaction's participants (1..16), no list:
 //     the first participant's own writes: installed at once (all tables) or none, and with more
 //     than one participant the decision is recorded (the commit point); kAborted "stale commit"
-//     when a lease ran out or TX_STATUS already fenced txid (decided abort).
+//     when a lease ran out or TX_STATUS already fenced txid (decided abort);
+//   - count 0, kCommit, num_participants 2..16: the same commit point at a first participant that
+//     holds none of the writes (the keeper a client picks when only user data structures write).
 struct TwoPhaseHeader {
   uint64_t txid;              // != 0
   uint64_t lease_ns;          // TX_PREPARE: how long the prepared participant waits before asking
@@ -237,6 +241,14 @@ struct TwoPhaseItem {
   uint16_t table;
 };
 static_assert(sizeof(TwoPhaseItem) == 8 && std::is_trivially_copyable_v<TwoPhaseItem>);
+
+// A participant-list entry "ds@host:port" is a user data structure's owner (TxDsParticipant): a
+// prepared participant that serves TX_PREPARE / TX_DECIDE at its own opcodes and no TX_STATUS,
+// so the recovery never asks it, and it is never entry 0.
+inline constexpr std::string_view kDsParticipantPrefix = "ds@";
+inline bool IsDsParticipant(std::string_view entry) {
+  return entry.starts_with(kDsParticipantPrefix);
+}
 
 // TX_STATUS: the outcome of txid as the asked server knows it — recorded as the first participant
 // (the commit point) or learned as a prepared participant from a decision or a recovery. A server

@@ -268,7 +268,25 @@ TEST(TxWire, TwoPhaseMalformed) {
   ExpectProtocol(
       DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideAbort, 2, {}, items), false)
           .status());
-  ExpectProtocol(DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 1, 2, {}, {}), false).status());
+  // Without items: 0 participants (a prepared participant's outcome) or 2..16 with a commit (a
+  // first participant that only keeps the decision).
+  ExpectProtocol(DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 1, 1, {}, {}), false).status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, 1, kMaxParticipants + 1, {}, {}), false)
+          .status());
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideAbort, 2, {}, {}), false).status());
+  auto keeper = DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideCommit, 2, {}, {}), false);
+  ASSERT_TRUE(keeper.ok()) << keeper.status().ToString();
+  EXPECT_EQ(keeper->num_participants, 2);
+  EXPECT_TRUE(keeper->items.empty());
+  // A data structure's owner is never participant 0 (it keeps no decision, serves no TX_STATUS).
+  const std::vector<std::string> ds_first = {"ds@127.0.0.1:9", "127.0.0.1:8"};
+  ExpectProtocol(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 1, 0, 0, ds_first, items), true).status());
+  const std::vector<std::string> ds_second = {"127.0.0.1:8", "ds@127.0.0.1:9"};
+  EXPECT_TRUE(
+      DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 1, 0, 0, ds_second, items), true).ok());
   ExpectProtocol(
       DecodeTwoPhaseRequest(EncodeTwoPhaseRequest(9, 0, kDecideCommit, 0, {}, items), false)
           .status());
