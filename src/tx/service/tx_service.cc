@@ -95,11 +95,14 @@ Result<std::unique_ptr<TxService>> TxService::Create(const ServerConfig& config,
   std::unique_ptr<TxService> s(new TxService());
   s->config_ = config.tx;
   s->max_lease_ns_ = uint64_t{config.tx.lease_ms} * 1'000'000;
-  s->node_ = &node;
-  s->now_ns_ = table_options.now_ns;
-  s->faults_ = table_options.faults;
-  s->decision_retention_ns_ = std::max<uint64_t>(60'000'000'000ull, 1000 * s->max_lease_ns_);
-  s->runner_ = std::make_unique<BlockingRunner>(node, "tx recovery");
+  tx::TwoPhaseOptions two_phase;
+  two_phase.now_ns = table_options.now_ns;
+  two_phase.max_lease_ns = s->max_lease_ns_;
+  two_phase.self = node.bootstrap_address();
+  two_phase.no_learned_outcome = table_options.faults.no_learned_outcome;
+  two_phase.no_prepare_fence = table_options.faults.no_prepare_fence;
+  s->two_phase_ = std::make_unique<tx::TwoPhaseParticipant>(
+      node, static_cast<tx::TwoPhaseWrites&>(*s), std::move(two_phase));
   for (const std::string& text : config.tx.tables) {
     FARMEM_ASSIGN_OR_RETURN(TxTableSpec spec, ParseTxTableSpec(text, config.tx));
     auto table = tx::TxTable::Create(spec.geometry, table_options);
@@ -302,10 +305,7 @@ Status TxService::Unlock(const RpcCall& call, std::vector<std::byte>& reply) {
 // ---- Multi-participant commit ------------------------------------------------------------------
 
 uint64_t TxService::Now() const {
-  if (now_ns_) return now_ns_();
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+  return two_phase_->Now();
 }
 
 Result<TxService::Groups> TxService::Group(std::span<const wire::TwoPhaseEntry> items) {
@@ -346,209 +346,63 @@ Status TxService::CommitGroups(uint64_t txid, const Groups& groups) {
   return Status::OK();
 }
 
+void TxService::UnlockGroups(uint64_t txid, const Groups& groups) {
+  for (const auto& [table, writes] : groups) {
+    for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, txid);
+  }
+}
+
+Status TxService::Check(std::span<const wire::TwoPhaseEntry> items) {
+  return Group(items).status();
+}
+
+Status TxService::Pin(uint64_t txid, std::span<const wire::TwoPhaseEntry> items) {
+  FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(items));
+  return PinAll(txid, groups);
+}
+
+void TxService::Apply(uint64_t txid, std::span<const wire::TwoPhaseEntry> items, bool commit) {
+  // The items were checked when they were prepared; Group cannot fail now.
+  Result<Groups> groups = Group(items);
+  if (!groups.ok()) return;
+  if (!commit) {
+    UnlockGroups(txid, *groups);
+    return;
+  }
+  for (const auto& [table, writes] : *groups) {
+    (void)Count(tables_[table].table->CommitAll(txid, writes));
+  }
+}
+
 Status TxService::Prepare(const RpcCall& call, std::vector<std::byte>& reply) {
   (void)reply;
-  FARMEM_ASSIGN_OR_RETURN(wire::TwoPhaseRequest req,
-                          wire::DecodeTwoPhaseRequest(call.request, true));
-  FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(req.items));
-  counters_.prepares.fetch_add(1, std::memory_order_relaxed);
-  // prepared_mu_ throughout: a TX_STATUS (prepared_mu_, then decisions_mu_) finds txid either
-  // prepared here (and answers "undecided") or not (and fences it, which refuses this prepare).
-  std::lock_guard lock(prepared_mu_);
-  if (prepared_.count(req.txid) != 0) return Status::OK();  // a repeated prepare
-  if (!faults_.no_prepare_fence) {
-    std::lock_guard dlock(decisions_mu_);
-    if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
-      if (it->second) return Status::OK();  // a repeated prepare after the commit reached here
-      // A peer asked for txid's outcome and was told "aborted": this vote would come too late.
-      for (const auto& [table, writes] : groups) {
-        for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, req.txid);
-      }
-      return Count(Status::Aborted("stale commit: transaction " + std::to_string(req.txid) +
-                                   " was decided abort (a participant asked for its outcome)"));
-    }
-  }
-  FARMEM_RETURN_IF_ERROR(Count(PinAll(req.txid, groups)));
-  Prepared p;
-  p.body.assign(call.request.begin(), call.request.end());
-  p.deadline_ns = Now() + std::min(req.lease_ns, max_lease_ns_);
-  prepared_[req.txid] = std::move(p);
-  return Status::OK();
-}
-
-void TxService::RecordOutcome(uint64_t txid, bool committed) {
-  if (faults_.no_learned_outcome) return;
-  std::lock_guard lock(decisions_mu_);
-  if (decisions_.emplace(txid, committed).second) decision_order_.emplace_back(Now(), txid);
-}
-
-void TxService::Apply(uint64_t txid, const Prepared& p, bool commit) {
-  // The body was decoded when it was prepared; it cannot fail now.
-  Result<wire::TwoPhaseRequest> req = wire::DecodeTwoPhaseRequest(p.body, true);
-  if (!req.ok()) return;
-  Result<Groups> groups = Group(req->items);
-  if (!groups.ok()) return;
-  for (const auto& [table, writes] : *groups) {
-    if (commit) {
-      (void)Count(tables_[table].table->CommitAll(txid, writes));
-    } else {
-      for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, txid);
-    }
-  }
+  return Count(two_phase_->Prepare(call.request));
 }
 
 Status TxService::Decide(const RpcCall& call, std::vector<std::byte>& reply) {
   (void)reply;
   FARMEM_ASSIGN_OR_RETURN(wire::TwoPhaseRequest req,
                           wire::DecodeTwoPhaseRequest(call.request, false));
-  counters_.decides.fetch_add(1, std::memory_order_relaxed);
   const bool commit = req.decision == wire::kDecideCommit;
-  if (req.items.empty()) {
-    // A prepared participant's outcome.
-    Prepared p;
-    {
-      std::lock_guard lock(prepared_mu_);
-      auto it = prepared_.find(req.txid);
-      if (it == prepared_.end()) {
-        if (!commit) return Status::OK();  // never prepared here, or resolved already
-        return Status::FailedPrecondition("TX_DECIDE: transaction " + std::to_string(req.txid) +
-                                          " is not prepared here (resolved already?)");
-      }
-      p = std::move(it->second);
-      prepared_.erase(it);
-      // Learned before prepared_mu_ is let go: a TX_STATUS from a peer never sees this
-      // transaction neither prepared nor decided (it would fence it and answer "aborted").
-      RecordOutcome(req.txid, commit);
-    }
-    Apply(req.txid, p, commit);
-    return Status::OK();
-  }
-  // The first participant's own writes. With one participant there is nothing to record.
+  // A prepared participant's outcome.
+  if (req.num_participants == 0) return two_phase_->DecidePrepared(req.txid, commit);
+  // The first participant: its own writes (none when it only keeps the decision). With one
+  // participant there is nothing to record.
   FARMEM_ASSIGN_OR_RETURN(Groups groups, Group(req.items));
   counters_.commit_items.fetch_add(req.items.size(), std::memory_order_relaxed);
-  if (req.num_participants == 1) return Count(CommitGroups(req.txid, groups));
-  // The commit point: the writes and the decision under decisions_mu_, so a TX_STATUS sees
-  // either the commit recorded, or no record (and then fences txid, and this commit is refused).
-  std::lock_guard lock(decisions_mu_);
-  if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
-    if (it->second) return Status::OK();  // a repeated commit
-    for (const auto& [table, writes] : groups) {
-      for (const auto& w : writes) (void)tables_[table].table->Unlock(w.key, req.txid);
-    }
-    return Count(Status::Aborted("stale commit: transaction " + std::to_string(req.txid) +
-                                 " was decided abort (a participant asked for its outcome)"));
+  if (req.num_participants == 1) {
+    two_phase_->CountDecide();
+    return Count(CommitGroups(req.txid, groups));
   }
-  Status st = CommitGroups(req.txid, groups);
-  decisions_[req.txid] = st.ok();
-  decision_order_.emplace_back(Now(), req.txid);
-  return Count(st);
+  return Count(two_phase_->DecideFirst(
+      req.txid, [&] { return groups.empty() ? Status::OK() : CommitGroups(req.txid, groups); },
+      [&] { UnlockGroups(req.txid, groups); }));
 }
 
 Status TxService::TxStatus(const RpcCall& call, std::vector<std::byte>& reply) {
   FARMEM_ASSIGN_OR_RETURN(wire::StatusRequest req, wire::DecodeStatusRequest(call.request));
-  counters_.statuses.fetch_add(1, std::memory_order_relaxed);
-  wire::StatusReply r{};
-  {
-    std::lock_guard plock(prepared_mu_);
-    std::lock_guard lock(decisions_mu_);
-    if (auto it = decisions_.find(req.txid); it != decisions_.end()) {
-      r.outcome = it->second ? wire::kDecideCommit : wire::kDecideAbort;
-    } else if (prepared_.count(req.txid) != 0) {
-      r.outcome = wire::kOutcomeUndecided;  // voted yes here: only the outcome may decide
-    } else {
-      decisions_.emplace(req.txid, false);  // no record: fenced as aborted
-      decision_order_.emplace_back(Now(), req.txid);
-      r.outcome = wire::kDecideAbort;
-    }
-  }
-  reply = EncodeStruct(r);
+  reply = EncodeStruct(two_phase_->StatusOf(req.txid));
   return Status::OK();
-}
-
-Result<uint8_t> TxService::AskStatus(const std::string& address, uint64_t txid) {
-  PeerId peer = kInvalidPeer;
-  if (auto it = peers_.find(address); it != peers_.end()) {
-    peer = it->second;
-  } else {
-    Result<PeerInfo> info = node_->connect(address);
-    if (!info.ok()) return info.status().WithContext("tx recovery: connecting to " + address);
-    peer = info->id;
-    peers_[address] = peer;
-  }
-  Result<wire::StatusReply> r = runner_->run([&](Scheduler& s) {
-    return CallStruct<wire::StatusReply>(s, peer, wire::kOpStatus, wire::StatusRequest{txid},
-                                         "TX_STATUS to " + address);
-  });
-  if (!r.ok()) {
-    peers_.erase(address);  // connect afresh next time (the peer may have restarted)
-    return r.status();
-  }
-  const auto bytes = EncodeStruct(*r);
-  FARMEM_ASSIGN_OR_RETURN(wire::StatusReply checked, wire::DecodeStatusReply(bytes));
-  return checked.outcome;
-}
-
-void TxService::Recover() {
-  std::vector<std::pair<uint64_t, std::vector<std::string>>> due;  // txid, participants
-  {
-    const uint64_t now = Now();
-    std::lock_guard lock(prepared_mu_);
-    for (auto& [txid, p] : prepared_) {
-      if (p.resolving || p.deadline_ns > now) continue;
-      Result<wire::TwoPhaseRequest> req = wire::DecodeTwoPhaseRequest(p.body, true);
-      if (!req.ok()) continue;
-      p.resolving = true;
-      due.emplace_back(
-          txid, std::vector<std::string>(req->participants.begin(), req->participants.end()));
-    }
-  }
-  const std::string self = node_->bootstrap_address();
-  for (const auto& [txid, participants] : due) {
-    // The first participant decides; only when it does not answer, a peer that learned the
-    // outcome (or fences txid, never having voted) settles it.
-    Result<uint8_t> outcome = AskStatus(participants[0], txid);
-    bool from_peer = false;
-    if (!outcome.ok() || *outcome == wire::kOutcomeUndecided) {
-      for (size_t i = 1; i < participants.size(); ++i) {
-        if (participants[i] == self) continue;
-        Result<uint8_t> o = AskStatus(participants[i], txid);
-        if (o.ok() && *o != wire::kOutcomeUndecided) {
-          outcome = o;
-          from_peer = true;
-          break;
-        }
-      }
-    }
-    const bool decided = outcome.ok() && *outcome != wire::kOutcomeUndecided;
-    const bool committed = decided && *outcome == wire::kDecideCommit;
-    Prepared p;
-    {
-      std::lock_guard lock(prepared_mu_);
-      auto it = prepared_.find(txid);
-      if (it == prepared_.end()) continue;  // a TX_DECIDE arrived meanwhile and applied it
-      if (!decided) {
-        // 2PC blocks here: without the first participant's answer, and with no peer knowing the
-        // outcome, it is unknown, so the locks stay; ask again after half a lease.
-        it->second.resolving = false;
-        it->second.deadline_ns = Now() + max_lease_ns_ / 2;
-        counters_.recovery_unreachable.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      p = std::move(it->second);
-      prepared_.erase(it);
-      RecordOutcome(txid, committed);  // before prepared_mu_ is let go, as in Decide
-    }
-    Apply(txid, p, committed);
-    (committed ? counters_.recovered_commits : counters_.recovered_aborts)
-        .fetch_add(1, std::memory_order_relaxed);
-    if (from_peer) counters_.recovered_from_peers.fetch_add(1, std::memory_order_relaxed);
-  }
-  std::lock_guard lock(decisions_mu_);
-  const uint64_t now = Now();
-  while (!decision_order_.empty() && decision_order_.front().first + decision_retention_ns_ < now) {
-    decisions_.erase(decision_order_.front().second);
-    decision_order_.pop_front();
-  }
 }
 
 Status TxService::start() {
@@ -578,7 +432,7 @@ void TxService::ReaperLoop() {
     uint64_t freed = 0;
     for (Table& t : tables_) freed += t.table->ReapExpired();
     counters_.reaped.fetch_add(freed, std::memory_order_relaxed);
-    Recover();
+    two_phase_->Recover();
     lock.lock();
   }
 }
@@ -598,21 +452,15 @@ nlohmann::json TxService::Stats() const {
   j["unlocks"] = get(counters_.unlocks);
   j["not_found"] = get(counters_.not_found);
   j["reaped_locks"] = get(counters_.reaped);
-  j["prepares"] = get(counters_.prepares);
-  j["decides"] = get(counters_.decides);
-  j["statuses"] = get(counters_.statuses);
-  j["recovered_commits"] = get(counters_.recovered_commits);
-  j["recovered_aborts"] = get(counters_.recovered_aborts);
-  j["recovery_unreachable"] = get(counters_.recovery_unreachable);
-  j["recovered_from_peers"] = get(counters_.recovered_from_peers);
-  {
-    std::lock_guard lock(prepared_mu_);
-    j["prepared"] = prepared_.size();
-  }
-  {
-    std::lock_guard lock(decisions_mu_);
-    j["decisions"] = decisions_.size();
-  }
+  j["prepares"] = get(two_phase_->counters().prepares);
+  j["decides"] = get(two_phase_->counters().decides);
+  j["statuses"] = get(two_phase_->counters().statuses);
+  j["recovered_commits"] = get(two_phase_->counters().recovered_commits);
+  j["recovered_aborts"] = get(two_phase_->counters().recovered_aborts);
+  j["recovery_unreachable"] = get(two_phase_->counters().recovery_unreachable);
+  j["recovered_from_peers"] = get(two_phase_->counters().recovered_from_peers);
+  j["prepared"] = two_phase_->prepared();
+  j["decisions"] = two_phase_->decisions();
   nlohmann::json aborts = nlohmann::json::object();
   for (size_t r = 1; r < std::size(counters_.aborts); ++r) {
     aborts[kReasonNames[r]] = get(counters_.aborts[r]);
@@ -657,16 +505,18 @@ void TxService::metrics(MetricsWriter& w) const {
             get(counters_.unlocks));
   w.counter("farmem_tx_reaped_locks_total", "Locks freed by the reaper after their lease.",
             get(counters_.reaped));
-  w.counter("farmem_tx_prepares_total", "TX_PREPARE requests served.", get(counters_.prepares));
-  w.counter("farmem_tx_decides_total", "TX_DECIDE requests served.", get(counters_.decides));
+  w.counter("farmem_tx_prepares_total", "TX_PREPARE requests served.",
+            get(two_phase_->counters().prepares));
+  w.counter("farmem_tx_decides_total", "TX_DECIDE requests served.",
+            get(two_phase_->counters().decides));
   w.family("farmem_tx_recoveries_total", MetricsWriter::Kind::kCounter,
            "Prepared transactions resolved by asking the participants, by outcome.");
-  w.sample({{"outcome", "commit"}}, get(counters_.recovered_commits));
-  w.sample({{"outcome", "abort"}}, get(counters_.recovered_aborts));
-  w.sample({{"outcome", "unreachable"}}, get(counters_.recovery_unreachable));
+  w.sample({{"outcome", "commit"}}, get(two_phase_->counters().recovered_commits));
+  w.sample({{"outcome", "abort"}}, get(two_phase_->counters().recovered_aborts));
+  w.sample({{"outcome", "unreachable"}}, get(two_phase_->counters().recovery_unreachable));
   w.counter("farmem_tx_recoveries_from_peers_total",
             "Prepared transactions resolved by a participant other than the unreachable first.",
-            get(counters_.recovered_from_peers));
+            get(two_phase_->counters().recovered_from_peers));
   w.family("farmem_tx_aborts_total", MetricsWriter::Kind::kCounter,
            "Tx requests refused with an abort, by reason.");
   for (size_t r = 1; r < std::size(counters_.aborts); ++r) {

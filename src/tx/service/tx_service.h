@@ -31,6 +31,7 @@
 #include "tx/engine/tx_table.h"
 #include "tx/format/tx_data_structure.h"
 #include "tx/format/tx_wire.h"
+#include "tx/service/tx_two_phase.h"
 
 namespace farmem {
 
@@ -50,7 +51,7 @@ Status ValidateTxConfig(const ServerConfig& config);
 
 // The hash table's owner side of the data-structure callbacks (tx_data_structure.h):
 // rpc_handler is Handle.
-class TxService final : public Service, public tx::TxDsOwner {
+class TxService final : public Service, public tx::TxDsOwner, private tx::TwoPhaseWrites {
  public:
   // Builds every table of config.tx and exports each region read-only through `node` (which
   // must outlive the service and be stopped before it is destroyed). `table_options` is for
@@ -96,8 +97,6 @@ class TxService final : public Service, public tx::TxDsOwner {
   struct Counters {
     std::atomic<uint64_t> lookups{0}, locks{0}, lock_inserts{0}, validates{0}, commits{0},
         commit_items{0}, unlocks{0}, not_found{0}, reaped{0};
-    std::atomic<uint64_t> prepares{0}, decides{0}, statuses{0}, recovered_commits{0},
-        recovered_aborts{0}, recovery_unreachable{0}, recovered_from_peers{0};
     // Aborts by reason, indexed by tx::AbortReason.
     std::atomic<uint64_t> aborts[6]{};
   };
@@ -125,49 +124,19 @@ class TxService final : public Service, public tx::TxDsOwner {
   Status PinAll(uint64_t txid, const Groups& groups);
   // Installs every table's writes or none (one table: CommitAll; several: PinAll, then CommitAll).
   Status CommitGroups(uint64_t txid, const Groups& groups);
-  // A prepared transaction: its TX_PREPARE body (participants, writes), when to ask entry 0.
-  struct Prepared {
-    std::vector<std::byte> body;
-    uint64_t deadline_ns = 0;
-    bool resolving = false;  // the reaper is asking the first participant
-  };
-  // Applies an outcome to a prepared transaction taken out of prepared_ (whoever takes it
-  // applies it: a TX_DECIDE or the reaper's recovery, never both).
-  void Apply(uint64_t txid, const Prepared& p, bool commit);
-  // The reaper's recovery step: every prepared transaction past its deadline asks its first
-  // participant (TX_STATUS) and applies the answer; when the first does not answer, it asks the
-  // other participants (one that learned the outcome, or never voted and fences, settles it);
-  // no outcome anywhere: keeps its locks, asks again.
-  void Recover();
-  // TX_STATUS to `address`: kDecideCommit, kDecideAbort or kOutcomeUndecided.
-  Result<uint8_t> AskStatus(const std::string& address, uint64_t txid);
-  // Keeps an outcome this server applied as a prepared participant, so a peer's TX_STATUS gets it
-  // (callers hold prepared_mu_; lock order prepared_mu_ -> decisions_mu_).
-  void RecordOutcome(uint64_t txid, bool committed);
+  void UnlockGroups(uint64_t txid, const Groups& groups);
+  // tx::TwoPhaseWrites: the tables' side of a prepare and of its outcome.
+  Status Check(std::span<const tx_wire::TwoPhaseEntry> items) override;
+  Status Pin(uint64_t txid, std::span<const tx_wire::TwoPhaseEntry> items) override;
+  void Apply(uint64_t txid, std::span<const tx_wire::TwoPhaseEntry> items, bool commit) override;
   uint64_t Now() const;
 
   TxConfig config_;
   uint64_t max_lease_ns_ = 0;
   std::vector<Table> tables_;
   mutable Counters counters_;
-  Node* node_ = nullptr;
-  std::function<uint64_t()> now_ns_;  // the tables' lease clock (tests: a manual one)
-  tx::TxTableFaults faults_;          // test-only: the service's no_learned_outcome / fence
-
-  mutable std::mutex prepared_mu_;
-  std::unordered_map<uint64_t, Prepared> prepared_;
-  // Outcomes this server recorded as a first participant, learned as a prepared participant, or
-  // fenced by a TX_STATUS (true = committed), kept for
-  // decision_retention_ns_ (pruned oldest first from decision_order_), far longer than any lease:
-  // a prepared participant asks one lease after its prepare.
-  mutable std::mutex decisions_mu_;
-  std::unordered_map<uint64_t, bool> decisions_;
-  std::deque<std::pair<uint64_t, uint64_t>> decision_order_;  // (recorded at ns, txid)
-  uint64_t decision_retention_ns_ = 0;
-  // Peers of other participants this server asked (by bootstrap address); the recovery's
-  // blocking calls run on one scheduler of the node (reaper thread only).
-  std::map<std::string, PeerId> peers_;
-  std::unique_ptr<BlockingRunner> runner_;
+  // Prepare records, decisions, TX_STATUS and the recovery (tx_two_phase.h).
+  std::unique_ptr<tx::TwoPhaseParticipant> two_phase_;
 
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
