@@ -1,13 +1,16 @@
 // A data structure of the user's own in Storm transactions (docs/tx.md "Data structures", "User
 // data structures"): the client callbacks Tx drives (TxDsClient, registered with
-// TxClient::add_data_structure), the owner's RPC handler (TxDsOwner), and the decoders and
-// encoder of the five transaction RPCs an owner serves. TxDsClient's callbacks run on the threads
+// TxClient::add_data_structure), the owner's RPC handler (TxDsOwner), the decoders and encoder
+// of the transaction RPCs an owner serves, and the owner's part in multi-participant commits
+// (TxDsPreparedWrites, TxDsParticipant). TxDsClient's callbacks run on the threads
 // of the transactions using it (so an object shared by threads is thread-safe); TxDsOwner on the
 // owner node's RPC threads. The decoders are pure functions.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -83,6 +86,10 @@ class TxDsClient {
     (void)key;
     return {};
   }
+  // True when the owner also serves kTxDsPrepare / kTxDsDecide (with a TxDsParticipant): then
+  // writes to this data structure may commit atomically with writes to tables and to other data
+  // structures. False: its writes must be the transaction's only ones (Tx refuses others).
+  virtual bool two_phase() const { return false; }
 };
 
 class TxDsOwner {
@@ -105,6 +112,11 @@ inline constexpr uint16_t kTxDsValidate = 2;  // versions unchanged, no other lo
 inline constexpr uint16_t kTxDsCommit = 3;    // install all and unlock, or nothing -> empty
 inline constexpr uint16_t kTxDsUnlock = 4;    // release txid's locks (abort) -> empty
 inline constexpr uint16_t kTxDsOpcodes = 5;
+// With two_phase(): the owner is a prepared participant of multi-participant commits
+// (TxDsParticipant::prepare / decide serve these; docs/tx.md "Multi-participant commit").
+inline constexpr uint16_t kTxDsPrepare = 5;  // pin txid's locks, record the prepare -> empty
+inline constexpr uint16_t kTxDsDecide = 6;   // the outcome: install or release -> empty
+inline constexpr uint16_t kTxDsTwoPhaseOpcodes = 7;
 
 struct TxDsKeyRequest {  // kTxDsLock, kTxDsLockInsert
   uint16_t id = 0;
@@ -140,5 +152,63 @@ struct TxDsBatchRequest {  // kTxDsCommit (kWrite, kRemove), kTxDsUnlock (any op
   std::vector<TxDsBatchItem> items;
 };
 Result<TxDsBatchRequest> DecodeTxDsBatchRequest(std::span<const std::byte> request, bool commit);
+
+// ---- The owner as a prepared participant (kTxDsPrepare, kTxDsDecide) -------------------------
+class Node;
+
+// The owner's records as a prepared participant needs them (the owner implements it; called on
+// its RPC threads and on TxDsParticipant's recovery thread).
+class TxDsPreparedWrites {
+ public:
+  virtual ~TxDsPreparedWrites() = default;
+  // Checks that txid holds every item's lock with a live lease and pins those locks: they no
+  // longer expire nor can be taken over, until apply(). All or none: on a refusal (kAborted
+  // "stale commit: ...") txid's locks on every item are released.
+  virtual Status pin(uint64_t txid, std::span<const TxDsBatchItem> items) = 0;
+  // commit: installs the items (kWrite, kRemove) and releases their locks (they are pinned: this
+  // cannot be refused); abort: releases txid's locks on the items.
+  virtual void apply(uint64_t txid, std::span<const TxDsBatchItem> items, bool commit) = 0;
+};
+
+struct TxDsParticipantOptions {
+  // The longest lock lease the owner grants: a prepare waits at most this long for its decision
+  // before asking the transaction's first participant (and, blocked, asks again every half).
+  uint64_t max_lease_ns = 10'000'000'000ull;
+  std::function<uint64_t()> now_ns;  // the owner's lease clock, ns; empty = steady clock
+  bool recovery_thread = true;       // recover() every max_lease_ns / 2 on a thread of its own
+};
+
+struct TxDsParticipantStats {
+  uint64_t prepares = 0, decides = 0, prepared = 0, recovered_commits = 0, recovered_aborts = 0,
+           recovery_unreachable = 0;
+};
+
+// The bookkeeping of a prepared participant, the same code farmemd's tx service runs: prepare
+// records, learned outcomes, and the recovery that asks the first participant (a farmemd tx
+// server: `node` connects to it by TX_STATUS) when a coordinator died between prepare and
+// decide. The owner's rpc_handler passes kTxDsPrepare / kTxDsDecide requests here. Thread-safe.
+class TxDsParticipant {
+ public:
+  // `node` serves the owner's RPCs; both it and `writes` outlive the participant.
+  static Result<std::unique_ptr<TxDsParticipant>> Create(Node& node, TxDsPreparedWrites& writes,
+                                                         TxDsParticipantOptions options = {});
+  ~TxDsParticipant();
+  TxDsParticipant(const TxDsParticipant&) = delete;
+  TxDsParticipant& operator=(const TxDsParticipant&) = delete;
+
+  // kTxDsPrepare: the request body (TX_PREPARE's format); OK, or the refusal pin() gave.
+  Status prepare(std::span<const std::byte> request);
+  // kTxDsDecide: the request body (TX_DECIDE's prepared-participant format, no items).
+  Status decide(std::span<const std::byte> request);
+  // Resolves every prepare past its deadline (the recovery thread's step; callable by hand).
+  void recover();
+  TxDsParticipantStats stats() const;
+
+  struct Impl;
+
+ private:
+  TxDsParticipant() = default;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace farmem
