@@ -96,6 +96,8 @@ struct TxClient::Impl {
     RegionKey region_key = 0;
     uint16_t opcode_base = 0;
     uint32_t value_size = 0;
+    bool two_phase = false;         // its owner serves kTxDsPrepare / kTxDsDecide
+    std::string participant_entry;  // "ds@owner" (two_phase only)
   };
   Node* node = nullptr;
   TxClientOptions options;
@@ -276,10 +278,21 @@ Result<uint16_t> TxClient::add_data_structure(std::string name, std::shared_ptr<
                                    ": tx_opcode_base() is 0, so it serves lookups only "
                                    "(tx/client/tx_lookup.h), not transactions");
   }
-  if (base > UINT16_MAX - (wire::kDsOpcodes - 1)) {  // base + 4 must be an opcode
+  // With two_phase() it serves kTxDsPrepare / kTxDsDecide too: base + 6 must be an opcode.
+  const bool two_phase = ds->two_phase();
+  const uint16_t opcodes = two_phase ? kTxDsTwoPhaseOpcodes : wire::kDsOpcodes;
+  if (base > UINT16_MAX - (opcodes - 1)) {
     return Status::InvalidArgument(what + ": tx_opcode_base() " + std::to_string(base) +
-                                   " leaves no room for its " + std::to_string(wire::kDsOpcodes) +
+                                   " leaves no room for its " + std::to_string(opcodes) +
                                    " opcodes");
+  }
+  // Its entry in a multi-participant commit's participant list ("ds@" + owner, NUL-terminated).
+  const std::string entry = std::string(wire::kDsParticipantPrefix) + owner;
+  if (two_phase && entry.size() >= wire::kParticipantBytes) {
+    return Status::InvalidArgument(
+        what + ": owner address " + owner + " is longer than " +
+        std::to_string(wire::kParticipantBytes - 1 - wire::kDsParticipantPrefix.size()) +
+        " bytes (a two-phase participant's list entry)");
   }
   const uint32_t value_size = ds->value_size();
   if (value_size == 0 || value_size > tx::kMaxValueSize) {
@@ -309,6 +322,8 @@ Result<uint16_t> TxClient::add_data_structure(std::string name, std::shared_ptr<
   u.ds = std::move(ds);
   u.opcode_base = base;
   u.value_size = value_size;
+  u.two_phase = two_phase;
+  u.participant_entry = two_phase ? entry : std::string();
   impl.user_ds.push_back(std::move(u));
   return static_cast<uint16_t>(Impl::kFirstUserDs + impl.user_ds.size() - 1);
 }
@@ -458,15 +473,25 @@ TxAbortReason Tx::abort_reason() const {
 
 namespace {
 
-// The decision for the prepared participants order[1..upto) of a multi-participant commit.
+// A participant of a multi-participant commit: a tx server (its writes to every table it
+// holds) or a user data structure's owner (TxDsClient::two_phase()), and where its TX_PREPARE /
+// TX_DECIDE go.
+struct CommitParticipant {
+  PeerId peer = kInvalidPeer;
+  uint16_t prepare_op = wire::kOpPrepare, decide_op = wire::kOpDecide;
+  std::string entry;  // its participant-list entry: "host:port", or "ds@host:port"
+  std::vector<wire::TwoPhaseEntry> items;
+  std::string what;  // RPC context
+};
+
+// The decision for the prepared participants parts[1..upto) of a multi-participant commit.
 // Errors are fine: a prepared participant that misses its decision asks participant 0.
-Task<void> DecideOthers(Scheduler& sched, TxClient::Impl& c, const std::vector<uint32_t>& order,
-                        size_t upto, uint64_t txid, uint8_t decision,
-                        std::vector<std::byte>& reply) {
+Task<void> DecideOthers(Scheduler& sched, const std::vector<CommitParticipant>& parts, size_t upto,
+                        uint64_t txid, uint8_t decision, std::vector<std::byte>& reply) {
   const auto req = wire::EncodeTwoPhaseRequest(txid, 0, decision, 0, {}, {});
   for (size_t i = 1; i < upto; ++i) {
-    (void)co_await CallRpc(sched, c.servers[order[i]].peer, wire::kOpDecide, req, reply,
-                           "TX_DECIDE");
+    (void)co_await CallRpc(sched, parts[i].peer, parts[i].decide_op, req, reply,
+                           "TX_DECIDE to " + parts[i].what);
   }
 }
 
@@ -848,21 +873,26 @@ Task<Status> Tx::commit() {
   TxClient::Impl& c = *s.c;
   size_t reads = 0, writes = 0;
   for (auto& [ck, item] : s.items) (item.kind == State::kRead ? reads : writes)++;
-  // Writes to a user data structure commit by one RPC to its owner, which takes no part in
-  // prepare / decide: they must be the transaction's only participant.
+  // Writes to a user data structure alone commit by one RPC to its owner. Beside other writes
+  // its owner must be a prepared participant (two_phase()); one that is not is refused.
   std::set<std::pair<uint16_t, uint32_t>> write_groups;
-  const TxClient::Impl::UserDs* user_writes = nullptr;
+  bool ds_writes = false;
+  const TxClient::Impl::UserDs* one_phase_ds = nullptr;
   for (auto& [ck, item] : s.items) {
     if (item.kind == State::kRead) continue;
     write_groups.insert({item.table, item.partition});
-    if (const auto* u = c.UserDsOf(item.table)) user_writes = u;
+    if (const auto* u = c.UserDsOf(item.table)) {
+      ds_writes = true;
+      if (!u->two_phase) one_phase_ds = u;
+    }
   }
-  if (user_writes != nullptr && write_groups.size() > 1) {
+  if (one_phase_ds != nullptr && write_groups.size() > 1) {
     s.reason = TxAbortReason::kOther;
     Status st = Status::FailedPrecondition(
-        "tx commit: writes to data structure '" + user_writes->name +
-        "' and to another table or data structure: that needs a two-phase commit, which user "
-        "data structures do not take part in (docs/tx.md \"User data structures\")");
+        "tx commit: writes to data structure '" + one_phase_ds->name +
+        "' and to another table or data structure: that needs a two-phase commit, and its owner "
+        "takes no part in one (TxDsClient::two_phase() is false; docs/tx.md \"User data "
+        "structures\")");
     (void)co_await abort();
     co_return st;
   }
@@ -955,7 +985,7 @@ Task<Status> Tx::commit() {
   if (s.Died(TxDieAt::kHoldingLocks, writes)) {
     co_return Status::Internal("tx commit: test fault: client stopped holding its locks");
   }
-  if (user_writes != nullptr) {
+  if (ds_writes && write_groups.size() == 1) {
     // The single-participant commit at the data structure's owner: installs every write and
     // releases the locks at once, or refuses (a lock whose lease ran out: kAborted).
     const auto [table, part] = *write_groups.begin();
@@ -986,36 +1016,64 @@ Task<Status> Tx::commit() {
     c.counters.commits.fetch_add(1, std::memory_order_relaxed);
     co_return Status::OK();
   }
-  // Writes by participant (server: order[i], part_items[i], ascending server index) and by
-  // (table, partition).
+  // Writes by participant (the servers in ascending index, each with its writes to every table,
+  // then the data structures' owners by id) and by (table, partition).
   std::map<uint32_t, size_t> part_of_server;
+  std::map<uint16_t, size_t> part_of_ds;
   for (auto& [ck, item] : s.items) {
-    if (item.kind != State::kRead) part_of_server[s.TableOf(item.table)->server[item.partition]];
+    if (item.kind == State::kRead) continue;
+    if (c.UserDsOf(item.table) != nullptr) {
+      part_of_ds[item.table];
+    } else {
+      part_of_server[s.TableOf(item.table)->server[item.partition]];
+    }
   }
-  std::vector<uint32_t> order;
-  for (auto& kv : part_of_server) {
-    kv.second = order.size();
-    order.push_back(kv.first);
+  // Only data structures write (two or more): server 0 keeps the decision, with no writes of
+  // its own — the first participant is always a tx server, which answers TX_STATUS.
+  if (part_of_server.empty() && part_of_ds.size() > 1) part_of_server[0];
+  std::vector<CommitParticipant> parts;
+  for (auto& [server, index] : part_of_server) {
+    index = parts.size();
+    CommitParticipant p;
+    p.peer = c.servers[server].peer;
+    p.entry = c.servers[server].address;
+    p.what = "tx server " + p.entry;
+    parts.push_back(std::move(p));
   }
-  std::vector<std::vector<wire::TwoPhaseEntry>> part_items(order.size());
+  for (auto& [id, index] : part_of_ds) {
+    index = parts.size();
+    const auto& u = *c.UserDsOf(id);
+    CommitParticipant p;
+    p.peer = u.peer;
+    p.prepare_op = static_cast<uint16_t>(u.opcode_base + kTxDsPrepare);
+    p.decide_op = static_cast<uint16_t>(u.opcode_base + kTxDsDecide);
+    p.entry = u.participant_entry;
+    p.what = "data structure '" + u.name + "'";
+    parts.push_back(std::move(p));
+  }
   std::map<std::pair<uint16_t, uint32_t>, std::vector<wire::BatchEntry>> commit_groups;
   for (auto& [ck, item] : s.items) {
     if (item.kind == State::kRead) continue;
     const wire::BatchOp op = item.kind == State::kRemove ? wire::kRemove : wire::kWrite;
     const auto value = op == wire::kRemove ? std::span<const std::byte>() : item.value;
-    part_items[part_of_server.at(s.TableOf(item.table)->server[item.partition])].push_back(
+    if (c.UserDsOf(item.table) != nullptr) {
+      parts[part_of_ds.at(item.table)].items.push_back({op, item.table, item.key, value});
+      continue;
+    }
+    parts[part_of_server.at(s.TableOf(item.table)->server[item.partition])].items.push_back(
         {op, item.table, item.key, value});
     commit_groups[{item.table, item.partition}].push_back({op, item.key, value});
   }
-  for (const auto& entries : part_items) {
-    if (entries.size() > wire::kMaxBatchItems || order.size() > wire::kMaxParticipants) {
+  for (const auto& p : parts) {
+    if (p.items.size() > wire::kMaxBatchItems || parts.size() > wire::kMaxParticipants) {
       s.reason = TxAbortReason::kOther;
-      Status st = AbortedFor(s.reason, "more than 64 writes on one server, or over 16 servers");
+      Status st =
+          AbortedFor(s.reason, "more than 64 writes on one participant, or over 16 participants");
       (void)co_await abort();
       co_return st;
     }
   }
-  if (commit_groups.size() <= 1 || faults.one_phase_commit) {
+  if (part_of_ds.empty() && (commit_groups.size() <= 1 || faults.one_phase_commit)) {
     // Read-only: nothing to send. One (table, partition): the single-participant fast path, one
     // TX_COMMIT, atomic at its owner (CommitAll). Several only under the test fault
     // one_phase_commit: one TX_COMMIT each, in turn.
@@ -1042,29 +1100,30 @@ Task<Status> Tx::commit() {
       ++committed;
     }
   } else {
-    // Several tables on one server, or several servers: prepare -> decide (docs/tx.md
-    // "Multi-participant commit"). Participant 0 (the lowest server index) keeps the decision:
-    // its own writes travel in its TX_DECIDE, installed together with the recorded decision —
-    // the commit point. The others are prepared first and learn the outcome from a TX_DECIDE, or
-    // by asking participant 0 when this client falls silent.
+    // Several tables on one server, several servers, or data structures beside them: prepare ->
+    // decide (docs/tx.md "Multi-participant commit"). Participant 0 (the lowest server index
+    // with writes, or server 0 as the keeper) keeps the decision: its own writes travel in its
+    // TX_DECIDE, installed together with the recorded decision — the commit point. The others
+    // are prepared first and learn the outcome from a TX_DECIDE, or by asking participant 0
+    // when this client falls silent.
     std::vector<std::string> addresses;
-    for (uint32_t server : order) addresses.push_back(c.servers[server].address);
+    for (const auto& p : parts) addresses.push_back(p.entry);
     const auto lease_ns = static_cast<uint64_t>(std::chrono::nanoseconds(c.options.lease).count());
     size_t asked = 1;
     Status failed = Status::OK();
-    for (size_t i = 1; i < order.size() && failed.ok(); ++i, ++asked) {
+    for (size_t i = 1; i < parts.size() && failed.ok(); ++i, ++asked) {
       const auto prep_req =
-          wire::EncodeTwoPhaseRequest(s.txid, lease_ns, 0, 0, addresses, part_items[i]);
+          wire::EncodeTwoPhaseRequest(s.txid, lease_ns, 0, 0, addresses, parts[i].items);
       Result<std::span<const std::byte>> prep_r =
-          co_await CallRpc(*s.sched, c.servers[order[i]].peer, wire::kOpPrepare, prep_req,
-                           s.rpc_reply, "TX_PREPARE");
+          co_await CallRpc(*s.sched, parts[i].peer, parts[i].prepare_op, prep_req, s.rpc_reply,
+                           "TX_PREPARE to " + parts[i].what);
       if (!prep_r.ok()) failed = prep_r.status();
     }
     if (!failed.ok()) {
       // Nothing is decided (participant 0 holds no record, so a prepared participant asking it
       // is told "abort"): release everything. The refusing participant may have prepared (a
       // transport error hides that): it gets the abort decision too.
-      co_await DecideOthers(*s.sched, c, order, asked, s.txid, wire::kDecideAbort, s.rpc_reply);
+      co_await DecideOthers(*s.sched, parts, asked, s.txid, wire::kDecideAbort, s.rpc_reply);
       s.reason = failed.code() == Code::kAborted ? TxAbortReasonOf(failed) : TxAbortReason::kOther;
       (void)co_await abort();
       co_return failed;
@@ -1075,14 +1134,14 @@ Task<Status> Tx::commit() {
     const std::vector<std::string> no_list;
     const auto first_req =
         wire::EncodeTwoPhaseRequest(s.txid, 0, wire::kDecideCommit,
-                                    static_cast<uint16_t>(order.size()), no_list, part_items[0]);
-    Result<std::span<const std::byte>> first_r = co_await CallRpc(
-        *s.sched, c.servers[order[0]].peer, wire::kOpDecide, first_req, s.rpc_reply, "TX_DECIDE");
+                                    static_cast<uint16_t>(parts.size()), no_list, parts[0].items);
+    Result<std::span<const std::byte>> first_r =
+        co_await CallRpc(*s.sched, parts[0].peer, wire::kOpDecide, first_req, s.rpc_reply,
+                         "TX_DECIDE to " + parts[0].what);
     if (!first_r.ok() && first_r.status().code() == Code::kAborted) {
       // Refused (a lease ran out, or a participant's question fenced the transaction): the
       // decision recorded is "abort"; tell the prepared ones.
-      co_await DecideOthers(*s.sched, c, order, order.size(), s.txid, wire::kDecideAbort,
-                            s.rpc_reply);
+      co_await DecideOthers(*s.sched, parts, parts.size(), s.txid, wire::kDecideAbort, s.rpc_reply);
       s.reason = TxAbortReasonOf(first_r.status());
       (void)co_await abort();
       co_return first_r.status();
@@ -1099,8 +1158,7 @@ Task<Status> Tx::commit() {
     if (s.Died(TxDieAt::kAfterFirstDecide, writes)) {
       co_return Status::Internal("tx commit: test fault: client stopped after the first decide");
     }
-    co_await DecideOthers(*s.sched, c, order, order.size(), s.txid, wire::kDecideCommit,
-                          s.rpc_reply);
+    co_await DecideOthers(*s.sched, parts, parts.size(), s.txid, wire::kDecideCommit, s.rpc_reply);
   }
   for (auto& [tp, entries] : commit_groups) {
     for (auto& e : entries) {
@@ -1109,7 +1167,7 @@ Task<Status> Tx::commit() {
   }
   // Inserted items: their reservation offset is the item's address.
   for (auto& [ck, item] : s.items) {
-    if (item.kind == State::kInsert &&
+    if (item.kind == State::kInsert && c.UserDsOf(item.table) == nullptr &&
         tx::IsItemOffset(s.TableOf(item.table)->geometry, item.offset)) {
       c.Cache(item.table, item.key, item.offset);
     }

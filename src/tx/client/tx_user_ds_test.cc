@@ -50,7 +50,12 @@ uint64_t KeyOf(std::span<const std::byte> key) {
   return k;
 }
 
-class RecordOwner final : public TxDsOwner {
+// The owner also takes part in multi-participant commits: it pins and applies prepared writes
+// (TxDsPreparedWrites) and passes kTxDsPrepare / kTxDsDecide to its TxDsParticipant. A pinned
+// lock has lease kPinned: it never runs out.
+constexpr uint64_t kPinned = UINT64_MAX;
+
+class RecordOwner final : public TxDsOwner, public TxDsPreparedWrites {
  public:
   RecordOwner() {
     void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -64,6 +69,12 @@ class RecordOwner final : public TxDsOwner {
 
   Status rpc_handler(uint16_t opcode, std::span<const std::byte> request,
                      std::vector<std::byte>& reply) override {
+    if (opcode == kTxBase + kTxDsPrepare || opcode == kTxBase + kTxDsDecide) {
+      // Not under mu_: the participant calls pin() / apply(), which take it.
+      if (participant == nullptr) return Status::Protocol("records: no two-phase participant");
+      return opcode == kTxBase + kTxDsPrepare ? participant->prepare(request)
+                                              : participant->decide(request);
+    }
     std::lock_guard lock(mu_);
     switch (opcode) {
       case kLookupOp:
@@ -82,6 +93,49 @@ class RecordOwner final : public TxDsOwner {
     return Status::Protocol("records: unknown opcode " + std::to_string(opcode));
   }
 
+  Status pin(uint64_t txid, std::span<const TxDsBatchItem> items) override {
+    std::lock_guard lock(mu_);
+    std::vector<uint64_t> records;
+    for (const TxDsBatchItem& e : items) {
+      const uint64_t r = Find(KeyOf(e.key));
+      if (r == kRecords || Get(r, kLock) != txid || Get(r, kLease) <= Now()) {
+        Release(txid, items);
+        return Status::Aborted("stale commit: transaction " + std::to_string(txid) +
+                               " does not hold key " + std::to_string(KeyOf(e.key)) +
+                               " (its lease ran out?)");
+      }
+      if (e.op == TxDsOp::kWrite && e.value.size() != 8) {
+        Release(txid, items);
+        return Status::InvalidArgument("records: values are 8 bytes");
+      }
+      records.push_back(r);
+    }
+    for (uint64_t r : records) Change(r, [&](auto set) { set(kLease, kPinned); });
+    return Status::OK();
+  }
+  void apply(uint64_t txid, std::span<const TxDsBatchItem> items, bool commit) override {
+    std::lock_guard lock(mu_);
+    if (!commit) {
+      Release(txid, items);
+      return;
+    }
+    std::vector<uint64_t> records;
+    for (const TxDsBatchItem& e : items) records.push_back(Find(KeyOf(e.key)));
+    Install(items, records);
+  }
+
+  // The record of `key` as the owner sees it (for the tests' checks).
+  struct Snapshot {
+    uint64_t value = 0, lock = 0, lease = 0;
+  };
+  Snapshot Peek(uint64_t key) {
+    std::lock_guard lock(mu_);
+    const uint64_t r = Find(key);
+    if (r == kRecords) return {};
+    return {Get(r, kValue), Get(r, kLock), Get(r, kLease)};
+  }
+
+  TxDsParticipant* participant = nullptr;
   // Test-only fault: commits do not check that the transaction still holds each lock.
   bool skip_lock_check = false;
 
@@ -205,9 +259,16 @@ class RecordOwner final : public TxDsOwner {
       }
       records.push_back(r);
     }
-    for (size_t i = 0; i < op.items.size(); ++i) {
-      const TxDsBatchItem& e = op.items[i];
+    Install(op.items, records);
+    return Status::OK();
+  }
+
+  // Installs each item at its record (caller holds mu_; records[i] is items[i]'s).
+  void Install(std::span<const TxDsBatchItem> items, const std::vector<uint64_t>& records) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      const TxDsBatchItem& e = items[i];
       const uint64_t r = records[i];
+      if (r == kRecords) continue;
       const uint64_t version = Get(r, kVersion) + 1;
       Change(r, [&](auto set) {
         if (e.op == TxDsOp::kRemove) {
@@ -225,14 +286,19 @@ class RecordOwner final : public TxDsOwner {
         set(kLease, 0);
       });
     }
-    return Status::OK();
   }
 
   Status Unlock(std::span<const std::byte> request) {
     FARMEM_ASSIGN_OR_RETURN(TxDsBatchRequest op, DecodeTxDsBatchRequest(request, false));
-    for (const TxDsBatchItem& e : op.items) {
+    Release(op.txid, op.items);
+    return Status::OK();
+  }
+
+  // Releases txid's locks on the items' records (caller holds mu_).
+  void Release(uint64_t txid, std::span<const TxDsBatchItem> items) {
+    for (const TxDsBatchItem& e : items) {
       const uint64_t r = Find(KeyOf(e.key));
-      if (r == kRecords || Get(r, kLock) != op.txid) continue;  // already released or taken over
+      if (r == kRecords || Get(r, kLock) != txid) continue;  // already released or taken over
       const bool reserved = Get(r, kLive) == 0;
       Change(r, [&](auto set) {
         if (reserved) set(kKey, 0);  // an insert that did not commit frees its record
@@ -240,7 +306,6 @@ class RecordOwner final : public TxDsOwner {
         set(kLease, 0);
       });
     }
-    return Status::OK();
   }
 
   std::mutex mu_;
@@ -252,7 +317,8 @@ class RecordOwner final : public TxDsOwner {
 // ordered (native TCP) seq even and equal to tail; else the seqlock words around the copy too.
 class RecordDs final : public TxDsClient {
  public:
-  explicit RecordDs(bool ordered, uint16_t base = kTxBase) : ordered_(ordered), base_(base) {}
+  explicit RecordDs(bool ordered, uint16_t base = kTxBase, bool two_phase = true)
+      : ordered_(ordered), base_(base), two_phase_(two_phase) {}
 
   TxDsStep lookup_start(std::span<const std::byte> key) override {
     const uint64_t k = KeyOf(key);
@@ -307,6 +373,7 @@ class RecordDs final : public TxDsClient {
     (void)key;
     return ReadAt(address);
   }
+  bool two_phase() const override { return two_phase_; }
 
  private:
   TxDsStep ReadAt(uint64_t offset) const {
@@ -317,41 +384,70 @@ class RecordDs final : public TxDsClient {
   }
   const bool ordered_;
   const uint16_t base_;
+  const bool two_phase_;
   std::mutex mu_;
   std::map<uint64_t, uint64_t> cache_;
 };
 
-// One tx server (a hash table "kv", 8-byte keys and values) plus the records' owner node.
+// Where a RecordOwner serves: its node and its two-phase participant.
+struct OwnerSite {
+  RecordOwner records;
+  std::unique_ptr<Node> node;
+  std::unique_ptr<TxDsParticipant> participant;
+  ~OwnerSite() { Stop(); }
+  void Stop() {
+    records.participant = nullptr;
+    participant.reset();  // before the node: its recovery calls through it
+    if (node) node->stop();
+    node.reset();
+  }
+};
+
+// Two tx servers (a hash table "kv", 8-byte keys and values, partitioned over both) plus the
+// records' owner node.
 class TxUserDs : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    ASSERT_NE(owner_.memory(), nullptr);
-    env_ = TxEnv::Start(GetParam(), 1, {"kv:8:8:64:2"});
+    env_ = TxEnv::Start(GetParam(), 2, {"kv:8:8:64:2"});
     ASSERT_NE(env_->node, nullptr);
-    auto node = Node::Create(node::testing::MakeConfig(GetParam(), "records-owner"));
+    StartOwner(site_, "records-owner");
+  }
+  // Starts a records owner: its node, region "records", RPCs and participant (`options`).
+  void StartOwner(OwnerSite& site, const std::string& name, TxDsParticipantOptions options = {}) {
+    ASSERT_NE(site.records.memory(), nullptr);
+    auto node = Node::Create(node::testing::MakeConfig(GetParam(), name));
     ASSERT_TRUE(node.ok()) << node.status().ToString();
-    owner_node_ = std::move(*node);
-    auto region = owner_node_->export_region("records", owner_.memory(), RecordOwner::kBytes,
-                                             Access::kReadOnly);
+    site.node = std::move(*node);
+    auto region = site.node->export_region("records", site.records.memory(), RecordOwner::kBytes,
+                                           Access::kReadOnly);
     ASSERT_TRUE(region.ok()) << region.status().ToString();
-    for (uint16_t op : {kLookupOp, static_cast<uint16_t>(kTxBase + kTxDsLock),
-                        static_cast<uint16_t>(kTxBase + kTxDsLockInsert),
-                        static_cast<uint16_t>(kTxBase + kTxDsValidate),
-                        static_cast<uint16_t>(kTxBase + kTxDsCommit),
-                        static_cast<uint16_t>(kTxBase + kTxDsUnlock)}) {
-      ASSERT_TRUE(owner_node_
+    static_assert(kTxBase == kLookupOp + 1);  // one range: the lookup, then the tx RPCs
+    for (uint16_t op = kLookupOp; op < kTxBase + kTxDsTwoPhaseOpcodes; ++op) {
+      ASSERT_TRUE(site.node
                       ->register_rpc(op,
-                                     [this](const RpcCall& call, std::vector<std::byte>& reply) {
-                                       return owner_.rpc_handler(call.opcode, call.request, reply);
+                                     [&site](const RpcCall& call, std::vector<std::byte>& reply) {
+                                       return site.records.rpc_handler(call.opcode, call.request,
+                                                                       reply);
                                      })
                       .ok());
     }
-    ASSERT_TRUE(owner_node_->start().ok());
+    ASSERT_TRUE(site.node->start().ok());
+    ResetParticipant(site, std::move(options));
+  }
+  // Replaces the owner's participant (no transaction may be running).
+  static void ResetParticipant(OwnerSite& site, TxDsParticipantOptions options) {
+    site.records.participant = nullptr;
+    site.participant.reset();
+    auto p = TxDsParticipant::Create(*site.node, site.records, std::move(options));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    site.participant = std::move(*p);
+    site.records.participant = site.participant.get();
   }
   void TearDown() override {
     clients_.clear();
+    site2_.Stop();
+    site_.Stop();
     env_.reset();
-    if (owner_node_) owner_node_->stop();
   }
   // A client with the records registered; *id gets their table id.
   TxClient* Connect(uint16_t* id, TxClientOptions options = {}) {
@@ -359,12 +455,60 @@ class TxUserDs : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return nullptr;
     auto ds = std::make_shared<RecordDs>(GetParam() == "tcp");
-    auto r = (*c)->add_data_structure("records", ds, owner_node_->bootstrap_address(), "records");
+    auto r = (*c)->add_data_structure("records", ds, site_.node->bootstrap_address(), "records");
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) return nullptr;
     *id = *r;
     clients_.push_back(std::move(*c));
     return clients_.back().get();
+  }
+  // With a fresh participant (`participant`): kv key 1 = 50 (table id *kv) and record 1 = 100
+  // (records id *id), committed by the client returned; then a client with a 100 ms lease writes
+  // 777 to both and dies in its commit at `at`. Null on a failure (reported).
+  TxClient* StartDyingCommit(TxDieAt at, TxDsParticipantOptions participant, uint16_t* id,
+                             uint16_t* kv) {
+    ResetParticipant(site_, std::move(participant));
+    TxClient* c = Connect(id);
+    if (c == nullptr) return nullptr;
+    *kv = *c->table("kv");
+    Fill(*c, *id, 1, 100);
+    auto t = Blocking(*c);
+    t->start();
+    EXPECT_TRUE(t->insert(*kv, Key(1), Value(50, 8)).ok());
+    EXPECT_TRUE(t->commit().ok());
+    TxClientOptions dying;
+    dying.lease = std::chrono::milliseconds(100);
+    dying.faults.die_at = at;
+    auto dt = WriteBoth(dying, 777);
+    if (dt == nullptr) return nullptr;
+    EXPECT_EQ(dt->commit().code(), Code::kInternal);  // the test fault
+    return c;
+  }
+  // A transaction of a new client (`options`) that wrote `v` to kv key 1 and record 1, ready to
+  // commit (null on a failure, reported).
+  std::unique_ptr<BlockingTx> WriteBoth(TxClientOptions options, uint64_t v) {
+    uint16_t id = 0;
+    TxClient* c = Connect(&id, options);
+    if (c == nullptr) return nullptr;
+    auto t = Blocking(*c);
+    t->start();
+    auto wk = t->write(*c->table("kv"), Key(1));
+    auto wr = t->write(id, Key(1));
+    EXPECT_TRUE(wk.ok() && wr.ok());
+    if (!wk.ok() || !wr.ok()) return nullptr;
+    std::memcpy(wk->data(), &v, 8);
+    std::memcpy(wr->data(), &v, 8);
+    return t;
+  }
+  // Record 1 holds `record` with no lock; kv key 1 holds `kv_value` and t can lock it.
+  void ExpectFree(BlockingTx& t, uint16_t kv, uint64_t kv_value, uint64_t record) {
+    EXPECT_EQ(site_.records.Peek(1).value, record);
+    EXPECT_EQ(site_.records.Peek(1).lock, 0u);
+    t.start();
+    auto k1 = t.write(kv, Key(1));
+    ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+    EXPECT_EQ(U64(*k1), kv_value);
+    ASSERT_TRUE(t.abort().ok());
   }
   std::unique_ptr<BlockingTx> Blocking(TxClient& c) {
     auto t = BlockingTx::Create(c, *env_->node);
@@ -379,16 +523,15 @@ class TxUserDs : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(t->commit().ok());
   }
 
-  RecordOwner owner_;
   std::unique_ptr<TxEnv> env_;
-  std::unique_ptr<Node> owner_node_;
+  OwnerSite site_, site2_;
   std::vector<std::unique_ptr<TxClient>> clients_;
 };
 
 TEST_P(TxUserDs, RegistrationChecksTheDataStructureAndItsOwner) {
   auto c = env_->Connect();
   ASSERT_TRUE(c.ok());
-  const std::string owner = owner_node_->bootstrap_address();
+  const std::string owner = site_.node->bootstrap_address();
   auto ds = std::make_shared<RecordDs>(true);
   auto r = (*c)->add_data_structure("records", ds, owner, "nope");
   EXPECT_EQ(r.status().code(), Code::kNotFound);
@@ -399,20 +542,29 @@ TEST_P(TxUserDs, RegistrationChecksTheDataStructureAndItsOwner) {
             Code::kInvalidArgument);  // the hash table's name
   EXPECT_EQ((*c)->add_data_structure("x", nullptr, owner, "records").status().code(),
             Code::kInvalidArgument);
-  // Its five opcodes must fit under 65536: base 65531 does (65531..65535), 65532 does not; 0
+  // Its five opcodes (seven with two_phase()) must fit under 65536: base 65531 does
+  // (65531..65535) without two_phase(), 65532 does not; with it 65529 does, 65530 does not; 0
   // means lookups only.
+  EXPECT_EQ((*c)->add_data_structure("top", std::make_shared<RecordDs>(true, 65532, false), owner,
+                                     "records")
+                .status()
+                .code(),
+            Code::kInvalidArgument);
   EXPECT_EQ(
-      (*c)->add_data_structure("top", std::make_shared<RecordDs>(true, 65532), owner, "records")
+      (*c)->add_data_structure("top", std::make_shared<RecordDs>(true, 65530), owner, "records")
           .status()
           .code(),
       Code::kInvalidArgument);
+  EXPECT_TRUE(
+      (*c)->add_data_structure("top", std::make_shared<RecordDs>(true, 65529), owner, "records")
+          .ok());
   EXPECT_EQ((*c)->add_data_structure("zero", std::make_shared<RecordDs>(true, 0), owner, "records")
                 .status()
                 .code(),
             Code::kInvalidArgument);
-  EXPECT_TRUE(
-      (*c)->add_data_structure("high", std::make_shared<RecordDs>(true, 65531), owner, "records")
-          .ok());
+  EXPECT_TRUE((*c)->add_data_structure("high", std::make_shared<RecordDs>(true, 65531, false),
+                                       owner, "records")
+                  .ok());
   r = (*c)->add_data_structure("records", ds, "127.0.0.1:1", "records");
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().ToString().find("connecting to its owner at 127.0.0.1:1"), std::string::npos)
@@ -546,9 +698,11 @@ TEST_P(TxUserDs, ValidationAndLocksProtectReads) {
   }
 }
 
-// Reads of the hash table validate beside writes to the records; writes to both are refused
-// (no two-phase commit with a user data structure) and leave every lock released.
-TEST_P(TxUserDs, MixesWithTheHashTableWhereOneParticipantWrites) {
+// Reads of the hash table validate beside writes to the records; writes to both commit
+// atomically (the records' owner a prepared participant, a tx server the first); a record whose
+// lease ran out refuses its prepare and nothing is installed; a data structure whose owner takes
+// no part in two-phase commits is refused beside other writes, leaving every lock released.
+TEST_P(TxUserDs, WritesToTheHashTableAndTheRecordsCommitTogether) {
   uint16_t id = 0;
   TxClient* c = Connect(&id);
   ASSERT_NE(c, nullptr);
@@ -556,52 +710,180 @@ TEST_P(TxUserDs, MixesWithTheHashTableWhereOneParticipantWrites) {
   Fill(*c, id, 2, 100);
   auto t = Blocking(*c);
   t->start();
-  ASSERT_TRUE(t->insert(kv, Key(1), Value(50, 8)).ok());
+  for (uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(t->insert(kv, Key(k), Value(50, 8)).ok());
   ASSERT_TRUE(t->commit().ok());
-  // Hash read + record write: commits.
+  // Hash read + record write: one participant.
   t->start();
   auto h = t->read(kv, Key(1));
   ASSERT_TRUE(h.ok());
   auto w = t->write(id, Key(1));
   ASSERT_TRUE(w.ok());
-  const uint64_t v = U64(*h) + 1;
+  uint64_t v = U64(*h) + 1;
   std::memcpy(w->data(), &v, 8);
   ASSERT_TRUE(t->commit().ok());
-  // Writes to both: refused, nothing installed, both locks released.
+  EXPECT_EQ(site_.participant->stats().prepares, 0u);
+  // Writes to kv 1..4 (both servers) and records 1, 2: all installed, every lock released.
+  t->start();
+  for (uint64_t k = 1; k <= 4; ++k) {
+    auto wk = t->write(kv, Key(k));
+    ASSERT_TRUE(wk.ok()) << wk.status().ToString();
+    v = 60 + k;
+    std::memcpy(wk->data(), &v, 8);
+  }
+  for (uint64_t k = 1; k <= 2; ++k) {
+    auto wk = t->write(id, Key(k));
+    ASSERT_TRUE(wk.ok()) << wk.status().ToString();
+    v = 200 + k;
+    std::memcpy(wk->data(), &v, 8);
+  }
+  Status st = t->commit();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(site_.participant->stats().prepares, 1u);
+  EXPECT_EQ(site_.participant->stats().decides, 1u);
+  EXPECT_EQ(site_.participant->stats().prepared, 0u);
+  for (uint64_t k = 1; k <= 2; ++k) {
+    EXPECT_EQ(site_.records.Peek(k).value, 200 + k);
+    EXPECT_EQ(site_.records.Peek(k).lock, 0u);
+  }
+  t->start();
+  for (uint64_t k = 1; k <= 4; ++k) {
+    auto wk = t->write(kv, Key(k));  // a lock left behind would refuse this
+    ASSERT_TRUE(wk.ok()) << wk.status().ToString();
+    EXPECT_EQ(U64(*wk), 60 + k);
+  }
+  ASSERT_TRUE(t->abort().ok());
+  // A record lock whose lease ran out before the commit: the owner refuses the prepare ("stale
+  // commit"), the transaction aborts, nothing of it is installed.
+  TxClientOptions brief;
+  brief.lease = std::chrono::milliseconds(30);
+  auto bt = WriteBoth(brief, 999);
+  ASSERT_NE(bt, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  st = bt->commit();
+  EXPECT_EQ(TxAbortReasonOf(st), TxAbortReason::kStaleCommit) << st.ToString();
+  ExpectFree(*t, kv, 61, 201);
+  // The same records registered without two_phase(): writes to them and to kv are refused.
+  auto one_phase = c->add_data_structure(
+      "records1p", std::make_shared<RecordDs>(GetParam() == "tcp", kTxBase, false),
+      site_.node->bootstrap_address(), "records");
+  ASSERT_TRUE(one_phase.ok()) << one_phase.status().ToString();
   t->start();
   ASSERT_TRUE(t->write(kv, Key(1)).ok());
-  ASSERT_TRUE(t->write(id, Key(2)).ok());
-  Status st = t->commit();
+  ASSERT_TRUE(t->write(*one_phase, Key(2)).ok());
+  st = t->commit();
   EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.ToString().find("two-phase commit"), std::string::npos) << st.ToString();
   t->start();
   auto after_kv = t->write(kv, Key(1));
-  auto after_rec = t->write(id, Key(2));
+  auto after_rec = t->write(*one_phase, Key(2));
   ASSERT_TRUE(after_kv.ok()) << after_kv.status().ToString();
   ASSERT_TRUE(after_rec.ok()) << after_rec.status().ToString();
-  EXPECT_EQ(U64(*after_kv), 50u);
-  EXPECT_EQ(U64(*after_rec), 100u);
+  EXPECT_EQ(U64(*after_kv), 61u);
+  EXPECT_EQ(U64(*after_rec), 202u);
   ASSERT_TRUE(t->abort().ok());
-  t->start();
-  auto rec1 = t->read(id, Key(1));
-  ASSERT_TRUE(rec1.ok());
-  EXPECT_EQ(U64(*rec1), 51u);
-  ASSERT_TRUE(t->commit().ok());
 }
 
-// Bank over the records: 2 threads x 4 coroutines of transfers (two read-for-updates) and audits
-// (reads of every account); every committed audit sees the exact total, and it is conserved.
+// Writes to two data structures and no table: server 0 keeps the decision (it holds no write),
+// both owners are prepared participants.
+TEST_P(TxUserDs, TwoDataStructuresCommitThroughAKeeperServer) {
+  StartOwner(site2_, "records-owner-2");
+  uint16_t id = 0;
+  TxClient* c = Connect(&id);
+  ASSERT_NE(c, nullptr);
+  auto id2 = c->add_data_structure("records2", std::make_shared<RecordDs>(GetParam() == "tcp"),
+                                   site2_.node->bootstrap_address(), "records");
+  ASSERT_TRUE(id2.ok()) << id2.status().ToString();
+  Fill(*c, id, 2, 100);
+  Fill(*c, *id2, 2, 100);
+  auto t = Blocking(*c);
+  t->start();
+  auto a = t->write(id, Key(1));
+  auto b = t->write(*id2, Key(2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  uint64_t v = 150;
+  std::memcpy(a->data(), &v, 8);
+  v = 50;
+  std::memcpy(b->data(), &v, 8);
+  Status st = t->commit();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(site_.participant->stats().prepares, 1u);
+  EXPECT_EQ(site2_.participant->stats().prepares, 1u);
+  EXPECT_EQ(site_.records.Peek(1).value, 150u);
+  EXPECT_EQ(site2_.records.Peek(2).value, 50u);
+  EXPECT_EQ(site_.records.Peek(1).lock, 0u);
+  EXPECT_EQ(site2_.records.Peek(2).lock, 0u);
+}
+
+// The client dies once every participant is prepared: nothing was decided, so the owner's
+// recovery thread asks the first participant (a tx server), is told "aborted" (a fence) and
+// releases the pinned lock; nothing is installed anywhere.
+TEST_P(TxUserDs, AClientDeadAfterThePreparesIsAbortedByTheOwnersRecovery) {
+  TxDsParticipantOptions po;
+  po.max_lease_ns = 400'000'000;  // recovery every 200 ms
+  uint16_t id = 0, kv = 0;
+  TxClient* c = StartDyingCommit(TxDieAt::kAfterPrepare, po, &id, &kv);
+  ASSERT_NE(c, nullptr);
+  auto t = Blocking(*c);
+  EXPECT_EQ(site_.participant->stats().prepared, 1u);
+  EXPECT_EQ(site_.records.Peek(1).lease, kPinned);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (site_.participant->stats().prepared != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const TxDsParticipantStats s = site_.participant->stats();
+  EXPECT_EQ(s.prepared, 0u);
+  EXPECT_EQ(s.recovered_aborts, 1u);
+  EXPECT_EQ(s.recovered_commits, 0u);
+  // (The kv lock's lease ran out long ago: a writer takes it over and finds the old value.)
+  ExpectFree(*t, kv, 50, 100);
+}
+
+// The client dies after the commit point (the first participant, a tx server, installed its
+// write and recorded "commit"): the record's lock stays pinned past its lease — no other
+// transaction takes it — until the owner's recovery learns "commit" and installs the write.
+TEST_P(TxUserDs, ACommitDecidedBeforeTheClientDiedReachesTheOwnerByItsRecovery) {
+  TxDsParticipantOptions po;
+  po.recovery_thread = false;  // recover() by hand
+  uint16_t id = 0, kv = 0;
+  TxClient* c = StartDyingCommit(TxDieAt::kAfterFirstDecide, po, &id, &kv);
+  ASSERT_NE(c, nullptr);
+  auto t = Blocking(*c);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // past the lease
+  t->start();
+  auto k1 = t->read(kv, Key(1));
+  ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+  EXPECT_EQ(U64(*k1), 777u);  // committed at the first participant
+  auto r1 = t->write(id, Key(1));
+  EXPECT_EQ(TxAbortReasonOf(r1.status()), TxAbortReason::kLocked) << r1.status().ToString();
+  EXPECT_EQ(site_.participant->stats().prepared, 1u);
+  site_.participant->recover();
+  const TxDsParticipantStats s = site_.participant->stats();
+  EXPECT_EQ(s.prepared, 0u);
+  EXPECT_EQ(s.recovered_commits, 1u);
+  EXPECT_EQ(site_.records.Peek(1).value, 777u);
+  t->start();
+  r1 = t->write(id, Key(1));
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(U64(*r1), 777u);
+  ASSERT_TRUE(t->abort().ok());
+}
+
+// Bank: 2 threads x 4 coroutines of transfers (two read-for-updates) and audits (reads of every
+// account); every committed audit sees the exact total, and it is conserved.
 constexpr uint64_t kAccounts = 16;
 constexpr uint64_t kInitial = 1000;
 
 struct BankOutcome {
   std::atomic<uint64_t> transfers{0}, audits{0}, bad_audits{0}, errors{0};
 };
+// Account i lives at (table, key).
+using Accounts = std::vector<std::pair<uint16_t, uint64_t>>;
 
-Task<void> BankWorker(TxClient* client, Scheduler* sched, uint16_t id, uint64_t seed,
+Task<void> BankWorker(TxClient* client, Scheduler* sched, const Accounts* accounts, uint64_t seed,
                       BankOutcome* out) {
   Tx tx(*client, *sched);
   std::mt19937_64 rng(seed);
+  const size_t n = accounts->size();
   for (int op = 0; op < 120; ++op) {
     const bool audit = rng() % 4 == 0;
     for (int attempt = 0; attempt < 50; ++attempt) {
@@ -609,8 +891,9 @@ Task<void> BankWorker(TxClient* client, Scheduler* sched, uint16_t id, uint64_t 
       Status st;
       uint64_t sum = 0;
       if (audit) {
-        for (uint64_t a = 1; a <= kAccounts && st.ok(); ++a) {
-          Result<std::span<const std::byte>> r = co_await tx.read(id, Key(a));
+        for (size_t a = 0; a < n && st.ok(); ++a) {
+          const auto [table, key] = (*accounts)[a];
+          Result<std::span<const std::byte>> r = co_await tx.read(table, Key(key));
           if (!r.ok()) {
             st = r.status();
           } else {
@@ -618,12 +901,13 @@ Task<void> BankWorker(TxClient* client, Scheduler* sched, uint16_t id, uint64_t 
           }
         }
       } else {
-        const uint64_t a = 1 + rng() % kAccounts;
-        uint64_t b = 1 + rng() % (kAccounts - 1);
+        const size_t a = rng() % n;
+        size_t b = rng() % (n - 1);
         if (b >= a) ++b;
-        Result<std::span<std::byte>> wa = co_await tx.write(id, Key(a));
+        Result<std::span<std::byte>> wa =
+            co_await tx.write((*accounts)[a].first, Key((*accounts)[a].second));
         Result<std::span<std::byte>> wb = Status::Aborted("not reached");
-        if (wa.ok()) wb = co_await tx.write(id, Key(b));
+        if (wa.ok()) wb = co_await tx.write((*accounts)[b].first, Key((*accounts)[b].second));
         if (!wa.ok() || !wb.ok()) {
           st = wa.ok() ? wb.status() : wa.status();
         } else {
@@ -638,7 +922,7 @@ Task<void> BankWorker(TxClient* client, Scheduler* sched, uint16_t id, uint64_t 
       if (st.ok()) st = co_await tx.commit();
       if (st.ok()) {
         (audit ? out->audits : out->transfers).fetch_add(1);
-        if (audit && sum != kAccounts * kInitial) out->bad_audits.fetch_add(1);
+        if (audit && sum != n * kInitial) out->bad_audits.fetch_add(1);
         break;
       }
       if (st.code() != Code::kAborted) {
@@ -652,49 +936,83 @@ Task<void> BankWorker(TxClient* client, Scheduler* sched, uint16_t id, uint64_t 
   }
 }
 
-TEST_P(TxUserDs, BankStressAuditsSeeTheExactTotal) {
-  uint16_t id = 0;
-  TxClient* c = Connect(&id);
-  ASSERT_NE(c, nullptr);
-  Fill(*c, id, kAccounts, kInitial);
+// Runs the bank over `accounts` and checks the audits and the final total.
+void RunBank(TxEnv& env, TxClient* c, BlockingTx& t, const Accounts& accounts, const char* what) {
   BankOutcome out;
   std::vector<std::thread> threads;
   for (int th = 0; th < 2; ++th) {
     threads.emplace_back([&, th] {
-      auto sched = env_->node->make_scheduler();
+      auto sched = env.node->make_scheduler();
       ASSERT_TRUE(sched.ok());
       for (int k = 0; k < 4; ++k) {
-        (*sched)->spawn(BankWorker(c, sched->get(), id, 77 + th * 10 + k, &out));
+        (*sched)->spawn(BankWorker(c, sched->get(), &accounts, 77 + th * 10 + k, &out));
       }
       Status st = (*sched)->run(std::chrono::seconds(120));
       EXPECT_TRUE(st.ok()) << st.ToString();
     });
   }
-  for (auto& t : threads) t.join();
-  auto t = Blocking(*c);
-  t->start();
+  for (auto& th : threads) th.join();
+  t.start();
   uint64_t total = 0;
-  for (uint64_t a = 1; a <= kAccounts; ++a) {
-    auto r = t->read(id, Key(a));
+  for (const auto& [table, key] : accounts) {
+    auto r = t.read(table, Key(key));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     total += U64(*r);
   }
-  ASSERT_TRUE(t->commit().ok());
+  ASSERT_TRUE(t.commit().ok());
   const TxClientStats s = c->stats();
   std::printf(
       "%s: transfers %llu audits %llu bad %llu; one-sided hits %llu misses %llu, "
       "validations one-sided %llu rpc %llu, aborts locked %llu validation %llu\n",
-      GetParam().c_str(), (unsigned long long)out.transfers.load(),
-      (unsigned long long)out.audits.load(), (unsigned long long)out.bad_audits.load(),
-      (unsigned long long)s.one_sided_hits, (unsigned long long)s.one_sided_misses,
-      (unsigned long long)s.one_sided_validations, (unsigned long long)s.rpc_validations,
+      what, (unsigned long long)out.transfers.load(), (unsigned long long)out.audits.load(),
+      (unsigned long long)out.bad_audits.load(), (unsigned long long)s.one_sided_hits,
+      (unsigned long long)s.one_sided_misses, (unsigned long long)s.one_sided_validations,
+      (unsigned long long)s.rpc_validations,
       (unsigned long long)s.aborts[static_cast<size_t>(TxAbortReason::kLocked)],
       (unsigned long long)s.aborts[static_cast<size_t>(TxAbortReason::kValidation)]);
-  EXPECT_EQ(total, kAccounts * kInitial);
+  EXPECT_EQ(total, accounts.size() * kInitial);
   EXPECT_EQ(out.errors.load(), 0u);
   EXPECT_GT(out.transfers.load(), 0u);
   EXPECT_GT(out.audits.load(), 0u);
   EXPECT_EQ(out.bad_audits.load(), 0u);
+}
+
+TEST_P(TxUserDs, BankStressAuditsSeeTheExactTotal) {
+  uint16_t id = 0;
+  TxClient* c = Connect(&id);
+  ASSERT_NE(c, nullptr);
+  Fill(*c, id, kAccounts, kInitial);
+  Accounts accounts;
+  for (uint64_t k = 1; k <= kAccounts; ++k) accounts.push_back({id, k});
+  auto t = Blocking(*c);
+  RunBank(*env_, c, *t, accounts, GetParam().c_str());
+}
+
+// The bank over accounts in the hash table (both servers) and in the records: transfers
+// between them commit by prepare / decide with the records' owner a prepared participant.
+TEST_P(TxUserDs, MixedBankStressAcrossTheHashTableAndTheRecords) {
+  uint16_t id = 0;
+  TxClient* c = Connect(&id);
+  ASSERT_NE(c, nullptr);
+  const uint16_t kv = *c->table("kv");
+  Fill(*c, id, kAccounts / 2, kInitial);
+  auto t = Blocking(*c);
+  t->start();
+  for (uint64_t k = 1; k <= kAccounts / 2; ++k) {
+    ASSERT_TRUE(t->insert(kv, Key(k), Value(kInitial, 8)).ok());
+  }
+  ASSERT_TRUE(t->commit().ok());
+  Accounts accounts;
+  for (uint64_t k = 1; k <= kAccounts / 2; ++k) {
+    accounts.push_back({kv, k});
+    accounts.push_back({id, k});
+  }
+  RunBank(*env_, c, *t, accounts, (GetParam() + " mixed").c_str());
+  const TxDsParticipantStats s = site_.participant->stats();
+  std::printf("records' owner: prepares %llu decides %llu\n", (unsigned long long)s.prepares,
+              (unsigned long long)s.decides);
+  EXPECT_GT(s.prepares, 0u);
+  EXPECT_EQ(s.prepared, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TxUserDs, kTxBackends, TxBackendName);
