@@ -2,8 +2,10 @@
 // structures"), from a program built against an installed farmem. An embedded farmemd serves a
 // hash table ("prices"); a node of this program owns "stock", 16 versioned counters (key k is
 // counter k - 1, 1 <= k <= 16) that clients read one-sidedly and change through the owner's
-// transaction RPCs. One transaction reads a price and takes stock; one whose read of a counter
-// went stale before its commit is refused ("validation").
+// transaction RPCs. One transaction reads a price, takes stock and records the order in a second
+// hash table ("orders") — writes to both commit atomically, the owner a prepared participant of
+// the two-phase commit (TxDsParticipant); one whose read of a counter went stale before its
+// commit is refused ("validation").
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -40,7 +42,7 @@ uint64_t U64(std::span<const std::byte> b) {
 
 constexpr uint64_t kCounters = 16;
 constexpr uint16_t kLookup = 9000;  // request: 8 key bytes; reply: address, version, lock, value
-constexpr uint16_t kTxBase = 9001;  // + farmem::kTxDsLock .. kTxDsUnlock
+constexpr uint16_t kTxBase = 9001;  // + farmem::kTxDsLock .. kTxDsDecide
 
 // A counter: {seq, version, lock holder, value}. The owner changes one under its mutex with seq
 // odd while it does (a reader's copy with an odd or moved seq is retried).
@@ -49,12 +51,18 @@ struct Counter {
 };
 static_assert(sizeof(Counter) == 32);
 
-class StockOwner final : public farmem::TxDsOwner {
+// The owner serves the transaction RPCs and, for commits that span other participants, pins and
+// applies prepared writes (TxDsPreparedWrites) for its TxDsParticipant.
+class StockOwner final : public farmem::TxDsOwner, public farmem::TxDsPreparedWrites {
  public:
   Counter counters[kCounters];
+  farmem::TxDsParticipant* participant = nullptr;
 
   farmem::Status rpc_handler(uint16_t opcode, std::span<const std::byte> request,
                              std::vector<std::byte>& reply) override {
+    // Not under mu_: the participant calls pin() / apply(), which take it.
+    if (opcode == kTxBase + farmem::kTxDsPrepare) return participant->prepare(request);
+    if (opcode == kTxBase + farmem::kTxDsDecide) return participant->decide(request);
     std::lock_guard guard(mu_);
     if (opcode == kLookup) {
       Counter* c = request.size() == 8 ? Find(request) : nullptr;
@@ -91,27 +99,8 @@ class StockOwner final : public farmem::TxDsOwner {
         const bool commit = opcode - kTxBase == farmem::kTxDsCommit;
         FARMEM_ASSIGN_OR_RETURN(farmem::TxDsBatchRequest r,
                                 farmem::DecodeTxDsBatchRequest(request, commit));
-        for (const auto& item : r.items) {
-          Counter* c = Find(item.key);
-          if (c == nullptr || c->lock != r.txid) {
-            if (commit) return farmem::Status::Aborted("stale commit: lock not held");
-            continue;
-          }
-          if (commit && item.op != farmem::TxDsOp::kWrite) {
-            return farmem::Status::InvalidArgument("stock: counters cannot be removed");
-          }
-        }
-        for (const auto& item : r.items) {
-          Counter* c = Find(item.key);
-          if (c == nullptr || c->lock != r.txid) continue;
-          Change(c, [&] {
-            if (commit) {
-              c->value = U64(item.value);
-              c->version = c->version + 1;
-            }
-            c->lock = 0;
-          });
-        }
+        if (commit) FARMEM_RETURN_IF_ERROR(Held(r.txid, r.items));
+        Apply(r.txid, r.items, commit);
         return farmem::Status::OK();
       }
       default:  // kTxDsLockInsert: a fixed set of counters
@@ -119,7 +108,46 @@ class StockOwner final : public farmem::TxDsOwner {
     }
   }
 
+  // A prepare: txid must hold every lock. These locks have no lease (they never expire), so
+  // they are pinned as they are; an owner with leases would stop them running out here.
+  farmem::Status pin(uint64_t txid, std::span<const farmem::TxDsBatchItem> items) override {
+    std::lock_guard guard(mu_);
+    farmem::Status st = Held(txid, items);
+    if (!st.ok()) Apply(txid, items, false);  // a refused prepare releases txid's locks
+    return st;
+  }
+  void apply(uint64_t txid, std::span<const farmem::TxDsBatchItem> items, bool commit) override {
+    std::lock_guard guard(mu_);
+    Apply(txid, items, commit);
+  }
+
  private:
+  farmem::Status Held(uint64_t txid, std::span<const farmem::TxDsBatchItem> items) {
+    for (const auto& item : items) {
+      Counter* c = Find(item.key);
+      if (c == nullptr || c->lock != txid) {
+        return farmem::Status::Aborted("stale commit: lock not held");
+      }
+      if (item.op != farmem::TxDsOp::kWrite) {
+        return farmem::Status::InvalidArgument("stock: counters cannot be removed");
+      }
+    }
+    return farmem::Status::OK();
+  }
+  // Installs (commit) and releases txid's locks on the items (caller holds mu_).
+  void Apply(uint64_t txid, std::span<const farmem::TxDsBatchItem> items, bool commit) {
+    for (const auto& item : items) {
+      Counter* c = Find(item.key);
+      if (c == nullptr || c->lock != txid) continue;
+      Change(c, [&] {
+        if (commit) {
+          c->value = U64(item.value);
+          c->version = c->version + 1;
+        }
+        c->lock = 0;
+      });
+    }
+  }
   Counter* Find(std::span<const std::byte> key) {
     const uint64_t k = U64(key);
     return k >= 1 && k <= kCounters ? &counters[k - 1] : nullptr;
@@ -179,6 +207,8 @@ class StockClient final : public farmem::TxDsClient {
     (void)key;
     return At(address);
   }
+  // The owner serves kTxDsPrepare / kTxDsDecide: stock may commit beside other writes.
+  bool two_phase() const override { return true; }
 
  private:
   static farmem::TxDsStep At(uint64_t offset) {
@@ -195,7 +225,7 @@ int main() {
   // The hash table "prices" (8-byte keys and values) in an embedded farmemd's tx service.
   farmem::ServerConfig sc;
   sc.services = {"tx"};
-  sc.tx.tables = {"prices:8:8:64:2"};
+  sc.tx.tables = {"prices:8:8:64:2", "orders:8:8:64:2"};
   auto server = farmem::MemoryServer::Create(sc);
   Check(server.status(), "MemoryServer::Create");
   Check((*server)->start(), "MemoryServer::start");
@@ -212,7 +242,10 @@ int main() {
                             farmem::Access::kReadOnly)
             .status(),
         "export_region");
-  for (uint16_t op = kLookup; op < kTxBase + farmem::kTxDsOpcodes; ++op) {
+  auto participant = farmem::TxDsParticipant::Create(**owner_node, owner);
+  Check(participant.status(), "TxDsParticipant::Create");
+  owner.participant = participant->get();
+  for (uint16_t op = kLookup; op < kTxBase + farmem::kTxDsTwoPhaseOpcodes; ++op) {
     Check((*owner_node)
               ->register_rpc(op,
                              [&owner](const farmem::RpcCall& call, std::vector<std::byte>& reply) {
@@ -230,6 +263,7 @@ int main() {
   auto client = farmem::TxClient::Connect(**node, {(*server)->node().bootstrap_address()});
   Check(client.status(), "TxClient::Connect");
   const uint16_t prices = *(*client)->table("prices");
+  const uint16_t orders = *(*client)->table("orders");
   auto stock = (*client)->add_data_structure("stock", std::make_shared<StockClient>(),
                                              (*owner_node)->bootstrap_address(), "stock");
   Check(stock.status(), "add_data_structure");
@@ -240,7 +274,8 @@ int main() {
   Check((*tx)->insert(prices, U64Bytes(3), U64Bytes(250)), "insert price");
   Check((*tx)->commit(), "commit");
 
-  // Buy 4 of item 3: read its price (hash table), take stock (our data structure).
+  // Buy 4 of item 3: read its price (hash table), take stock (our data structure) and record
+  // order 1 (another hash table): the stock and the order commit together or not at all.
   (*tx)->start();
   auto price = (*tx)->read(prices, U64Bytes(3));
   Check(price.status(), "read price");
@@ -248,9 +283,13 @@ int main() {
   Check(left.status(), "write stock");
   const uint64_t n = U64(*left) - 4;
   std::memcpy(left->data(), &n, 8);
+  Check((*tx)->insert(orders, U64Bytes(1), U64Bytes(3 * 1000 + 4)), "insert order");
   Check((*tx)->commit(), "commit purchase");
-  std::printf("bought 4 of item 3 at %llu: %llu left\n", (unsigned long long)U64(*price),
-              (unsigned long long)n);
+  std::printf(
+      "bought 4 of item 3 at %llu: %llu left, order 1 recorded (prepared at the stock "
+      "owner: %llu)\n",
+      (unsigned long long)U64(*price), (unsigned long long)n,
+      (unsigned long long)(*participant)->stats().prepares);
 
   // A stock check reads items 3 and 4; a purchase of item 4 commits in between: refused.
   auto other = farmem::BlockingTx::Create(**client, **node);
@@ -278,6 +317,8 @@ int main() {
               (unsigned long long)stats.one_sided_hits,
               (unsigned long long)stats.one_sided_validations, (unsigned long long)stats.commits);
   (*node)->stop();
+  owner.participant = nullptr;
+  participant->reset();
   (*owner_node)->stop();
   (*server)->stop();
   return 0;
