@@ -5,7 +5,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -93,6 +99,65 @@ inline uint64_t U64(std::span<const std::byte> b) {
 inline const auto kTxBackends = ::testing::Values(std::string("tcp"), std::string("fabric:shm"));
 inline std::string TxBackendName(const ::testing::TestParamInfo<std::string>& info) {
   return info.param == "tcp" ? "tcp" : "fabric_shm";
+}
+
+// Runs this test binary as a child process on the test `filter` (usually a DISABLED_ one) with
+// `env` added to this process's environment, waits (up to 60 s) until it prints `marker` on
+// stdout, then SIGKILLs it (the kernel closes its connections). True when it reached the marker
+// and died of the signal; otherwise a failure is reported with its output.
+inline bool KillChildAtMarker(const std::string& filter, const std::vector<std::string>& env,
+                              const std::string& marker) {
+  std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=" + filter,
+                                   "--gtest_also_run_disabled_tests"};
+  std::vector<std::string> all_env;
+  for (char** e = environ; *e != nullptr; ++e) all_env.emplace_back(*e);
+  all_env.insert(all_env.end(), env.begin(), env.end());
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : all_env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int fds[2];
+  if (pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe";
+    return false;
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {  // never reach kill(pid) below with -1: that signals every process
+    close(fds[0]);
+    close(fds[1]);
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return false;
+  }
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    dup2(fds[1], 1);
+    close(fds[0]);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool reached = false;
+  while (!reached && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;  // the child exited
+    out.append(buf, static_cast<size_t>(n));
+    reached = out.find(marker) != std::string::npos;
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+  if (!reached) {
+    ADD_FAILURE() << "the child process did not print " << marker << "; its output:\n" << out;
+    return false;
+  }
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
 }  // namespace farmem::tx_test

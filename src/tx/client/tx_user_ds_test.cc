@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -1015,7 +1017,90 @@ TEST_P(TxUserDs, MixedBankStressAcrossTheHashTableAndTheRecords) {
   EXPECT_EQ(s.prepared, 0u);
 }
 
+// A real client process SIGKILLed after the prepares, then after the commit point (native TCP
+// only, as TxRecoveryProcess): the owner's recovery aborts the first and commits the second.
+class TxUserDsProcess : public TxUserDs {};
+
+TEST_P(TxUserDsProcess, AClientProcessKilledMidCommitIsResolvedByTheOwnersRecovery) {
+  TxDsParticipantOptions po;
+  po.recovery_thread = false;  // recover() by hand
+  ResetParticipant(site_, po);
+  uint16_t id = 0;
+  TxClient* c = Connect(&id);
+  ASSERT_NE(c, nullptr);
+  const uint16_t kv = *c->table("kv");
+  Fill(*c, id, 1, 100);
+  auto t = Blocking(*c);
+  t->start();
+  ASSERT_TRUE(t->insert(kv, Key(1), Value(50, 8)).ok());
+  ASSERT_TRUE(t->commit().ok());
+  for (const std::string step : {"prepare", "decide"}) {
+    SCOPED_TRACE("killed after the " + step);
+    const std::vector<std::string> env = {
+        "FARMEM_TX_DS_CHILD_SERVERS=" + env_->addresses[0] + "," + env_->addresses[1],
+        "FARMEM_TX_DS_CHILD_OWNER=" + site_.node->bootstrap_address(),
+        "FARMEM_TX_DS_CHILD_BACKEND=" + GetParam(), "FARMEM_TX_DS_CHILD_STEP=" + step};
+    ASSERT_TRUE(
+        KillChildAtMarker("TxUserDsChild.DISABLED_Client", env, "FARMEM_TX_DS_CHILD_AT_STEP"));
+    EXPECT_EQ(site_.participant->stats().prepared, 1u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // past the child's lease
+    site_.participant->recover();
+    EXPECT_EQ(site_.participant->stats().prepared, 0u);
+    const uint64_t expected = step == "prepare" ? 100 : 777;
+    EXPECT_EQ(site_.records.Peek(1).value, expected);
+    EXPECT_EQ(site_.records.Peek(1).lock, 0u);
+    t->start();
+    auto k1 = t->write(kv, Key(1));  // its lease ran out: taken over
+    ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+    EXPECT_EQ(U64(*k1), step == "prepare" ? 50u : 777u);
+    ASSERT_TRUE(t->abort().ok());
+  }
+  EXPECT_EQ(site_.participant->stats().recovered_aborts, 1u);
+  EXPECT_EQ(site_.participant->stats().recovered_commits, 1u);
+}
+
+// The client process of TxUserDsProcess (run only as its child: disabled otherwise): writes 777
+// to kv key 1 and record 1 with TxClientFaults::die_at at the step asked, says so on stdout and
+// waits to be killed.
+TEST(TxUserDsChild, DISABLED_Client) {
+  const char* servers = std::getenv("FARMEM_TX_DS_CHILD_SERVERS");
+  const char* owner = std::getenv("FARMEM_TX_DS_CHILD_OWNER");
+  const char* backend = std::getenv("FARMEM_TX_DS_CHILD_BACKEND");
+  const char* step = std::getenv("FARMEM_TX_DS_CHILD_STEP");
+  ASSERT_TRUE(servers && owner && backend && step) << "run by TxUserDsProcess only";
+  const std::string sv = servers;
+  auto node = Node::Create(node::testing::MakeConfig(backend, "tx-ds-child-client"));
+  ASSERT_TRUE(node.ok());
+  ASSERT_TRUE((*node)->start().ok());
+  TxClientOptions o;
+  o.lease = std::chrono::milliseconds(100);
+  o.faults.die_at =
+      std::string(step) == "prepare" ? TxDieAt::kAfterPrepare : TxDieAt::kAfterFirstDecide;
+  auto client =
+      TxClient::Connect(**node, {sv.substr(0, sv.find(',')), sv.substr(sv.find(',') + 1)}, o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto id = (*client)->add_data_structure(
+      "records", std::make_shared<RecordDs>(std::string(backend) == "tcp"), owner, "records");
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto t = BlockingTx::Create(**client, **node);
+  ASSERT_TRUE(t.ok());
+  (*t)->start();
+  auto wk = (*t)->write(*(*client)->table("kv"), Key(1));
+  auto wr = (*t)->write(*id, Key(1));
+  ASSERT_TRUE(wk.ok() && wr.ok());
+  const uint64_t v = 777;
+  std::memcpy(wk->data(), &v, 8);
+  std::memcpy(wr->data(), &v, 8);
+  const Status result = (*t)->commit();
+  ASSERT_EQ(result.code(), Code::kInternal) << result.ToString();
+  std::printf("FARMEM_TX_DS_CHILD_AT_STEP %s\n", step);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // SIGKILLed here
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TxUserDs, kTxBackends, TxBackendName);
+INSTANTIATE_TEST_SUITE_P(Tcp, TxUserDsProcess, ::testing::Values(std::string("tcp")),
+                         TxBackendName);
 
 }  // namespace user_ds
 }  // namespace farmem::tx_test

@@ -10,9 +10,6 @@
 // fail), FARMEM_TX_FAULT=no_learned|no_fence the peer tests. Main thread plus the servers'
 // threads (and a child process of this binary).
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -182,61 +179,13 @@ class TxRecovery : public ::testing::TestWithParam<std::string> {
   // a_ -> b_ and stops at `step` ("holding" / "prepare" / "decide"); once it says so it is
   // killed with SIGKILL (the kernel closes its connections). Returns the balances once free.
   std::vector<uint64_t> KillProcessAt(const std::string& step) {
-    std::vector<std::string> args = {"/proc/self/exe",
-                                     "--gtest_filter=TxRecoveryChild.DISABLED_Client",
-                                     "--gtest_also_run_disabled_tests"};
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-    std::string servers = cluster_->addresses[0] + "," + cluster_->addresses[1];
-    env.push_back("FARMEM_TX_CHILD_SERVERS=" + servers);
-    env.push_back("FARMEM_TX_CHILD_BACKEND=" + GetParam());
-    env.push_back("FARMEM_TX_CHILD_STEP=" + step);
-    env.push_back("FARMEM_TX_CHILD_KEYS=" + std::to_string(a_) + "," + std::to_string(b_));
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    int fds[2];
-    if (pipe(fds) != 0) {
-      ADD_FAILURE() << "pipe";
+    const std::vector<std::string> env = {
+        "FARMEM_TX_CHILD_SERVERS=" + cluster_->addresses[0] + "," + cluster_->addresses[1],
+        "FARMEM_TX_CHILD_BACKEND=" + GetParam(), "FARMEM_TX_CHILD_STEP=" + step,
+        "FARMEM_TX_CHILD_KEYS=" + std::to_string(a_) + "," + std::to_string(b_)};
+    if (!KillChildAtMarker("TxRecoveryChild.DISABLED_Client", env, "FARMEM_TX_CHILD_AT_STEP")) {
       return {};
     }
-    const pid_t pid = fork();
-    if (pid < 0) {  // never reach kill(pid) below with -1: that signals every process
-      close(fds[0]);
-      close(fds[1]);
-      ADD_FAILURE() << "fork: " << std::strerror(errno);
-      return {};
-    }
-    if (pid == 0) {  // only async-signal-safe calls until exec
-      dup2(fds[1], 1);
-      close(fds[0]);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    bool reached = false;
-    while (!reached && std::chrono::steady_clock::now() < deadline) {
-      pollfd p{fds[0], POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = read(fds[0], buf, sizeof buf);
-      if (n <= 0) break;  // the child exited
-      out.append(buf, static_cast<size_t>(n));
-      reached = out.find("FARMEM_TX_CHILD_AT_STEP") != std::string::npos;
-    }
-    kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    close(fds[0]);
-    if (!reached) {
-      ADD_FAILURE() << "the client process did not reach its step; its output:\n" << out;
-      return {};
-    }
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     return BalancesWhenFree();
   }
 
