@@ -465,10 +465,8 @@ class TxUserDs : public ::testing::TestWithParam<std::string> {
     return clients_.back().get();
   }
   // With a fresh participant (`participant`): kv key 1 = 50 (table id *kv) and record 1 = 100
-  // (records id *id), committed by the client returned; then a client with a 100 ms lease writes
-  // 777 to both and dies in its commit at `at`. Null on a failure (reported).
-  TxClient* StartDyingCommit(TxDieAt at, TxDsParticipantOptions participant, uint16_t* id,
-                             uint16_t* kv) {
+  // (records id *id), committed by the client returned (null on a failure, reported).
+  TxClient* StartOneOfEach(TxDsParticipantOptions participant, uint16_t* id, uint16_t* kv) {
     ResetParticipant(site_, std::move(participant));
     TxClient* c = Connect(id);
     if (c == nullptr) return nullptr;
@@ -478,6 +476,14 @@ class TxUserDs : public ::testing::TestWithParam<std::string> {
     t->start();
     EXPECT_TRUE(t->insert(*kv, Key(1), Value(50, 8)).ok());
     EXPECT_TRUE(t->commit().ok());
+    return c;
+  }
+  // StartOneOfEach, then a client with a 100 ms lease writes
+  // 777 to both and dies in its commit at `at`. Null on a failure (reported).
+  TxClient* StartDyingCommit(TxDieAt at, TxDsParticipantOptions participant, uint16_t* id,
+                             uint16_t* kv) {
+    TxClient* c = StartOneOfEach(std::move(participant), id, kv);
+    if (c == nullptr) return nullptr;
     TxClientOptions dying;
     dying.lease = std::chrono::milliseconds(100);
     dying.faults.die_at = at;
@@ -1024,16 +1030,10 @@ class TxUserDsProcess : public TxUserDs {};
 TEST_P(TxUserDsProcess, AClientProcessKilledMidCommitIsResolvedByTheOwnersRecovery) {
   TxDsParticipantOptions po;
   po.recovery_thread = false;  // recover() by hand
-  ResetParticipant(site_, po);
-  uint16_t id = 0;
-  TxClient* c = Connect(&id);
+  uint16_t id = 0, kv = 0;
+  TxClient* c = StartOneOfEach(po, &id, &kv);
   ASSERT_NE(c, nullptr);
-  const uint16_t kv = *c->table("kv");
-  Fill(*c, id, 1, 100);
   auto t = Blocking(*c);
-  t->start();
-  ASSERT_TRUE(t->insert(kv, Key(1), Value(50, 8)).ok());
-  ASSERT_TRUE(t->commit().ok());
   for (const std::string step : {"prepare", "decide"}) {
     SCOPED_TRACE("killed after the " + step);
     const std::vector<std::string> env = {
