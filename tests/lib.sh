@@ -17,6 +17,28 @@ dump_logs() {
   done
 }
 
+# descendants <pid>: the pid and every process below it, one per line.
+descendants() {
+  local c
+  echo "$1"
+  for c in $(pgrep -P "$1" 2>/dev/null); do descendants "$c"; done
+}
+
+# dump_stuck <pid>: what a process that should have moved on (and everything below it) is doing:
+# state, kernel wait channel and, with gdb, every thread's stack, so a failure in CI explains itself.
+dump_stuck() {
+  local p
+  for p in $(descendants "$1"); do
+    [[ -d /proc/$p ]] || continue
+    echo "----- pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-200)" >&2
+    echo "state $(awk '/^State:/ {print $2, $3}' "/proc/$p/status"), wchan $(cat "/proc/$p/wchan" 2>/dev/null)" >&2
+    if [[ "$(readlink "/proc/$p/exe" 2>/dev/null)" == */farmem* ]] && command -v gdb >/dev/null 2>&1; then
+      timeout 60 gdb -p "$p" -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' 2>&1 |
+        grep -E '^(Thread|#)' | head -n 200 >&2 || true
+    fi
+  done
+}
+
 fail() {
   echo "$TEST_NAME: FAIL: $*" >&2
   dump_logs

@@ -35,6 +35,8 @@ if [[ "${1:-}" == __inside ]]; then
   bank 1 init >"$NETNS_DIR/init.out" 2>"$NETNS_DIR/init.err" || fail "init: $(tail -n 5 "$NETNS_DIR/init.err")"
   if [[ "$MODE" == partition ]]; then
     pids=()
+    # A previous case's files would otherwise answer the wait below before the redirect truncates.
+    rm -f "$NETNS_DIR"/run*.out "$NETNS_DIR"/run*.err "$NETNS_DIR"/stat*.out
     for i in 1 2; do
       bank "$i" run --seed "$i" --seconds 3 --min-audits 0 --op-timeout-ms 1000 \
         >"$NETNS_DIR/run$i.out" \
@@ -48,7 +50,10 @@ if [[ "${1:-}" == __inside ]]; then
         kill -0 "${pids[$((i - 1))]}" 2>/dev/null || fail "client in ns$i exited before it started"
         sleep 0.1
       done
-      grep -q '^tx-bank run: started' "$NETNS_DIR/run$i.out" || fail "client in ns$i not started in 30 s"
+      if ! grep -q '^tx-bank run: started' "$NETNS_DIR/run$i.out"; then
+        dump_stuck "${pids[$((i - 1))]}"
+        fail "client in ns$i not started in 30 s"
+      fi
     done
     sleep 0.5
     ip -n "$NETNS_NS3" link set eth0 down || fail "link down in $NETNS_NS3"
