@@ -194,6 +194,40 @@ class Scheduler {
     co_return RpcReply{c.reply_imm, c.reply_length};
   }
 
+  // Reads the segments of one region in order (every byte of one before any of the next): a
+  // seqlock's version, the data, the version again. In one copy, without suspending, where the
+  // context can (Context::read_ordered_now: shm), else one awaited read after another. Every
+  // kOrderedReadsPerYield-th read done in place still yields once, so a coroutine that only reads
+  // cannot keep its siblings' completions waiting.
+  Task<Status> read_ordered(PeerId peer, RegionKey key, std::span<const ReadSegment> segments) {
+    if (std::optional<Status> done = ctx_->read_ordered_now(peer, key, segments)) {
+      if (++ordered_reads_in_place_ % kOrderedReadsPerYield == 0) co_await yield();
+      co_return *done;
+    }
+    for (const ReadSegment& seg : segments) {
+      Status st = co_await read(RemoteRef{peer, key, seg.offset}, seg.dst, seg.len);
+      if (!st.ok()) co_return st;
+    }
+    co_return Status::OK();
+  }
+  static constexpr uint64_t kOrderedReadsPerYield = 8;
+
+  // Suspends the calling coroutine until its scheduler's next poll_once (after the completions
+  // and sleepers already due there); other coroutines run meanwhile.
+  class YieldAwaiter {
+   public:
+    explicit YieldAwaiter(Scheduler* s) : sched_(s) {}
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) {
+      sched_->timers_.push(Timer{std::chrono::steady_clock::now(), sched_->timer_seq_++, h});
+    }
+    void await_resume() const noexcept {}
+
+   private:
+    Scheduler* sched_;
+  };
+  YieldAwaiter yield() { return YieldAwaiter(this); }
+
   // Suspends the calling coroutine until `until` (checked on every poll_once, so the wake-up is as
   // late as the thread's next poll); other coroutines of this scheduler keep running meanwhile.
   class SleepAwaiter {
@@ -370,6 +404,7 @@ class Scheduler {
   std::deque<Task<void>> tasks_;
   size_t waiting_ = 0;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_;
+  uint64_t ordered_reads_in_place_ = 0;  // read_ordered calls the context did in place
   uint64_t timer_seq_ = 0;
 };
 

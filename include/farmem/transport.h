@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,6 +49,14 @@ struct RemoteRef {
   PeerId peer = kInvalidPeer;
   RegionKey key = 0;
   uint64_t offset = 0;
+};
+
+// One piece of an ordered read (Context::read_ordered_now, Scheduler::read_ordered): `len` bytes at
+// `offset` of the read's region into `dst`.
+struct ReadSegment {
+  uint64_t offset = 0;
+  void* dst = nullptr;
+  size_t len = 0;
 };
 
 enum class OpType : uint8_t { kRead = 1, kWrite, kCompareSwap, kFetchAdd, kRpc };
@@ -172,6 +181,21 @@ class Context {
   // Send an RPC request to `peer`, carrying `imm` as immediate data; the reply lands in `reply`.
   virtual Status post_rpc(PeerId peer, uint32_t imm, std::span<const std::byte> request,
                           std::span<std::byte> reply, uint64_t wr_id) = 0;
+
+  // Reads `segments` of the region `key` at `peer` in order, here and now, inside the call: every
+  // byte of segment i is read before any byte of segment i + 1 (what a seqlock reader needs:
+  // version, data, version again). Only where the context can do that with one copy: libfabric
+  // shm's direct copy with the key already known (one process_vm_readv over all segments). Else
+  // nullopt: nothing may be relied on in the buffers, and the caller posts ordinary reads one
+  // after another (Scheduler::read_ordered does). Errors as a read's (kOutOfRange, kNotFound, a
+  // peer that exited).
+  virtual std::optional<Status> read_ordered_now(PeerId peer, RegionKey key,
+                                                 std::span<const ReadSegment> segments) {
+    (void)peer;
+    (void)key;
+    (void)segments;
+    return std::nullopt;
+  }
 
   // Move finished operations into `out`; returns how many. Also fails operations whose deadline
   // passed (kTimedOut) or whose peer went away (kUnavailable).

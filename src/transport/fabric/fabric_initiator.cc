@@ -469,6 +469,69 @@ bool FabricContext::TryDirectCopy(Op* op, const KeyEntry& e) {
   return true;
 }
 
+// An ordered read done with one process_vm_readv over every segment. The kernel copies the remote
+// iovecs one after another (mm/process_vm_access.c: process_vm_rw_core loops over them, and each
+// one's pages are pinned under mmap_read_lock, copied, then unpinned), so between the last load of
+// segment i and the first of segment i + 1 there are lock-prefixed read-modify-writes (the page
+// refcounts, the mmap lock). x86 never reorders loads, fast-string ones included, across a locked
+// instruction (Intel SDM vol. 3 §8.2.2), so every byte of segment i is read before any byte of
+// segment i + 1: a seqlock reader's version / data / version in one system call instead of three
+// (bench/README.md, "tx"). Inside one segment there is no order (docs/transport.md). The same
+// checks as Issue() and TryDirectCopy(), on a key already in the cache; anything else (key unknown
+// yet, CMA refused, ops queued behind a refusal, a short copy) answers nullopt and the caller reads
+// one segment after another through post_read.
+std::optional<Status> FabricContext::read_ordered_now(PeerId peer, RegionKey key,
+                                                      std::span<const ReadSegment> segments) {
+  constexpr size_t kMaxSegments = 8;
+#if !defined(__x86_64__)
+  return std::nullopt;  // the order argument above is x86's; elsewhere, one read after another
+#endif
+  if (!direct_copy_ || aborted_ || segments.empty() || segments.size() > kMaxSegments) {
+    return std::nullopt;
+  }
+  if (peer >= peers_.size()) return std::nullopt;
+  auto it = cache_.find(PeerKey{peer, key});
+  if (it == cache_.end() || !it->second.ready) return std::nullopt;
+  const KeyEntry& e = it->second;
+  if (e.owner_pid <= 0 || e.valid == nullptr) return std::nullopt;
+  PeerSlot& slot = peers_[peer];
+  if (slot.cma_refused || !slot.retry.empty()) return std::nullopt;
+  if (e.valid->load(std::memory_order_acquire) != key) return std::nullopt;  // post_read says why
+  iovec local[kMaxSegments], remote[kMaxSegments];
+  size_t total = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const ReadSegment& seg = segments[i];
+    if (seg.dst == nullptr || seg.len == 0) {
+      return Status::InvalidArgument("ordered read: an empty segment or a null buffer");
+    }
+    if (!InBounds(seg.offset, seg.len, e.length)) {
+      return Status::OutOfRange("access [" + std::to_string(seg.offset) + ", +" +
+                                std::to_string(seg.len) + ") outside region of " +
+                                std::to_string(e.length) + " bytes");
+    }
+    local[i] = iovec{seg.dst, seg.len};
+    remote[i] = iovec{reinterpret_cast<void*>(e.base + seg.offset), seg.len};
+    total += seg.len;
+  }
+  if (PeerExited(peer, false)) return PeerExitedStatus(OpType::kRead);
+  const ssize_t n =
+      process_vm_readv(e.owner_pid, local, segments.size(), remote, segments.size(), 0);
+  if (n < 0 && errno == ESRCH) {
+    slot.exited = true;
+    return PeerExitedStatus(OpType::kRead);
+  }
+  if (n < 0 && (errno == EPERM || errno == ENOSYS)) slot.cma_refused = true;
+  // Short, interrupted or failed: the ordinary path retries or reports it (EFAULT: deregistered).
+  if (n != static_cast<ssize_t>(total)) return std::nullopt;
+  stats_.ordered_copies++;
+  // As ReadStillValid: the copy ended in a system call, which orders it before this load.
+  if (e.valid->load(std::memory_order_acquire) != key) {
+    EraseEntry(PeerKey{peer, key});
+    return Status::NotFound("region key was deregistered at the peer during the read");
+  }
+  return Status::OK();
+}
+
 // shm reads are copies out of the peer's memory by a system call (process_vm_readv, the
 // provider's or ours) that no deregistration waits for, and a deregistered region's memory stays
 // mapped once it is freed and reused, so no EFAULT says so: a read that overlapped a

@@ -371,6 +371,8 @@ class FabricContext : public Context {
                         uint64_t wr_id) override;
   Status post_rpc(PeerId peer, uint32_t imm, std::span<const std::byte> request,
                   std::span<std::byte> reply, uint64_t wr_id) override;
+  std::optional<Status> read_ordered_now(PeerId peer, RegionKey key,
+                                         std::span<const ReadSegment> segments) override;
   size_t poll(std::span<Completion> out) override;
   size_t outstanding() const override { return outstanding_; }
   bool needs_progress() const override;

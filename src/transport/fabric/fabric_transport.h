@@ -36,7 +36,8 @@ struct ContextStats {
   uint64_t lookups_sent = 0;  // internal key-lookup RPCs sent
   uint64_t cache_hits = 0;    // operations that found their (peer, key) in the lookup cache
   uint64_t eagain_retries = 0;
-  uint64_t direct_copies = 0;  // shm reads copied with process_vm_readv here (TryDirectCopy)
+  uint64_t direct_copies = 0;   // shm reads copied with process_vm_readv here (TryDirectCopy)
+  uint64_t ordered_copies = 0;  // read_ordered_now calls done in place (one process_vm_readv)
 };
 ContextStats GetContextStats(const Context& context);
 
