@@ -615,12 +615,12 @@ Task<Result<tx::ItemCheck>> ReadItem(Scheduler& sched, bool ordered, const tx::T
     if (!st.ok()) co_return st;
     co_return tx::CheckItemCopy(g, *buf, key, nullptr, view);
   }
+  // The item's first word is its seqlock version: read before and after the copy, in order (in
+  // one system call on shm, Scheduler::read_ordered).
   uint64_t before = 0, after = 0;
-  Status st = co_await sched.read(ref, &before, 8);
-  if (!st.ok()) co_return st;
-  st = co_await sched.read(ref, buf->data(), buf->size());
-  if (!st.ok()) co_return st;
-  st = co_await sched.read(ref, &after, 8);
+  const ReadSegment segments[] = {
+      {ref.offset, &before, 8}, {ref.offset, buf->data(), buf->size()}, {ref.offset, &after, 8}};
+  Status st = co_await sched.read_ordered(ref.peer, ref.key, segments);
   if (!st.ok()) co_return st;
   const tx::SeqlockRecheck recheck{before, after};
   co_return tx::CheckItemCopy(g, *buf, key, &recheck, view);

@@ -13,14 +13,12 @@ Task<Status> CopyDsRead(Scheduler& sched, RemoteRef region, const DsRead& read,
   buf->resize(read.length);
   RemoteRef ref = region;
   ref.offset = read.offset;
-  if (read.seqlock) {
-    Status st = co_await sched.read(ref, &recheck->before, 8);
-    if (!st.ok()) co_return st;
-  }
-  Status st = co_await sched.read(ref, buf->data(), buf->size());
-  if (!st.ok() || !read.seqlock) co_return st;
-  Status after = co_await sched.read(ref, &recheck->after, 8);
-  co_return after;
+  if (!read.seqlock) co_return co_await sched.read(ref, buf->data(), buf->size());
+  // Version, copy, version again, in this order (one system call on shm).
+  const ReadSegment segments[] = {{ref.offset, &recheck->before, 8},
+                                  {ref.offset, buf->data(), buf->size()},
+                                  {ref.offset, &recheck->after, 8}};
+  co_return co_await sched.read_ordered(ref.peer, ref.key, segments);
 }
 
 Task<Result<DsLookup>> OneTwoSidedLookup(Scheduler& sched, TxDsClient& ds, RemoteRef region,
