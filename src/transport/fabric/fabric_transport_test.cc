@@ -1017,13 +1017,25 @@ SeqlockCounts RunSeqlockReaders(Context& ctx, PeerId peer, RegionKey key, uint64
       version.store(v + 1);
       for (size_t i = 1; i <= kData; ++i) std::atomic_ref<uint64_t>(words[i]).store(v / 2 + 1);
       version.store(v + 2);
+      // Every 4th version stays a few microseconds, so that readers also see stable windows where
+      // the writer outruns them (under TSan the right order accepted nothing in 300 ms without it).
+      if ((v / 2) % 4 == 3) {
+        const auto hold = std::chrono::steady_clock::now() + 3us;
+        while (std::chrono::steady_clock::now() < hold) {
+        }
+      }
     }
   });
   SeqlockCounts n;
   uint64_t before = 0, after = 0, data[kData];
-  // The wrong order runs until it accepted a torn copy (at most 5 s; a few per 500 copies here).
-  const auto until = std::chrono::steady_clock::now() + (right_order ? 300ms : 5000ms);
-  while (std::chrono::steady_clock::now() < until && (right_order || n.torn_accepted == 0)) {
+  // The right order runs 300 ms and then until it accepted a copy; the wrong order until it
+  // accepted a torn copy (a few per 500 copies here); both at most 10 s.
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    if (elapsed > 10s) break;
+    if (right_order && elapsed > 300ms && n.accepted > 0) break;
+    if (!right_order && n.torn_accepted > 0) break;
     const ReadSegment right[] = {{0, &before, 8}, {8, data, kData * 8}, {0, &after, 8}};
     const ReadSegment wrong[] = {{0, &before, 8}, {0, &after, 8}, {8, data, kData * 8}};
     std::optional<Status> done = ctx.read_ordered_now(peer, key, right_order ? right : wrong);
