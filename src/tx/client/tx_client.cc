@@ -9,13 +9,12 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
-#include <unordered_map>
 
 #include "farmem/cluster.h"
 #include "node/rpc_call.h"
+#include "tx/client/address_cache.h"
 #include "tx/client/tx_lookup.h"
 #include "tx/format/tx_data_structure.h"
 #include "tx/format/tx_layout.h"
@@ -109,9 +108,9 @@ struct TxClient::Impl {
   uint64_t txid_base = 0;
   std::atomic<uint64_t> next_tx{1};
 
-  // Address cache: (table, key bytes) -> item offset. Shared by every thread's transactions.
-  std::mutex cache_mu;
-  std::unordered_map<std::string, uint64_t> cache;
+  // Address cache: (table, key) -> item offset, shared by every thread's transactions
+  // (address_cache.h: sharded; an entry is a guess the reader checks).
+  tx::AddressCache cache;
 
   struct Counters {
     std::atomic<uint64_t> hits{0}, chain_hits{0}, misses{0}, rpc_lookups{0}, os_validations{0},
@@ -119,26 +118,20 @@ struct TxClient::Impl {
     std::atomic<uint64_t> aborts[kTxAbortReasons]{};
   } counters;
 
-  static std::string CacheKey(uint16_t table, std::span<const std::byte> key) {
+  std::optional<uint64_t> Cached(uint16_t table, std::span<const std::byte> key) const {
+    return cache.find(table, key);
+  }
+  void Cache(uint16_t table, std::span<const std::byte> key, uint64_t offset) {
+    if (options.address_cache) cache.put(table, key, offset);
+  }
+  void Uncache(uint16_t table, std::span<const std::byte> key) { cache.erase(table, key); }
+  // The key of an item in a transaction's read/write set (Tx::State::items): table id, then the
+  // key bytes.
+  static std::string SetKey(uint16_t table, std::span<const std::byte> key) {
     std::string k(2 + key.size(), '\0');
     std::memcpy(k.data(), &table, 2);
     std::memcpy(k.data() + 2, key.data(), key.size());
     return k;
-  }
-  std::optional<uint64_t> Cached(uint16_t table, std::span<const std::byte> key) {
-    std::lock_guard lock(cache_mu);
-    auto it = cache.find(CacheKey(table, key));
-    if (it == cache.end()) return std::nullopt;
-    return it->second;
-  }
-  void Cache(uint16_t table, std::span<const std::byte> key, uint64_t offset) {
-    if (!options.address_cache) return;
-    std::lock_guard lock(cache_mu);
-    cache[CacheKey(table, key)] = offset;
-  }
-  void Uncache(uint16_t table, std::span<const std::byte> key) {
-    std::lock_guard lock(cache_mu);
-    cache.erase(CacheKey(table, key));
   }
   const UserDs* UserDsOf(uint16_t id) const {
     if (id < kFirstUserDs) return nullptr;
@@ -499,7 +492,7 @@ Task<void> DecideOthers(Scheduler& sched, const std::vector<CommitParticipant>& 
 // one table: lookup_start guesses the cached item or the key's main bucket; lookup_end checks an
 // item copy (CheckItemCopy), or locates the key in a bucket copy (ParseBucketCopy) and follows
 // the overflow chain bucket by bucket ("continue at"); the RPC is TX_LOOKUP. The address cache
-// is the client's (shared, mutex-guarded).
+// is the client's (shared, sharded: address_cache.h).
 class TxHashTableDs final : public tx::TxDsClient {
  public:
   TxHashTableDs(TxClient::Impl& c, uint16_t table, const tx::TxGeometry& g)
@@ -668,7 +661,7 @@ Task<Result<bool>> ValidateUserRead(Scheduler& sched, TxClient::Impl& c,
 Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<const std::byte> key) {
   State& s = *s_;
   FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx read"));
-  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  const std::string ck = TxClient::Impl::SetKey(table, key);
   if (auto it = s.items.find(ck); it != s.items.end()) {
     if (it->second.kind == State::kRemove)
       co_return Status::NotFound("tx read: removed by this tx");
@@ -739,7 +732,7 @@ Task<Result<std::span<const std::byte>>> Tx::read(uint16_t table, std::span<cons
 Task<Result<std::span<std::byte>>> Tx::write(uint16_t table, std::span<const std::byte> key) {
   State& s = *s_;
   FARMEM_CO_RETURN_IF_ERROR(s.CheckKey(table, key, "tx write"));
-  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  const std::string ck = TxClient::Impl::SetKey(table, key);
   auto it = s.items.find(ck);
   if (it != s.items.end() && it->second.kind != State::kRead) {
     if (it->second.kind == State::kRemove)
@@ -799,7 +792,7 @@ Task<Status> Tx::insert(uint16_t table, std::span<const std::byte> key,
                                       " bytes, " + owner.what + " holds " +
                                       std::to_string(owner.value_size));
   }
-  const std::string ck = TxClient::Impl::CacheKey(table, key);
+  const std::string ck = TxClient::Impl::SetKey(table, key);
   if (s.items.count(ck) != 0) {
     co_return Status::InvalidArgument("tx insert: key already used by this transaction");
   }
@@ -834,7 +827,7 @@ Task<Status> Tx::insert(uint16_t table, std::span<const std::byte> key,
 Task<Status> Tx::remove(uint16_t table, std::span<const std::byte> key) {
   Result<std::span<std::byte>> w = co_await write(table, key);
   if (!w.ok()) co_return w.status();
-  s_->items[TxClient::Impl::CacheKey(table, key)].kind = State::kRemove;
+  s_->items[TxClient::Impl::SetKey(table, key)].kind = State::kRemove;
   co_return Status::OK();
 }
 
