@@ -72,7 +72,7 @@ struct TierConfig {
   // counted yet (docs/tier.md "Filling free frames"), in at most half of each period.
   bool fill_free_frames = true;
   // Hotspot policy (docs/tier.md "Hotspot policy"; the engine's TierOptions defaults):
-  uint32_t heat_keep_percent = 50;    // --tier-heat-keep-pct: heat kept per period, 0..99
+  uint32_t heat_keep_percent = 88;    // --tier-heat-keep-pct: heat kept per period, 0..99
   uint32_t hysteresis_percent = 100;  // --tier-hysteresis-pct: resident bonus at the cut
   bool direct_io = true;              // --tier-direct-io on|off (rpc / rpc-direct override it)
   bool cached_reads = false;          // --tier-cached-reads on|off: RWF_NOWAIT buffered try first

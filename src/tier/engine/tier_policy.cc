@@ -109,7 +109,7 @@ Result<TierHeat::Update> TierHeat::Add(std::span<const uint64_t> counts,
   const uint32_t keep = up.shifted ? 0 : keep_percent_;
   for (size_t u = 0; u < heat_.size(); ++u) {
     const unsigned __int128 kept = static_cast<unsigned __int128>(heat_[u]) * keep / 100;
-    const unsigned __int128 h = kept + counts[u];
+    const unsigned __int128 h = kept + static_cast<unsigned __int128>(counts[u]) * kOne;
     heat_[u] = h > ~uint64_t{0} ? ~uint64_t{0} : static_cast<uint64_t>(h);
   }
   return up;

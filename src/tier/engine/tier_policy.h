@@ -41,7 +41,7 @@ struct TierPolicyInput {
   uint64_t budget_units = 0;        // frames of the DRAM budget
   uint32_t fill_percent = 95;       // 1..100
   uint32_t hysteresis_percent = 0;  // 0..1000: resident units' bonus in the skewed ranking
-  uint64_t hysteresis_heat = 0;     // and an absolute bonus, in heat (access counts)
+  uint64_t hysteresis_heat = 0;     // and an absolute bonus, in the units of `counts`
 };
 
 struct TierPolicyDecision {
@@ -68,13 +68,23 @@ class TierPolicy {
   static uint64_t TargetFor(uint64_t budget_units, uint64_t unit_count, uint32_t fill_percent);
 };
 
-// Access heat per unit across periods: heat = heat * keep_percent / 100 + count, saturating at
-// 2^64 - 1. With keep 50 a unit's heat is about twice its per-period rate, and after the hot set
-// moves the new units' heat exceeds twice the old ones' (hysteresis 100 %) in two periods: old
-// 2c * 0.5^k, new 2c * (1 - 0.5^k) (docs/tier.md "Hotspot policy").
+// Access heat per unit across periods: heat = heat * keep_percent / 100 + count * kOne, saturating
+// at 2^64 - 1. With keep k a unit's heat tends to rate / (1 - k) (keep 88: ~8 periods' counts);
+// a moved hot set restarts it (Add's shift rule), so long memory does not hold an old set in
+// place (docs/tier.md "Hotspot policy").
+// Fixed point (kOne per access) because most units at the cut of a large region are seen less
+// than once a period: in whole accesses, 1 * 50 / 100 truncates to 0, so a unit seen once was
+// forgotten the next period and the heat of sparse units was one period's count (memoryless).
 class TierHeat {
  public:
   static constexpr uint32_t kMaxKeepPercent = 99;  // 100 would never forget
+  // Heat of one access. 2^8: a single access survives 8 halvings (keep 50) before it reads 0.
+  static constexpr uint64_t kOne = 256;
+  // `accesses` in heat units, saturating (the policy's absolute hysteresis bar is given in
+  // accesses).
+  static uint64_t FromAccesses(uint64_t accesses) {
+    return accesses > ~uint64_t{0} / kOne ? ~uint64_t{0} : accesses * kOne;
+  }
 
   // What Add saw.
   struct Update {

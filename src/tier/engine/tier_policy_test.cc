@@ -217,24 +217,38 @@ TEST(TierHeat, DecaysIgnoresIdlePeriodsAndRestartsWhenTheHotSetMoves) {
   ASSERT_TRUE(h.ok());
   auto heat = [&] { return std::vector<uint64_t>(h->heat().begin(), h->heat().end()); };
   const std::vector<uint8_t> r = {1, 0, 0};  // unit 0 resident
+  constexpr uint64_t K = TierHeat::kOne;     // heat of one access (fixed point)
   std::vector<uint64_t> c = {100, 0, 7};
   auto up = h->Add(c, r);
   ASSERT_TRUE(up.ok() && up->accessed && !up->shifted);
-  EXPECT_EQ(heat(), (std::vector<uint64_t>{100, 0, 7}));
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{100 * K, 0, 7 * K}));
   c = {60, 10, 0};  // resident share 0.93 -> 0.86: no shift
   up = h->Add(c, r);
   ASSERT_TRUE(up.ok() && up->accessed && !up->shifted);
-  EXPECT_EQ(heat(), (std::vector<uint64_t>{110, 10, 3}));
+  // 7 * 0.5 = 3.5 accesses, not 3: the fraction is kept.
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{110 * K, 10 * K, 7 * K / 2}));
   c = {0, 0, 0};
   up = h->Add(c, r);
   ASSERT_TRUE(up.ok());
   EXPECT_FALSE(up->accessed) << "an idle period changes nothing";
-  EXPECT_EQ(heat()[0], 110u);
+  EXPECT_EQ(heat()[0], 110 * K);
   c = {10, 50, 40};  // resident share 0.86 -> 0.10: the hot set moved, the heat restarts
   up = h->Add(c, r);
   ASSERT_TRUE(up.ok() && up->accessed);
   EXPECT_TRUE(up->shifted);
-  EXPECT_EQ(heat(), (std::vector<uint64_t>{10, 50, 40}));
+  EXPECT_EQ(heat(), (std::vector<uint64_t>{10 * K, 50 * K, 40 * K}));
+  {
+    // A unit seen once is still warm a period later: in whole accesses 1 x 50 / 100 truncates
+    // to 0, which forgot every unit seen less than twice (most units near the cut of a large
+    // region, where the rate is below one access a period).
+    auto once = TierHeat::Make(2, 50);
+    ASSERT_TRUE(once.ok());
+    const std::vector<uint8_t> r2 = {1, 0};
+    ASSERT_TRUE(once->Add(std::vector<uint64_t>{10, 1}, r2).ok());
+    ASSERT_TRUE(once->Add(std::vector<uint64_t>{10, 0}, r2).ok());
+    EXPECT_GT(once->heat()[1], 0u) << "a unit seen once a period ago was forgotten";
+    EXPECT_EQ(once->heat()[1], K / 2) << "one access a period ago is half an access of heat";
+  }
   c = {~uint64_t{0}, 0, 0};
   up = h->Add(c, r);
   ASSERT_TRUE(up.ok());
@@ -344,8 +358,9 @@ struct PolicySim {
     if (!up.ok() || !up->accessed) return 0;
     shifts += up->shifted ? 1 : 0;
     const bool drop = up->shifted && follow_shifts;
-    auto d = TierPolicy::Decide(TierPolicyInput{heat.heat(), resident, kBudget, 85,
-                                                drop ? 0 : hysteresis, drop ? 0 : hysteresis_heat});
+    auto d = TierPolicy::Decide(
+        TierPolicyInput{heat.heat(), resident, kBudget, 85, drop ? 0 : hysteresis,
+                        drop ? 0 : TierHeat::FromAccesses(hysteresis_heat)});
     EXPECT_TRUE(d.ok());
     if (!d.ok()) return 0;
     for (uint32_t u : d->demote) resident[u] = 0;
@@ -369,9 +384,12 @@ struct PolicySim {
 // benchmark's 4096-unit region, where the relative bar alone let Poisson noise swap 6 %).
 constexpr size_t kBusy = 20000;
 constexpr size_t kSparse = 1500;
+// ~0.3 at the cut, as the benchmark's full run (16,384 units, ~13 k reads a period): most units
+// near the cut are seen less than once a period, so the heat must keep fractions of an access.
+constexpr size_t kVerySparse = 400;
 
 TEST(TierPolicyStream, StableHotSetStopsChurningAfterWarmUp) {
-  for (size_t accesses : {kBusy, kSparse}) {
+  for (size_t accesses : {kBusy, kSparse, kVerySparse}) {
     ZipfStream zipf(PolicySim::kUnits, 11);
     PolicySim sim;
     for (int p = 0; p < 5; ++p) sim.Step(zipf.Period(accesses));  // warm-up
@@ -388,12 +406,14 @@ TEST(TierPolicyStream, StableHotSetStopsChurningAfterWarmUp) {
         accesses, 100 * per_period, static_cast<unsigned long long>(sim.target), hit, oracle,
         sim.shifts);
     EXPECT_LT(per_period, 0.01) << "a stable hot set keeps churning at " << accesses;
-    EXPECT_GT(hit, 0.95 * oracle) << "the resident set is not the hot set at " << accesses;
+    EXPECT_GT(hit, 0.97 * oracle) << "the resident set is not the hot set at " << accesses;
     EXPECT_EQ(sim.shifts, 0) << "a stable hot set was taken for a moved one";
   }
 }
 
 TEST(TierPolicyStream, MovedHotSetIsFollowedInOnePeriod) {
+  // Not at kVerySparse: one period of 400 accesses cannot name 217 hot units (every setting of
+  // keep and hysteresis gives ~0.79 of 0.87 there one period after the move).
   for (size_t accesses : {kBusy, kSparse}) {
     ZipfStream zipf(PolicySim::kUnits, 23);
     PolicySim sim;

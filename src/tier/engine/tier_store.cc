@@ -559,9 +559,9 @@ Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts,
     rep.shifted = up.shifted;
     FARMEM_ASSIGN_OR_RETURN(
         TierPolicyDecision d,
-        TierPolicy::Decide(TierPolicyInput{heat_.heat(), resident, frames_, fill_percent_,
-                                           up.shifted ? 0 : hysteresis_percent_,
-                                           up.shifted ? 0 : hysteresis_heat_}));
+        TierPolicy::Decide(TierPolicyInput{
+            heat_.heat(), resident, frames_, fill_percent_, up.shifted ? 0 : hysteresis_percent_,
+            up.shifted ? 0 : TierHeat::FromAccesses(hysteresis_heat_)}));
     rep.uniform = d.uniform;
     rep.target_units = d.target_units;
     // Demote first (frees frames), with one grace period for all of them.

@@ -121,9 +121,9 @@ struct TierOptions {
   // (0..99; 0 = the last period's counts only) and the resident units' bonus at the cut, relative
   // (0..1000 %) and absolute (heat, i.e. accesses). All 0 is the artifact's memoryless rule,
   // which churns under a stable Zipf set. A moved hot set drops both for one period (TierHeat).
-  uint32_t heat_keep_percent = 50;
+  uint32_t heat_keep_percent = 88;
   uint32_t hysteresis_percent = 100;
-  uint64_t hysteresis_heat = 8;
+  uint64_t hysteresis_heat = 4;
   // Free-room fill (docs/tier.md "Filling free frames"): after the policy's moves, RunPeriod also
   // promotes cold units nobody has counted yet (heat 0, in index order from where the last fill
   // stopped) while fewer than the policy's target are resident, so that a budget which holds the
@@ -263,7 +263,7 @@ class TierStore {
   uint64_t frames_ = 0;
   uint32_t fill_percent_ = 95;
   uint32_t hysteresis_percent_ = 100;
-  uint64_t hysteresis_heat_ = 8;
+  uint64_t hysteresis_heat_ = 4;
   bool fill_free_frames_ = true;
   std::mutex heat_mu_;  // one RunPeriod at a time: heat_ is its state between periods
   TierHeat heat_;
