@@ -173,6 +173,49 @@ double ExpectedSuccessPercent(TxType t) {
   return 0;
 }
 
+std::array<double, kTxTypes> PopulationExpectedSuccessPercent(uint64_t subscribers, uint64_t seed,
+                                                              uint64_t samples) {
+  std::array<double, kTxTypes> out{};
+  out[static_cast<size_t>(TxType::kGetSubscriberData)] = 100.0;
+  out[static_cast<size_t>(TxType::kUpdateLocation)] = 100.0;
+  if (subscribers == 0 || samples == 0) return out;
+  // Per subscriber: ACCESS_INFO rows, SPECIAL_FACILITY rows and active ones (each 0..4).
+  struct Shares {
+    uint8_t ai = 0, sf = 0, active = 0;
+  };
+  std::vector<Shares> pop(subscribers + 1);
+  for (uint64_t s = 1; s <= subscribers; ++s) {
+    const SubscriberRows r = Populate(s, seed);
+    pop[s].ai = static_cast<uint8_t>(r.access_info.size());
+    pop[s].sf = static_cast<uint8_t>(r.special_facility.size());
+    for (const Row& row : r.special_facility)
+      pop[s].active += row.value[kSfIsActiveOffset] == std::byte{1} ? 1 : 0;
+  }
+  // GET_NEW_DESTINATION's chance once an active SPECIAL_FACILITY row is found (steady-state
+  // CALL_FORWARDING rows): the spec's figure without its 0.625 x 0.85.
+  const double gnd_given_active = ExpectedGetNewDestinationPercent() / (0.625 * 0.85);
+  SplitMix64 rng(0x7A7Bull);  // fixed: the expectation of a population is a constant
+  uint64_t ai = 0, sf = 0, active = 0;
+  for (uint64_t i = 0; i < samples; ++i) {
+    const Shares& sh = pop[NurandSubscriber(rng, subscribers)];
+    ai += sh.ai;
+    sf += sh.sf;
+    active += sh.active;
+  }
+  // The sub_type of an input is uniform over 1..4, independent of the subscriber.
+  const double n = 4.0 * static_cast<double>(samples);
+  const double p_ai = static_cast<double>(ai) / n, p_sf = static_cast<double>(sf) / n;
+  const double p_active = static_cast<double>(active) / n;
+  out[static_cast<size_t>(TxType::kGetAccessData)] = 100.0 * p_ai;
+  out[static_cast<size_t>(TxType::kUpdateSubscriberData)] = 100.0 * p_sf;
+  out[static_cast<size_t>(TxType::kGetNewDestination)] = p_active * gnd_given_active;
+  // INSERT: the SF row exists and the CF row does not (p = 1/2); DELETE: the CF row exists, which
+  // needs its SF row (p = 1/2 given it).
+  out[static_cast<size_t>(TxType::kInsertCallForwarding)] = 100.0 * p_sf * 0.5;
+  out[static_cast<size_t>(TxType::kDeleteCallForwarding)] = 100.0 * p_sf * 0.5;
+  return out;
+}
+
 TxInput NextInput(SplitMix64& rng, uint64_t subscribers) {
   TxInput in;
   const uint64_t pick = rng.Below(100);
