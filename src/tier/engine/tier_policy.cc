@@ -105,6 +105,17 @@ Result<TierHeat::Update> TierHeat::Add(std::span<const uint64_t> counts,
   up.accessed = true;
   const double share = static_cast<double>(hit / all);
   up.shifted = share < last_resident_share_ * 3 / 4;
+  if (up.shifted) {
+    follow_share_ = last_resident_share_ * kCaughtUpShare;
+    follow_left_ = kFollowPeriods;
+  } else if (follow_left_ > 0) {
+    if (share >= follow_share_) {
+      follow_left_ = 0;  // caught up
+    } else {
+      --follow_left_;
+      up.following = true;
+    }
+  }
   last_resident_share_ = share;
   const uint32_t keep = up.shifted ? 0 : keep_percent_;
   for (size_t u = 0; u < heat_.size(); ++u) {

@@ -90,7 +90,21 @@ class TierHeat {
   struct Update {
     bool accessed = false;  // some count was > 0 (else nothing changed)
     bool shifted = false;   // the hot set moved: heat restarted from this period's counts
+    // A period after a shift in which the resident set has not caught up yet (resident share
+    // below kCaughtUpShare of the share before the move; at most kFollowPeriods): the caller drops
+    // the hysteresis as in the shift's own period. Why: the shift's period promotes by one period's
+    // counts, and near the cut of a sparse region many of those units were seen once by chance;
+    // with the hysteresis bar they would then hold their frames for periods while the long
+    // memory lets their heat fade slowly (`farmem bench tiered`, 16,384 units: no recovery in 5 s).
+    bool following = false;
   };
+  // Following ends once the resident share is back to 99 % of the share before the move: a
+  // 95 % bar ended it with ~0.82 of 0.87 resident (bench tiered, 16,384 units), and the
+  // hysteresis then held that set at ~75 % of the throughput before the move. At most about
+  // one heat memory (keep 88 %: ~8 periods' counts), so a set that cannot get back as much
+  // (a flatter new hot set) returns to the hysteresis.
+  static constexpr double kCaughtUpShare = 0.99;
+  static constexpr uint32_t kFollowPeriods = 8;
 
   // InvalidArgument when keep_percent is above 99.
   static Result<TierHeat> Make(size_t units, uint32_t keep_percent);
@@ -107,6 +121,8 @@ class TierHeat {
   std::vector<uint64_t> heat_;
   uint32_t keep_percent_ = 0;
   double last_resident_share_ = 0;  // of the last period with accesses
+  double follow_share_ = 0;         // the share that ends following (Update::following)
+  uint32_t follow_left_ = 0;        // periods of following left
 };
 
 }  // namespace farmem::tier

@@ -557,11 +557,14 @@ Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts,
   bool out_of_frames = false;
   if (up.accessed) {  // else no information this period: the policy keeps the resident set
     rep.shifted = up.shifted;
+    rep.following = up.following;
+    // No hysteresis while the resident set follows a moved hot set (TierHeat::Update).
+    const bool free_ranking = up.shifted || up.following;
     FARMEM_ASSIGN_OR_RETURN(
         TierPolicyDecision d,
         TierPolicy::Decide(TierPolicyInput{
-            heat_.heat(), resident, frames_, fill_percent_, up.shifted ? 0 : hysteresis_percent_,
-            up.shifted ? 0 : TierHeat::FromAccesses(hysteresis_heat_)}));
+            heat_.heat(), resident, frames_, fill_percent_, free_ranking ? 0 : hysteresis_percent_,
+            free_ranking ? 0 : TierHeat::FromAccesses(hysteresis_heat_)}));
     rep.uniform = d.uniform;
     rep.target_units = d.target_units;
     // Demote first (frees frames), with one grace period for all of them.

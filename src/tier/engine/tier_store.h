@@ -176,7 +176,8 @@ struct TierPeriodReport {
   std::vector<uint32_t> filled;    // uncounted units promoted into free room, in index order
   bool fill_cut = false;           // the fill stopped at its deadline with room left
   bool uniform = false;
-  bool shifted = false;  // the hot set moved: no hysteresis this period (TierHeat)
+  bool shifted = false;    // the hot set moved: no hysteresis this period (TierHeat)
+  bool following = false;  // a period after a shift, not caught up yet: no hysteresis either
   uint64_t target_units = 0;
   Status error;  // first failure (IO, grace, no frame); the rest of the period still ran
 };
