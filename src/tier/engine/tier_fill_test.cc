@@ -162,7 +162,7 @@ TEST(TierFill, FilledUnitsGiveWayToAnyCountedUnit) {
 
 // Not the fill: the store's use of TierHeat::Update::following. After a move, the shift's period
 // promoted two units seen once (60, 61); the next period the set has not caught up (resident
-// share 0.89 < 0.95 of the 1.0 before the move), so it ranks without the hysteresis and units
+// share 0.89 < 0.99 of the 1.0 before the move), so it ranks without the hysteresis and units
 // with 3 accesses (below the bar of 2 x 0.88 + 4 accesses) displace them.
 TEST(TierPolicyInStore, PeriodsFollowingAMoveRankWithoutTheHysteresis) {
   TempDir dir;

@@ -4,9 +4,10 @@
 // between periods, owned by TierStore and updated by its one period caller.
 //
 // Rules (paper + artifact, plus decay and hysteresis; docs/tier.md "Hotspot policy"):
-//   heat     = heat * keep_percent / 100 + this period's count (TierHeat). keep 0 = the count of
-//              one period only (the artifact's rule, which churns: a stable Zipf hot set has
-//              many units of nearly equal count at the cut, and sampling noise reorders them).
+//   heat     = heat * keep_percent / 100 + this period's count * kOne (TierHeat, fixed point).
+//              keep 0 = the count of one period only (the artifact's rule, which churns: a
+//              stable Zipf hot set has many units of nearly equal count at the cut, and sampling
+//              noise reorders them).
 //   target   = floor(budget_units * fill_percent / 100), at least 1 when budget and fill are > 0:
 //              the number of units that may be resident after the period; every unit when the
 //              budget holds them all (no reason to leave room then).
@@ -20,7 +21,8 @@
 //              displaces a resident one only when it is that much hotter (the relative bar for
 //              busy units, the absolute one for units whose counts are a few accesses a period,
 //              where Poisson noise is large); ties keep resident units first, then lower index.
-//              The caller drops both for a period in which the hot set moved (TierHeat::Update).
+//              The caller drops both for a period in which the hot set moved, and for the
+//              periods after it until the resident set caught up (TierHeat::Update).
 //   The top `target` units of the ranking are kept or promoted (a unit with heat 0 is never
 //   promoted); resident units outside it are demoted. Already-resident units are never promoted.
 #pragma once
