@@ -99,6 +99,8 @@ class TierHeat {
     // with the hysteresis bar they would then hold their frames for periods while the long
     // memory lets their heat fade slowly (`farmem bench tiered`, 16,384 units: no recovery in 5 s).
     bool following = false;
+    // The caller ranks this period without the hysteresis (TierStore::RunPeriod does).
+    bool free_ranking() const { return shifted || following; }
   };
   // Following ends once the resident share is back to 99 % of the share before the move: a
   // 95 % bar ended it with ~0.82 of 0.87 resident (bench tiered, 16,384 units), and the

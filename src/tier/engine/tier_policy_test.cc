@@ -396,7 +396,7 @@ struct PolicySim {
     EXPECT_TRUE(up.ok());
     if (!up.ok() || !up->accessed) return 0;
     shifts += up->shifted ? 1 : 0;
-    const bool drop = (up->shifted || (up->following && follow_moves)) && follow_shifts;
+    const bool drop = (follow_moves ? up->free_ranking() : up->shifted) && follow_shifts;
     auto d = TierPolicy::Decide(
         TierPolicyInput{heat.heat(), resident, kBudget, 85, drop ? 0 : hysteresis,
                         drop ? 0 : TierHeat::FromAccesses(hysteresis_heat)});

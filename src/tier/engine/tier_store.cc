@@ -558,8 +558,7 @@ Result<TierPeriodReport> TierStore::RunPeriod(std::span<const uint64_t> counts,
   if (up.accessed) {  // else no information this period: the policy keeps the resident set
     rep.shifted = up.shifted;
     rep.following = up.following;
-    // No hysteresis while the resident set follows a moved hot set (TierHeat::Update).
-    const bool free_ranking = up.shifted || up.following;
+    const bool free_ranking = up.free_ranking();
     FARMEM_ASSIGN_OR_RETURN(
         TierPolicyDecision d,
         TierPolicy::Decide(TierPolicyInput{
